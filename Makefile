@@ -1,0 +1,48 @@
+# Kairon developer entry points. `make up` runs Kairon on this host; `make test`
+# runs every test. Both install what the machine lacks first.
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+
+BIN        := $(CURDIR)/bin
+GO         ?= go
+GOFLAGS    ?=
+DATA_DIR   ?= $(CURDIR)/.kairon
+NODES      ?= 0
+TEST_FLAGS ?= -timeout 20m
+CONTROLLER_GEN := $(BIN)/controller-gen
+
+.PHONY: all deps tools generate build up test unit bench vet fmt clean help
+
+all: build
+
+help: ## Show the targets.
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
+
+deps: ## Install the Debian packages Kairon needs (idempotent, as root).
+	@hack/install-deps.sh
+
+tools: ## Build the pinned Kubernetes control plane, etcd, helm and controller-gen into bin/.
+	@hack/tools/build.sh $(BIN)
+
+generate: tools ## Regenerate deepcopy code and CRDs from api/.
+	$(CONTROLLER_GEN) object paths=./api/...
+	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+
+build: ## Build Kairon's commands into bin/.
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+up: deps tools build ## Run a whole single-host Kairon with state in $(DATA_DIR).
+	$(BIN)/kairon-local up --data-dir $(DATA_DIR) --nodes $(NODES)
+
+test: deps tools build ## Install, build and run every test.
+	$(GO) vet ./...
+	KAIRON_BIN_DIR=$(BIN) $(GO) test $(TEST_FLAGS) ./...
+
+bench: deps tools build ## Run the benchmarks recorded in docs/benchmarks.md.
+	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench . -benchmem ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,68 @@
+package v1alpha1
+
+// EgressRules is an egress allowlist. Anything it does not allow is dropped at
+// the Machine's network edge. MachineClaim.spec.egress and
+// MachineNetworkPolicy.spec.egress share this type so that a claim's rules
+// reach the policy unchanged.
+type EgressRules struct {
+	// AllowFqdns are host names the guest may resolve and connect to.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	AllowFqdns []Hostname `json:"allowFqdns,omitempty"`
+
+	// AllowSNI are TLS server names the guest may connect to: an exact name or
+	// "*.suffix" for every name below suffix.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	AllowSNI []ServerName `json:"allowSNI,omitempty"`
+
+	// AllowCidrs are destination networks the guest may reach, e.g. 10.0.0.0/8.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	AllowCidrs []CIDR `json:"allowCidrs,omitempty"`
+
+	// AllowPorts are destination ports ("443") or inclusive ranges
+	// ("8000-8100"). Empty allows every port on the allowed destinations.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	AllowPorts []PortRange `json:"allowPorts,omitempty"`
+
+	// AllowDNS are DNS query names the guest may ask about, exact or
+	// "*.suffix". Empty falls back to allowFqdns.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	AllowDNS []ServerName `json:"allowDNS,omitempty"`
+
+	// AllowIcmp lets ICMP through to allowed destinations.
+	// +optional
+	AllowIcmp bool `json:"allowIcmp,omitempty"`
+}
+
+// Hostname is a DNS name such as pypi.org.
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=253
+// +kubebuilder:validation:XValidation:rule="self.matches('^([a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?[.])*[a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?[.]?$')",message="must be a DNS host name such as pypi.org"
+type Hostname string
+
+// ServerName is an exact DNS name or "*.suffix".
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=253
+// +kubebuilder:validation:XValidation:rule="self.matches('^([*][.])?([a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?[.])*[a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?[.]?$')",message="must be an exact DNS name (api.example.com) or a wildcard suffix (*.example.com)"
+type ServerName string
+
+// CIDR is an IPv4 or IPv6 network in CIDR notation.
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=43
+// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="must be a CIDR such as 10.0.0.0/8 or 2001:db8::/32"
+type CIDR string
+
+// PortRange is a port "N" or an inclusive range "N-M", each within 1-65535.
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=11
+// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]{1,5}(-[0-9]{1,5})?$') && self.split('-').all(p, int(p) >= 1 && int(p) <= 65535) && (size(self.split('-')) == 1 || int(self.split('-')[0]) <= int(self.split('-')[1]))",message="must be a port N or a range N-M with 1 <= N <= M <= 65535"
+type PortRange string

@@ -1,0 +1,33 @@
+package v1alpha1
+
+// Well-known labels and annotations. Controllers, kaironctl and the node agent
+// share these names; never spell them out anywhere else.
+const (
+	// LabelMachinePool names the MachinePool a Machine was created for.
+	LabelMachinePool = "kairon.zyvor.dev/machinepool"
+	// LabelMachinePoolTemplateHash is the hash of the pool's spec.template the
+	// Machine was built from; members with an older hash are replaced while warm.
+	LabelMachinePoolTemplateHash = "kairon.zyvor.dev/machinepool-template-hash"
+	// LabelPoolState is PoolStateWarm or PoolStateClaimed.
+	LabelPoolState = "kairon.zyvor.dev/pool-state"
+	// LabelMachineClaim names the MachineClaim that holds a claimed Machine.
+	LabelMachineClaim = "kairon.zyvor.dev/machineclaim"
+	// LabelMachineSet names the MachineSet that owns a Machine.
+	LabelMachineSet = "kairon.zyvor.dev/machineset"
+
+	// AnnotationCordonEvacuateAttemptedAt records when cordon-triggered
+	// evacuation last tried to move a Machine (RFC 3339).
+	AnnotationCordonEvacuateAttemptedAt = "kairon.zyvor.dev/cordon-evacuate-attempted-at"
+)
+
+// Values of LabelPoolState.
+const (
+	PoolStateWarm    = "warm"
+	PoolStateClaimed = "claimed"
+)
+
+// Condition types shared by several kinds.
+const (
+	// ConditionReady is true when the object does what its spec asks.
+	ConditionReady = "Ready"
+)

@@ -1,0 +1,185 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// MachinePhase is where a Machine is in its life.
+// +kubebuilder:validation:Enum=Pending;Scheduled;Booting;Running;Stopping;Stopped;Failed
+type MachinePhase string
+
+const (
+	// MachinePending: accepted, not yet placed on a node (see the Scheduled
+	// condition's message for why).
+	MachinePending MachinePhase = "Pending"
+	// MachineScheduled: spec.nodeName is set; the node agent has not started it yet.
+	MachineScheduled MachinePhase = "Scheduled"
+	// MachineBooting: the VM process runs; the guest has not reported ready.
+	MachineBooting MachinePhase = "Booting"
+	// MachineRunning: the VM process runs and the guest printed its ready marker.
+	MachineRunning MachinePhase = "Running"
+	// MachineStopping: the VM is being shut down.
+	MachineStopping MachinePhase = "Stopping"
+	// MachineStopped: no VM runs because spec.powerState is Stopped.
+	MachineStopped MachinePhase = "Stopped"
+	// MachineFailed: the VM died or could not start; the Ready condition says why.
+	MachineFailed MachinePhase = "Failed"
+)
+
+// PowerState is the state the user wants the VM in.
+// +kubebuilder:validation:Enum=Running;Stopped
+type PowerState string
+
+const (
+	PowerStateRunning PowerState = "Running"
+	PowerStateStopped PowerState = "Stopped"
+)
+
+// MachineSpec is the desired state of a Machine. An empty spec is valid and
+// boots the built-in guest with 1 vCPU and 256Mi of memory.
+type MachineSpec struct {
+	// NodeName is the node the Machine runs on. The scheduler sets it, like a
+	// Pod's spec.nodeName; setting it yourself bypasses the scheduler.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	NodeName string `json:"nodeName,omitempty"`
+
+	// NodeSelector limits placement to nodes carrying all of these labels.
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// CPU is the number of virtual CPUs.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=64
+	CPU int32 `json:"cpu,omitempty"`
+
+	// Memory is the guest's memory, at least 64Mi.
+	// +optional
+	// +kubebuilder:default="256Mi"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('64Mi')) >= 0",message="must be at least 64Mi"
+	Memory resource.Quantity `json:"memory,omitempty"`
+
+	// Image names the guest image (kernel and initramfs) the node agent boots.
+	// "default" is the guest built by `make guest`.
+	// +optional
+	// +kubebuilder:default=default
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	Image string `json:"image,omitempty"`
+
+	// KernelArgs are appended to the guest kernel command line.
+	// +optional
+	// +kubebuilder:validation:MaxItems=32
+	KernelArgs []string `json:"kernelArgs,omitempty"`
+
+	// PowerState is Running (default) or Stopped. Stopping a Machine keeps the
+	// object and its placement; starting it again boots a fresh VM.
+	// +optional
+	// +kubebuilder:default=Running
+	PowerState PowerState `json:"powerState,omitempty"`
+}
+
+// MachineAddress is one address the guest can be reached at.
+type MachineAddress struct {
+	// Type is InternalIP for the address on the node's bridge.
+	Type string `json:"type"`
+	// Address is the IP address.
+	Address string `json:"address"`
+}
+
+// MachineStatus is what the node agent and controllers observed.
+type MachineStatus struct {
+	// Phase summarises where the Machine is in its life.
+	// +optional
+	Phase MachinePhase `json:"phase,omitempty"`
+
+	// Message explains the phase in a sentence, e.g. why a Machine is Pending.
+	// +optional
+	Message string `json:"message,omitempty"`
+
+	// Addresses the guest answers on.
+	// +optional
+	Addresses []MachineAddress `json:"addresses,omitempty"`
+
+	// Acceleration the node runs the VM with: kvm, tcg or sim.
+	// +optional
+	Acceleration string `json:"acceleration,omitempty"`
+
+	// BootMillis is how long the guest took from VM start to ready.
+	// +optional
+	BootMillis int64 `json:"bootMillis,omitempty"`
+
+	// StartedAt is when the current VM process started.
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+
+	// ConsoleTail is the end of the serial console when the VM failed.
+	// +optional
+	ConsoleTail string `json:"consoleTail,omitempty"`
+
+	// ObservedGeneration is the spec generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Conditions: Scheduled and Ready.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Machine is one micro-VM.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=mach,categories=kairon
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
+// +kubebuilder:printcolumn:name="CPU",type=integer,JSONPath=`.spec.cpu`
+// +kubebuilder:printcolumn:name="Memory",type=string,JSONPath=`.spec.memory`
+// +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.status.addresses[0].address`
+// +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.metadata.labels.kairon\.zyvor\.dev/machinepool`
+// +kubebuilder:printcolumn:name="Claim",type=string,JSONPath=`.metadata.labels.kairon\.zyvor\.dev/machineclaim`,priority=1
+// +kubebuilder:printcolumn:name="Accel",type=string,JSONPath=`.status.acceleration`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Machine struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   MachineSpec   `json:"spec,omitempty"`
+	Status MachineStatus `json:"status,omitempty"`
+}
+
+// MachineList is a list of Machines.
+//
+// +kubebuilder:object:root=true
+type MachineList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Machine `json:"items"`
+}
+
+// MachineTemplateSpec describes the Machines a MachineSet or MachinePool creates.
+type MachineTemplateSpec struct {
+	// Metadata the created Machines carry.
+	// +optional
+	Metadata MachineTemplateMeta `json:"metadata,omitempty"`
+	// Spec of the created Machines.
+	// +optional
+	Spec MachineSpec `json:"spec,omitempty"`
+}
+
+// MachineTemplateMeta is the part of object metadata a template may set.
+type MachineTemplateMeta struct {
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Machine{}, &MachineList{})
+}

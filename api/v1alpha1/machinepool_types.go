@@ -1,0 +1,79 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// MachinePoolSpec keeps booted, unclaimed Machines ready for MachineClaims.
+type MachinePoolSpec struct {
+	// Replicas is how many warm (booted, unclaimed) members to keep. Claimed
+	// members do not count, so every bind starts a replacement.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// Template is what each member is created from. Changing it replaces warm
+	// members; claimed ones are left alone.
+	// +optional
+	Template MachineTemplateSpec `json:"template,omitempty"`
+}
+
+// MachinePoolStatus counts the pool's members.
+type MachinePoolStatus struct {
+	// Replicas is the number of warm members, booted or booting; the scale
+	// subresource reports it.
+	// +optional
+	Replicas int32 `json:"replicas"`
+	// Warm is the number of unclaimed members.
+	// +optional
+	Warm int32 `json:"warm"`
+	// ReadyWarm is the number of unclaimed members in phase Running: the ones a
+	// claim can bind to now.
+	// +optional
+	ReadyWarm int32 `json:"readyWarm"`
+	// Claimed is the number of members held by MachineClaims.
+	// +optional
+	Claimed int32 `json:"claimed"`
+	// Selector selects every member, for the scale subresource and HPA.
+	// +optional
+	Selector string `json:"selector,omitempty"`
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// MachinePool keeps spec.replicas Machines booted so a MachineClaim gets one
+// without waiting for a cold boot.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
+// +kubebuilder:resource:shortName=mp,categories=kairon
+// +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.spec.replicas`
+// +kubebuilder:printcolumn:name="Warm",type=integer,JSONPath=`.status.warm`
+// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyWarm`
+// +kubebuilder:printcolumn:name="Claimed",type=integer,JSONPath=`.status.claimed`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type MachinePool struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   MachinePoolSpec   `json:"spec,omitempty"`
+	Status MachinePoolStatus `json:"status,omitempty"`
+}
+
+// MachinePoolList is a list of MachinePools.
+//
+// +kubebuilder:object:root=true
+type MachinePoolList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []MachinePool `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&MachinePool{}, &MachinePoolList{})
+}

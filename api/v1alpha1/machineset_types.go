@@ -1,0 +1,71 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// MachineSetSpec keeps a number of identical Machines.
+// +kubebuilder:validation:XValidation:rule="!has(self.selector.matchLabels) || self.selector.matchLabels.all(k, has(self.template.metadata.labels) && k in self.template.metadata.labels && self.template.metadata.labels[k] == self.selector.matchLabels[k])",message="spec.selector.matchLabels must match spec.template.metadata.labels"
+type MachineSetSpec struct {
+	// Replicas is how many Machines to keep.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// Selector picks the Machines this set owns; it must match the template's labels.
+	Selector metav1.LabelSelector `json:"selector"`
+
+	// Template is what each Machine is created from.
+	Template MachineTemplateSpec `json:"template"`
+}
+
+// MachineSetStatus is what the MachineSet controller observed.
+type MachineSetStatus struct {
+	// Replicas is how many Machines the set owns now.
+	// +optional
+	Replicas int32 `json:"replicas"`
+	// ReadyReplicas are owned Machines in phase Running.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas"`
+	// Selector is spec.selector as a string, for the scale subresource.
+	// +optional
+	Selector string `json:"selector,omitempty"`
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// MachineSet keeps spec.replicas Machines from one template, like a ReplicaSet.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
+// +kubebuilder:resource:shortName=ms,categories=kairon
+// +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.spec.replicas`
+// +kubebuilder:printcolumn:name="Current",type=integer,JSONPath=`.status.replicas`
+// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type MachineSet struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   MachineSetSpec   `json:"spec,omitempty"`
+	Status MachineSetStatus `json:"status,omitempty"`
+}
+
+// MachineSetList is a list of MachineSets.
+//
+// +kubebuilder:object:root=true
+type MachineSetList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []MachineSet `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&MachineSet{}, &MachineSetList{})
+}

@@ -1,0 +1,144 @@
+package v1alpha1_test
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/testenv"
+)
+
+// kubectl runs the real, pinned kubectl against the test control plane.
+func kubectl(t *testing.T, env *testenv.Env, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(env.BinDir+"/kubectl", append([]string{"--kubeconfig", env.Kubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func TestKubectlScaleUsesTheScaleSubresource(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+
+	pool := object(t, "kind: MachinePool\nmetadata: {name: agents}\nspec: {replicas: 1}")
+	pool.SetNamespace(ns)
+	set := object(t, "kind: MachineSet\nmetadata: {name: web}\nspec: {replicas: 1, selector: {matchLabels: {app: web}}, template: {metadata: {labels: {app: web}}}}")
+	set.SetNamespace(ns)
+	for _, obj := range []*unstructured.Unstructured{pool, set} {
+		if err := env.Client.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	kubectl(t, env, "-n", ns, "scale", "machinepool", "agents", "--replicas", "3")
+	kubectl(t, env, "-n", ns, "scale", "machineset", "web", "--replicas", "5")
+
+	pools := &kaironv1.MachinePool{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "agents"}, pools); err != nil {
+		t.Fatal(err)
+	}
+	sets := &kaironv1.MachineSet{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "web"}, sets); err != nil {
+		t.Fatal(err)
+	}
+	if got := *pools.Spec.Replicas; got != 3 {
+		t.Errorf("machinepool agents spec.replicas = %d after kubectl scale, want 3", got)
+	}
+	if got := *sets.Spec.Replicas; got != 5 {
+		t.Errorf("machineset web spec.replicas = %d after kubectl scale, want 5", got)
+	}
+
+	// The scale subresource reports the selector the HPA needs.
+	out := kubectl(t, env, "-n", ns, "get", "--raw",
+		fmt.Sprintf("/apis/kairon.zyvor.dev/v1alpha1/namespaces/%s/machinepools/agents/scale", ns))
+	if !strings.Contains(out, `"kind":"Scale"`) || !strings.Contains(out, `"replicas":3`) {
+		t.Errorf("scale subresource of machinepool: %s", out)
+	}
+}
+
+// A HorizontalPodAutoscaler in the real kube-controller-manager drives a
+// MachinePool through /scale. Below minReplicas the HPA scales up without
+// needing any metric, which makes the effect observable here.
+func TestHorizontalPodAutoscalerScalesAMachinePool(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+
+	pool := &kaironv1.MachinePool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "hpa-agents"},
+		Spec:       kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](1)},
+	}
+	if err := env.Client.Create(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	// Stand in for the pool controller, which owns status.
+	pool.Status.Replicas = 1
+	pool.Status.Selector = kaironv1.LabelMachinePool + "=hpa-agents"
+	if err := env.Client.Status().Update(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+
+	hpa := &autoscalingv2.HorizontalPodAutoscaler{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "agents"},
+		Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
+			ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{
+				APIVersion: kaironv1.GroupVersion.String(), Kind: "MachinePool", Name: "hpa-agents",
+			},
+			MinReplicas: ptr.To[int32](4),
+			MaxReplicas: 6,
+		},
+	}
+	if err := env.Client.Create(ctx, hpa); err != nil {
+		t.Fatal(err)
+	}
+
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
+			t.Fatal(err)
+		}
+		if *pool.Spec.Replicas == 4 {
+			return
+		}
+		if time.Now().After(deadline) {
+			_ = env.Client.Get(ctx, client.ObjectKeyFromObject(hpa), hpa)
+			t.Fatalf("HPA did not scale the pool to minReplicas 4: spec.replicas=%d, HPA status %+v", *pool.Spec.Replicas, hpa.Status)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func TestKubectlGetBudgetsShowsTheBudgetColumns(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	mdb := object(t, "kind: MachineDisruptionBudget\nmetadata: {name: web-tier}\nspec: {selector: {tier: web}, minAvailable: \"2\"}")
+	mdb.SetNamespace(ns)
+	if err := env.Client.Create(context.Background(), mdb); err != nil {
+		t.Fatal(err)
+	}
+	out := kubectl(t, env, "-n", ns, "get", "mdb")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("kubectl get mdb printed %d lines, want header + 1:\n%s", len(lines), out)
+	}
+	if got := strings.Fields(lines[0]); strings.Join(got, " ") != "NAME MINAVAILABLE MAXUNAVAILABLE EXPECTED HEALTHY DESIRED ALLOWED" {
+		t.Errorf("kubectl get mdb header = %q", lines[0])
+	}
+	if got := strings.Fields(lines[1]); got[0] != "web-tier" || got[1] != "2" {
+		t.Errorf("kubectl get mdb row = %q", lines[1])
+	}
+}

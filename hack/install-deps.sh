@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages Kairon's build, tests and node agent use.
+# Idempotent and quick when everything is there; needs root to install.
+set -euo pipefail
+
+packages=(ca-certificates git make gcc libc6-dev iproute2 procps)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: missing Debian packages: ${missing[*]}; run as root or: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "install-deps: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+go_bin=$(command -v go || echo /usr/local/go/bin/go)
+if ! [ -x "$go_bin" ]; then
+  echo "install-deps: Go 1.26 or newer is required and was not found in PATH or /usr/local/go/bin" >&2
+  exit 1
+fi
