@@ -31,3 +31,20 @@ const (
 	// ConditionReady is true when the object does what its spec asks.
 	ConditionReady = "Ready"
 )
+
+// Node labels set by kairon-node on the Node it serves.
+const (
+	// LabelNode marks a Node that runs Machines; the scheduler only uses these.
+	LabelNode = "kairon.zyvor.dev/node"
+	// LabelNodeBackend is the backend the node agent drives: qemu or sim.
+	LabelNodeBackend = "kairon.zyvor.dev/backend"
+	// LabelNodeAcceleration is kvm, tcg or sim.
+	LabelNodeAcceleration = "kairon.zyvor.dev/acceleration"
+	// LabelHollowNode is "true" on Nodes served by the sim backend: no VM
+	// really runs there.
+	LabelHollowNode = "kairon.zyvor.dev/hollow"
+)
+
+// FinalizerMachineVM keeps a Machine until its node agent stopped the VM and
+// removed its tap and state.
+const FinalizerMachineVM = "kairon.zyvor.dev/vm"

@@ -60,7 +60,7 @@ type MachineSpec struct {
 	// +optional
 	// +kubebuilder:default="256Mi"
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('64Mi')) >= 0",message="must be at least 64Mi"
-	Memory resource.Quantity `json:"memory,omitempty"`
+	Memory resource.Quantity `json:"memory,omitempty,omitzero"`
 
 	// Image names the guest image (kernel and initramfs) the node agent boots.
 	// "default" is the guest built by `make guest`.
@@ -136,6 +136,7 @@ type MachineStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=mach,categories=kairon
+// +kubebuilder:selectablefield:JSONPath=`.spec.nodeName`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
 // +kubebuilder:printcolumn:name="CPU",type=integer,JSONPath=`.spec.cpu`
@@ -175,8 +176,10 @@ type MachineTemplateSpec struct {
 // MachineTemplateMeta is the part of object metadata a template may set.
 type MachineTemplateMeta struct {
 	// +optional
+	// +kubebuilder:validation:MaxProperties=64
 	Labels map[string]string `json:"labels,omitempty"`
 	// +optional
+	// +kubebuilder:validation:MaxProperties=64
 	Annotations map[string]string `json:"annotations,omitempty"`
 }
 

@@ -14,10 +14,28 @@ type MachineSetSpec struct {
 	Replicas *int32 `json:"replicas,omitempty"`
 
 	// Selector picks the Machines this set owns; it must match the template's labels.
-	Selector metav1.LabelSelector `json:"selector"`
+	Selector MachineSelector `json:"selector"`
 
 	// Template is what each Machine is created from.
 	Template MachineTemplateSpec `json:"template"`
+}
+
+// MachineSelector is a label selector with the same JSON as a Kubernetes
+// LabelSelector, bounded so the API server can afford to check it against the
+// template with CEL.
+type MachineSelector struct {
+	// +optional
+	// +kubebuilder:validation:MaxProperties=16
+	MatchLabels map[string]string `json:"matchLabels,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=atomic
+	MatchExpressions []metav1.LabelSelectorRequirement `json:"matchExpressions,omitempty"`
+}
+
+// LabelSelector converts the selector for the label and selector helpers.
+func (s *MachineSelector) LabelSelector() *metav1.LabelSelector {
+	return &metav1.LabelSelector{MatchLabels: s.MatchLabels, MatchExpressions: s.MatchExpressions}
 }
 
 // MachineSetStatus is what the MachineSet controller observed.

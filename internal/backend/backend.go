@@ -1,0 +1,103 @@
+// Package backend is the seam between the node agent and whatever runs a
+// Machine's VM. The agent decides what should run; a Backend makes it so and
+// reports what runs. Implementations: qemu (default, real VMs) and sim
+// (hollow VMs for control-plane scale tests only).
+package backend
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"time"
+)
+
+// ErrNotFound is returned for an instance ID the backend does not know.
+var ErrNotFound = errors.New("instance not found")
+
+// Spec is everything a backend needs to start one VM.
+type Spec struct {
+	// ID is unique on the node and safe as a file name: "<namespace>_<name>".
+	ID string
+	// Name is "<namespace>/<name>", shown in process lists (QEMU -name).
+	Name string
+	// CPU is the number of vCPUs; MemoryMiB the guest memory.
+	CPU       int32
+	MemoryMiB int64
+	// Kernel and Initrd are paths of the guest image to boot directly.
+	Kernel string
+	Initrd string
+	// KernelArgs are appended to the backend's own kernel command line.
+	KernelArgs []string
+	// Network attaches the VM to the node's bridge; nil runs it without a NIC.
+	Network *Network
+}
+
+// Network is the VM's attachment to the node network. The node agent creates
+// and deletes the tap (it owns it, so it can also filter its traffic); the
+// backend only opens it.
+type Network struct {
+	TapName string
+	MAC     string
+	Address netip.Prefix // the guest's address and prefix, e.g. 10.88.0.5/24
+	Gateway netip.Addr
+}
+
+// Phase is what a backend observes of one VM.
+type Phase string
+
+const (
+	// Booting: the VM process runs, the guest has not reported ready yet.
+	Booting Phase = "Booting"
+	// Running: the guest printed its ready marker and the process runs.
+	Running Phase = "Running"
+	// Paused: the VM process runs with its vCPUs stopped.
+	Paused Phase = "Paused"
+	// Exited: the VM process is gone without being stopped through the backend.
+	Exited Phase = "Exited"
+)
+
+// Instance is one VM as the backend sees it.
+type Instance struct {
+	ID    string
+	Name  string
+	PID   int // 0 for backends without a process
+	Phase Phase
+	// Reason and ConsoleTail explain an Exited instance.
+	Reason      string
+	ConsoleTail string
+	StartedAt   time.Time
+	// ReadyAfter is the time from start to the guest's ready marker; zero until Running.
+	ReadyAfter time.Duration
+	// Acceleration is kvm, tcg or sim.
+	Acceleration string
+}
+
+// Backend runs VMs on one node. Every method is safe for concurrent use.
+// Instances survive the agent: a new Backend over the same state directory
+// re-adopts what is still running, and List reports it unchanged.
+type Backend interface {
+	// Name is the backend's name: "qemu" or "sim".
+	Name() string
+	// Acceleration is what new VMs run with: kvm, tcg or sim.
+	Acceleration() string
+	// Start launches a VM and returns once its process runs (phase Booting).
+	// Starting an ID that already runs returns the running instance.
+	Start(ctx context.Context, spec Spec) (Instance, error)
+	// Stop ends a VM and removes everything the backend kept for it. Stopping
+	// an unknown ID is not an error.
+	Stop(ctx context.Context, id string) error
+	// Pause and Resume stop and restart the vCPUs of a running VM.
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+	// Save writes the VM's full state (memory and devices) to path, leaving it paused.
+	Save(ctx context.Context, id, path string) error
+	// Restore starts spec from state written by Save, instead of booting.
+	Restore(ctx context.Context, spec Spec, path string) (Instance, error)
+	// Get reports one instance, refreshed; ErrNotFound if unknown.
+	Get(ctx context.Context, id string) (Instance, error)
+	// List reports every instance the backend knows, including Exited ones
+	// that were not stopped through it.
+	List(ctx context.Context) ([]Instance, error)
+	// ConsoleLog is the path of the file holding the VM's serial console.
+	ConsoleLog(id string) string
+}

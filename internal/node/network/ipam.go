@@ -1,0 +1,139 @@
+// Package network gives each Machine on a node its place on the node's
+// network: an address from the node's range (ipam.go) and a tap on the node's
+// bridge (links.go). The node agent owns both so that it can later filter a
+// Machine's traffic at its tap.
+package network
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+)
+
+// IPAM hands out addresses from one IPv4 prefix and remembers them in a file,
+// so an agent restart keeps every Machine's address.
+//
+// The first address of the range is the gateway (the bridge); the network and
+// broadcast addresses are never handed out.
+type IPAM struct {
+	mu     sync.Mutex
+	prefix netip.Prefix
+	file   string
+	byID   map[string]netip.Addr
+}
+
+type ipamState struct {
+	Prefix      string            `json:"prefix"`
+	Allocations map[string]string `json:"allocations"`
+}
+
+// NewIPAM loads the allocations kept in file, or starts empty. A file written
+// for a different prefix is an error: silently re-addressing running guests
+// would break them.
+func NewIPAM(prefix netip.Prefix, file string) (*IPAM, error) {
+	prefix = prefix.Masked()
+	if !prefix.Addr().Is4() || prefix.Bits() > 29 {
+		return nil, fmt.Errorf("network range %s: need an IPv4 prefix of /29 or larger", prefix)
+	}
+	ipam := &IPAM{prefix: prefix, file: file, byID: map[string]netip.Addr{}}
+	data, err := os.ReadFile(file)
+	if errors.Is(err, os.ErrNotExist) {
+		return ipam, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var state ipamState
+	if err := json.Unmarshal(data, &state); err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	if state.Prefix != prefix.String() {
+		return nil, fmt.Errorf("%s holds addresses from %s, not %s: stop the Machines on this node or keep the old --network-cidr", file, state.Prefix, prefix)
+	}
+	for id, s := range state.Allocations {
+		addr, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", file, id, err)
+		}
+		ipam.byID[id] = addr
+	}
+	return ipam, nil
+}
+
+// Gateway is the node side of the range: the bridge's address.
+func (a *IPAM) Gateway() netip.Prefix {
+	return netip.PrefixFrom(a.prefix.Addr().Next(), a.prefix.Bits())
+}
+
+// Allocate returns id's address, assigning the lowest free one the first time.
+func (a *IPAM) Allocate(id string) (netip.Prefix, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if addr, ok := a.byID[id]; ok {
+		return netip.PrefixFrom(addr, a.prefix.Bits()), nil
+	}
+	used := map[netip.Addr]bool{}
+	for _, addr := range a.byID {
+		used[addr] = true
+	}
+	gateway := a.Gateway().Addr()
+	for addr := gateway.Next(); a.prefix.Contains(addr); addr = addr.Next() {
+		if used[addr] || !a.prefix.Contains(addr.Next()) { // the last one is broadcast
+			continue
+		}
+		a.byID[id] = addr
+		if err := a.save(); err != nil {
+			delete(a.byID, id)
+			return netip.Prefix{}, err
+		}
+		return netip.PrefixFrom(addr, a.prefix.Bits()), nil
+	}
+	return netip.Prefix{}, fmt.Errorf("network range %s is full (%d addresses in use)", a.prefix, len(a.byID))
+}
+
+// Release frees id's address; releasing an unknown id does nothing.
+func (a *IPAM) Release(id string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.byID[id]; !ok {
+		return nil
+	}
+	delete(a.byID, id)
+	return a.save()
+}
+
+// Allocated lists the ids holding an address, sorted.
+func (a *IPAM) Allocated() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ids := make([]string, 0, len(a.byID))
+	for id := range a.byID {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+func (a *IPAM) save() error {
+	state := ipamState{Prefix: a.prefix.String(), Allocations: map[string]string{}}
+	for id, addr := range a.byID {
+		state.Allocations[id] = addr.String()
+	}
+	data, err := json.MarshalIndent(state, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(a.file), 0o755); err != nil {
+		return err
+	}
+	tmp := a.file + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, a.file)
+}

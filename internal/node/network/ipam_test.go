@@ -1,0 +1,82 @@
+package network
+
+import (
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestIPAMAllocatesLowestFreeAndPersists(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "ipam.json")
+	ipam, err := NewIPAM(netip.MustParsePrefix("10.88.0.0/29"), file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ipam.Gateway().String(); got != "10.88.0.1/29" {
+		t.Errorf("gateway = %s", got)
+	}
+	// A /29 has 8 addresses: network, gateway, broadcast leave five.
+	want := []string{"10.88.0.2/29", "10.88.0.3/29", "10.88.0.4/29", "10.88.0.5/29", "10.88.0.6/29"}
+	for i, w := range want {
+		got, err := ipam.Allocate(string(rune('a' + i)))
+		if err != nil || got.String() != w {
+			t.Fatalf("allocation %d = %v, %v; want %s", i, got, err, w)
+		}
+	}
+	if _, err := ipam.Allocate("f"); err == nil || !strings.Contains(err.Error(), "is full") {
+		t.Fatalf("allocation past the range: %v", err)
+	}
+	if got, _ := ipam.Allocate("c"); got.String() != "10.88.0.4/29" {
+		t.Errorf("re-allocating c = %s, want its old address", got)
+	}
+	if err := ipam.Release("b"); err != nil {
+		t.Fatal(err)
+	}
+
+	reloaded, err := NewIPAM(netip.MustParsePrefix("10.88.0.0/29"), file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(reloaded.Allocated(), ","); got != "a,c,d,e" {
+		t.Errorf("after reload allocated = %s", got)
+	}
+	if got, _ := reloaded.Allocate("new"); got.String() != "10.88.0.3/29" {
+		t.Errorf("freed address not reused: got %s", got)
+	}
+	if got, _ := reloaded.Allocate("a"); got.String() != "10.88.0.2/29" {
+		t.Errorf("a lost its address across reload: %s", got)
+	}
+}
+
+func TestIPAMRefusesBadRanges(t *testing.T) {
+	dir := t.TempDir()
+	for _, tt := range []struct{ prefix, want string }{
+		{"10.88.0.0/30", "/29 or larger"},
+		{"fd00::/64", "IPv4"},
+	} {
+		if _, err := NewIPAM(netip.MustParsePrefix(tt.prefix), filepath.Join(dir, "x.json")); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: err = %v, want %q", tt.prefix, err, tt.want)
+		}
+	}
+	file := filepath.Join(dir, "ipam.json")
+	first, _ := NewIPAM(netip.MustParsePrefix("10.88.0.0/24"), file)
+	if _, err := first.Allocate("a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewIPAM(netip.MustParsePrefix("10.89.0.0/24"), file); err == nil || !strings.Contains(err.Error(), "holds addresses from 10.88.0.0/24") {
+		t.Errorf("changed range accepted: %v", err)
+	}
+}
+
+func TestNamesAreStableAndShort(t *testing.T) {
+	if TapName("ns_a") != TapName("ns_a") || TapName("ns_a") == TapName("ns_b") {
+		t.Error("tap names are not stable and distinct")
+	}
+	if n := len(TapName(strings.Repeat("x", 300))); n > 15 {
+		t.Errorf("tap name has %d characters; Linux allows 15", n)
+	}
+	if mac := MAC("ns_a"); !strings.HasPrefix(mac, "52:54:00:") || len(mac) != 17 {
+		t.Errorf("MAC = %s", mac)
+	}
+}

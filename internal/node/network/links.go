@@ -1,0 +1,116 @@
+package network
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"strings"
+)
+
+// Links creates the node's bridge and the Machines' taps with iproute2. When
+// NetNS is set everything lives in that network namespace (which must exist),
+// so tests and locked-down hosts keep guest traffic off the host's own stack.
+type Links struct {
+	Bridge  string
+	Gateway netip.Prefix
+	NetNS   string
+}
+
+// TapName is the tap for a Machine ID: short (IFNAMSIZ is 16) and stable, so
+// a restarted agent finds the taps it made.
+func TapName(id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return "kt" + hex.EncodeToString(sum[:])[:10]
+}
+
+// MAC is a stable, locally administered address for a Machine ID.
+func MAC(id string) string {
+	sum := sha256.Sum256([]byte("mac/" + id))
+	return fmt.Sprintf("52:54:00:%02x:%02x:%02x", sum[0], sum[1], sum[2])
+}
+
+// EnsureBridge creates the bridge with the gateway address and brings it up.
+// It is idempotent.
+func (l *Links) EnsureBridge() error {
+	if !l.exists(l.Bridge) {
+		if err := l.ip("link", "add", "name", l.Bridge, "type", "bridge"); err != nil {
+			return err
+		}
+	}
+	out, err := l.output("-o", "addr", "show", "dev", l.Bridge)
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(out, " "+l.Gateway.String()+" ") {
+		if err := l.ip("addr", "add", l.Gateway.String(), "dev", l.Bridge); err != nil {
+			return err
+		}
+	}
+	return l.ip("link", "set", l.Bridge, "up")
+}
+
+// EnsureTap creates id's tap on the bridge, up. It is idempotent.
+func (l *Links) EnsureTap(id string) (string, error) {
+	tap := TapName(id)
+	if !l.exists(tap) {
+		if err := l.ip("tuntap", "add", "dev", tap, "mode", "tap"); err != nil {
+			return "", err
+		}
+	}
+	if err := l.ip("link", "set", tap, "master", l.Bridge, "up"); err != nil {
+		return "", err
+	}
+	return tap, nil
+}
+
+// DeleteTap removes id's tap; a missing tap is not an error.
+func (l *Links) DeleteTap(id string) error {
+	tap := TapName(id)
+	if !l.exists(tap) {
+		return nil
+	}
+	return l.ip("link", "del", tap)
+}
+
+// Taps lists the taps this package made (by their prefix).
+func (l *Links) Taps() ([]string, error) {
+	out, err := l.output("-o", "link", "show", "type", "tun")
+	if err != nil {
+		return nil, err
+	}
+	var taps []string
+	for _, line := range strings.Split(out, "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 2 {
+			continue
+		}
+		name := strings.TrimSuffix(strings.SplitN(fields[1], "@", 2)[0], ":")
+		if strings.HasPrefix(name, "kt") {
+			taps = append(taps, name)
+		}
+	}
+	return taps, nil
+}
+
+func (l *Links) exists(name string) bool {
+	_, err := l.output("link", "show", "dev", name)
+	return err == nil
+}
+
+func (l *Links) ip(args ...string) error {
+	_, err := l.output(args...)
+	return err
+}
+
+func (l *Links) output(args ...string) (string, error) {
+	if l.NetNS != "" {
+		args = append([]string{"-n", l.NetNS}, args...)
+	}
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}

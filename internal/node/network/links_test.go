@@ -1,0 +1,74 @@
+package network
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"net/netip"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// testNetNS creates a network namespace for the test and deletes it (and
+// every link in it) afterwards, so nothing touches the host's own network.
+func testNetNS(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := "kairon-test-" + hex.EncodeToString(b)
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s (the network tests need root and iproute2)", name, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	return name
+}
+
+func TestLinksCreateAndRemoveBridgeAndTaps(t *testing.T) {
+	ns := testNetNS(t)
+	links := &Links{Bridge: "kbr0", Gateway: netip.MustParsePrefix("10.88.0.1/24"), NetNS: ns}
+
+	for range 2 { // idempotent
+		if err := links.EnsureBridge(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := links.output("-o", "addr", "show", "dev", "kbr0")
+	if err != nil || !strings.Contains(out, "10.88.0.1/24") {
+		t.Fatalf("bridge address: %v %s", err, out)
+	}
+
+	var taps []string
+	for _, id := range []string{"ns_a", "ns_b"} {
+		tap, err := links.EnsureTap(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again, err := links.EnsureTap(id); err != nil || again != tap {
+			t.Fatalf("EnsureTap twice: %s %v", again, err)
+		}
+		taps = append(taps, tap)
+		out, err := links.output("-o", "link", "show", "dev", tap)
+		if err != nil || !strings.Contains(out, "master kbr0") {
+			t.Fatalf("tap %s not on the bridge: %v %s", tap, err, out)
+		}
+	}
+	listed, err := links.Taps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(listed)
+	slices.Sort(taps)
+	if !slices.Equal(listed, taps) {
+		t.Errorf("Taps() = %v, want %v", listed, taps)
+	}
+
+	for _, id := range []string{"ns_a", "ns_b", "ns_a"} { // deleting twice is fine
+		if err := links.DeleteTap(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if left, _ := links.Taps(); len(left) != 0 {
+		t.Errorf("taps left after delete: %v", left)
+	}
+}
