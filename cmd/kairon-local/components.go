@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/zyvor/kairon/internal/controlplane"
+)
+
+// Component is a Kairon process that kairon-local runs on top of a ready
+// control plane: the kairon-controller, then one kairon-node agent per
+// --nodes. Components start in list order and stop in reverse, so agents
+// never outlive the controller and nothing outlives the API server.
+type Component interface {
+	// Name is how messages refer to the component ("kairon-node-0").
+	Name() string
+	// Start returns once the component is up. It gets the control plane
+	// for its kubeconfig and REST config.
+	Start(ctx context.Context, cp *controlplane.ControlPlane) error
+	// Done delivers an error if the component stops on its own.
+	Done() <-chan error
+	// Stop ends the component and waits for it.
+	Stop() error
+}
+
+// components lists what runs on top of the control plane for these flags.
+// It is decided before anything starts, so an unsupported request fails in
+// a second rather than after the control plane came up.
+func components(nodes int) ([]Component, error) {
+	if nodes < 0 {
+		return nil, fmt.Errorf("--nodes must be 0 or more, not %d", nodes)
+	}
+	if nodes > 0 {
+		return nil, errors.New("--nodes: kairon-node agents are not available in this build yet; run without --nodes (the control plane and CRDs work on their own)")
+	}
+	// kairon-controller and the kairon-node agents are appended here once
+	// they exist.
+	return nil, nil
+}
+
+// componentSet runs a list of components as one unit.
+type componentSet struct {
+	started []Component
+	done    chan error
+}
+
+func newComponentSet() *componentSet { return &componentSet{done: make(chan error, 1)} }
+
+// start starts comps in order. On failure it stops the ones it started.
+func (s *componentSet) start(ctx context.Context, cp *controlplane.ControlPlane, comps []Component) error {
+	for _, c := range comps {
+		if err := c.Start(ctx, cp); err != nil {
+			_ = s.stop()
+			return fmt.Errorf("starting %s: %w", c.Name(), err)
+		}
+		s.started = append(s.started, c)
+		go func() {
+			if err, ok := <-c.Done(); ok && err != nil {
+				select {
+				case s.done <- fmt.Errorf("%s: %w", c.Name(), err):
+				default:
+				}
+			}
+		}()
+	}
+	return nil
+}
+
+// Done delivers the first component failure.
+func (s *componentSet) Done() <-chan error { return s.done }
+
+// stop stops the started components in reverse order.
+func (s *componentSet) stop() error {
+	var errs []error
+	for i := len(s.started) - 1; i >= 0; i-- {
+		if err := s.started[i].Stop(); err != nil {
+			errs = append(errs, fmt.Errorf("stopping %s: %w", s.started[i].Name(), err))
+		}
+	}
+	s.started = nil
+	return errors.Join(errs...)
+}

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/zyvor/kairon/internal/testenv/host"
+)
+
+// Commands that end before anything starts run in-process: they are about
+// argument handling, not about processes.
+func TestCommandsThatStartNothing(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "never-created")
+	tests := []struct {
+		name       string
+		args       []string
+		wantCode   int
+		wantStdout string
+		wantStderr string
+	}{
+		{name: "version", args: []string{"version"}, wantStdout: "kairon-local dev go"},
+		{name: "help", args: []string{"--help"}, wantStdout: "kairon-local up [flags]"},
+		{name: "up help", args: []string{"up", "--help"}, wantStderr: "-data-dir string"},
+		{name: "no command", args: nil, wantCode: 2, wantStderr: "Usage:"},
+		{name: "unknown command", args: []string{"down"}, wantCode: 2, wantStderr: `unknown command "down"`},
+		{name: "unknown flag", args: []string{"up", "--replicas", "3"}, wantCode: 2, wantStderr: "flag provided but not defined: -replicas"},
+		{name: "bad port", args: []string{"up", "--port", "70000"}, wantCode: 2, wantStderr: "--port 70000 is not a TCP port"},
+		{
+			name:       "node agents are not there yet",
+			args:       []string{"up", "--nodes", "1", "--data-dir", dataDir},
+			wantCode:   1,
+			wantStderr: "kairon-local: --nodes: kairon-node agents are not available in this build yet; run without --nodes (the control plane and CRDs work on their own)\n",
+		},
+		{name: "negative nodes", args: []string{"up", "--nodes", "-1", "--data-dir", dataDir}, wantCode: 1, wantStderr: "--nodes must be 0 or more"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			if code := run(tt.args, &stdout, &stderr); code != tt.wantCode {
+				t.Errorf("exit code %d, want %d\nstderr: %s", code, tt.wantCode, stderr.String())
+			}
+			if !strings.Contains(stdout.String(), tt.wantStdout) {
+				t.Errorf("stdout %q does not contain %q", stdout.String(), tt.wantStdout)
+			}
+			if !strings.Contains(stderr.String(), tt.wantStderr) {
+				t.Errorf("stderr %q does not contain %q", stderr.String(), tt.wantStderr)
+			}
+		})
+	}
+	if _, err := os.Stat(dataDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused `up` created its data dir (%v): it must fail before touching anything", err)
+	}
+}
+
+// upProcess is a running `kairon-local up` with its output in files.
+type upProcess struct {
+	cmd            *exec.Cmd
+	stdout, stderr string
+	exited         chan struct{}
+}
+
+func (p *upProcess) output() string {
+	out, _ := os.ReadFile(p.stdout)
+	errOut, _ := os.ReadFile(p.stderr)
+	return "stdout:\n" + string(out) + "\nstderr:\n" + string(errOut)
+}
+
+// startUp runs the binary and returns once it printed that it is up. The
+// test's cleanup kills it if the test ends before it was stopped.
+func startUp(t *testing.T, exe string, args ...string) *upProcess {
+	t.Helper()
+	dir := t.TempDir()
+	p := &upProcess{stdout: filepath.Join(dir, "stdout"), stderr: filepath.Join(dir, "stderr"), exited: make(chan struct{})}
+	stdout, err := os.Create(p.stdout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdout.Close()
+	stderr, err := os.Create(p.stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stderr.Close()
+	p.cmd = exec.Command(exe, append([]string{"up"}, args...)...)
+	p.cmd.Stdout, p.cmd.Stderr = stdout, stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+
+	deadline := time.After(2 * time.Minute)
+	for {
+		if out, _ := os.ReadFile(p.stdout); bytes.Contains(out, []byte("kairon-local is up")) {
+			return p
+		}
+		select {
+		case <-p.exited:
+			t.Fatalf("kairon-local up exited (%v) before it was up\n%s", p.cmd.ProcessState, p.output())
+		case <-deadline:
+			t.Fatalf("kairon-local up not up after 2 minutes\n%s", p.output())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// terminate sends SIGTERM, as a service manager would, and expects a clean
+// exit that leaves no process of the data dir behind.
+func (p *upProcess) terminate(t *testing.T, dataDir string) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(time.Minute):
+		t.Fatalf("kairon-local up still running a minute after SIGTERM\n%s", p.output())
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("kairon-local up exited with %d after SIGTERM, want 0\n%s", code, p.output())
+	}
+	procs, err := host.Processes(dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, proc := range procs {
+		t.Errorf("process %d outlived kairon-local: %s", proc.PID, proc.Cmdline)
+		_ = syscall.Kill(proc.PID, syscall.SIGKILL)
+	}
+}
+
+func kubectl(t *testing.T, binDir, kubeconfig string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(binDir, "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func TestUpServesKaironAndKeepsStateAcrossRestarts(t *testing.T) {
+	binDir := host.BinDir(t)
+	exe := filepath.Join(t.TempDir(), "kairon-local")
+	if out, err := exec.Command("go", "build", "-o", exe, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	dataDir := t.TempDir()
+	kubeconfig := filepath.Join(dataDir, "kubeconfig")
+	args := []string{"--data-dir", dataDir, "--port", port, "--bin-dir", binDir}
+
+	up := startUp(t, exe, args...)
+	out, _ := os.ReadFile(up.stdout)
+	for _, want := range []string{"https://127.0.0.1:" + port, "export KUBECONFIG=" + kubeconfig, "kubectl get crd"} {
+		if !bytes.Contains(out, []byte(want)) {
+			t.Errorf("how-to text lacks %q:\n%s", want, out)
+		}
+	}
+	if crds := kubectl(t, binDir, kubeconfig, "get", "crd", "-o", "name"); !strings.Contains(crds, "/machinepools.kairon.zyvor.dev\n") {
+		t.Fatalf("machinepools.kairon.zyvor.dev not installed; CRDs:\n%s", crds)
+	}
+	pool := filepath.Join(t.TempDir(), "pool.yaml")
+	if err := os.WriteFile(pool, []byte(`apiVersion: kairon.zyvor.dev/v1alpha1
+kind: MachinePool
+metadata:
+  name: builders
+  namespace: default
+spec:
+  replicas: 2
+  template:
+    metadata:
+      labels: {app: x}
+    spec: {}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, binDir, kubeconfig, "create", "-f", pool)
+	up.terminate(t, dataDir)
+
+	up = startUp(t, exe, args...)
+	if got := kubectl(t, binDir, kubeconfig, "get", "machinepool", "builders", "-o", "jsonpath={.spec.replicas}"); got != "2" {
+		t.Errorf("MachinePool after restart: spec.replicas = %q, want 2", got)
+	}
+	up.terminate(t, dataDir)
+}

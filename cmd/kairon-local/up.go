@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/zyvor/kairon/config/crd"
+	"github.com/zyvor/kairon/internal/controlplane"
+)
+
+// defaultPort is tried on a data dir's first start; later starts reuse the
+// port that data dir recorded, so kubeconfigs copied elsewhere stay valid.
+const defaultPort = 6443
+
+type upFlags struct {
+	dataDir string
+	binDir  string
+	port    int
+	nodes   int
+	verbose bool
+}
+
+func up(args []string, stdout, stderr io.Writer) int {
+	var f upFlags
+	fs := flag.NewFlagSet("kairon-local up", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&f.dataDir, "data-dir", ".kairon", "directory for all state (etcd data, certificates, kubeconfig, logs); kept across restarts")
+	fs.StringVar(&f.binDir, "bin-dir", "", "directory with etcd, kube-apiserver and kube-controller-manager\n(default: kairon-local's own directory if they are there, else ./bin)")
+	fs.IntVar(&f.port, "port", 0, fmt.Sprintf("API server port on 127.0.0.1 (default: the port the data dir used last time, else %d if free, else any free port)", defaultPort))
+	fs.IntVar(&f.nodes, "nodes", 0, "number of kairon-node agents to run (none are available in this build yet)")
+	fs.BoolVar(&f.verbose, "v", false, "log each startup step")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, "Usage: kairon-local up [flags]\n\nStarts the control plane with Kairon's CRDs and runs until Ctrl-C or SIGTERM.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "kairon-local up: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if f.port < 0 || f.port > 65535 {
+		fmt.Fprintf(stderr, "kairon-local: --port %d is not a TCP port\n", f.port)
+		return 2
+	}
+	if err := runUp(f, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "kairon-local: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func runUp(f upFlags, stdout, stderr io.Writer) error {
+	comps, err := components(f.nodes)
+	if err != nil {
+		return err
+	}
+	if f.binDir == "" {
+		f.binDir = defaultBinDir()
+	}
+	level := slog.LevelWarn
+	if f.verbose {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
+
+	fmt.Fprintf(stderr, "kairon-local: starting the control plane in %s ...\n", f.dataDir)
+	began := time.Now()
+	cp, err := controlplane.Start(ctx, controlplane.Options{
+		DataDir:                f.dataDir,
+		BinDir:                 f.binDir,
+		APIServerPort:          f.port,
+		PreferredAPIServerPort: defaultPort,
+		ControllerManager:      true,
+		CRDs:                   crd.Bases,
+		Log:                    log,
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return errors.New("interrupted while starting; everything started was stopped again")
+		}
+		return err
+	}
+	set := newComponentSet()
+	if err := set.start(ctx, cp, comps); err != nil {
+		return errors.Join(err, cp.Stop())
+	}
+	printHowTo(stdout, cp, f.binDir, time.Since(began))
+
+	var failure error
+	select {
+	case <-ctx.Done():
+	case failure = <-cp.Wait():
+	case failure = <-set.Done():
+	}
+	// A second Ctrl-C now kills kairon-local outright; the children follow
+	// it through Pdeathsig, so nothing is left behind either way.
+	stopSignals()
+	fmt.Fprintln(stderr, "kairon-local: stopping ...")
+	stopErr := errors.Join(set.stop(), cp.Stop())
+	if failure != nil {
+		return errors.Join(failure, stopErr)
+	}
+	if stopErr != nil {
+		return stopErr
+	}
+	fmt.Fprintln(stderr, "kairon-local: stopped; state is kept in", cp.DataDir())
+	return nil
+}
+
+// defaultBinDir prefers the binaries next to kairon-local, which is where an
+// installed or `make`-built kairon-local finds them, and falls back to the
+// checkout's bin/ when run with `go run`.
+func defaultBinDir() string {
+	if exe, err := os.Executable(); err == nil {
+		if exe, err := filepath.EvalSymlinks(exe); err == nil {
+			dir := filepath.Dir(exe)
+			if _, err := os.Stat(filepath.Join(dir, controlplane.KubeAPIServer)); err == nil {
+				return dir
+			}
+		}
+	}
+	if abs, err := filepath.Abs("bin"); err == nil {
+		return abs
+	}
+	return "bin"
+}
+
+func printHowTo(w io.Writer, cp *controlplane.ControlPlane, binDir string, took time.Duration) {
+	kubectl := filepath.Join(binDir, "kubectl")
+	if wd, err := os.Getwd(); err == nil {
+		if rel, err := filepath.Rel(wd, kubectl); err == nil && !strings.HasPrefix(rel, "..") {
+			kubectl = rel
+		}
+	}
+	fmt.Fprintf(w, `
+kairon-local is up (%s): API server %s
+
+  export KUBECONFIG=%s
+  %s get crd
+
+Data, certificates and logs are in %s.
+Press Ctrl-C (or send SIGTERM) to stop; the next 'kairon-local up' continues where this one stopped.
+`, took.Round(100*time.Millisecond), cp.RESTConfig().Host, cp.KubeconfigPath(), kubectl, cp.DataDir())
+}
