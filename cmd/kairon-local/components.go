@@ -24,19 +24,34 @@ type Component interface {
 	Stop() error
 }
 
-// components lists what runs on top of the control plane for these flags.
-// It is decided before anything starts, so an unsupported request fails in
-// a second rather than after the control plane came up.
-func components(nodes int) ([]Component, error) {
-	if nodes < 0 {
-		return nil, fmt.Errorf("--nodes must be 0 or more, not %d", nodes)
+// components lists what runs on top of the control plane for these flags:
+// kairon-controller, then one agent per --nodes. It is decided before
+// anything starts, so a bad request fails in a second rather than after the
+// control plane came up.
+func components(f upFlags, kubeconfig string) ([]Component, error) {
+	if f.nodes < 0 {
+		return nil, fmt.Errorf("--nodes must be 0 or more, not %d", f.nodes)
 	}
-	if nodes > 0 {
-		return nil, errors.New("--nodes: kairon-node agents are not available in this build yet; run without --nodes (the control plane and CRDs work on their own)")
+	if f.nodes > 200 {
+		return nil, fmt.Errorf("--nodes %d: at most 200 agents fit the 10.88.N.0/24 ranges", f.nodes)
 	}
-	// kairon-controller and the kairon-node agents are appended here once
-	// they exist.
-	return nil, nil
+	switch f.node.backend {
+	case "qemu", "sim":
+	default:
+		return nil, fmt.Errorf("--backend %q: must be qemu or sim", f.node.backend)
+	}
+	if f.nodes == 0 {
+		return nil, nil
+	}
+	controller, err := controllerComponent(f.binDir, kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	comps := []Component{controller}
+	for i := 1; i <= f.nodes; i++ {
+		comps = append(comps, nodeComponent(f.binDir, f.dataDir, kubeconfig, i, f.node))
+	}
+	return comps, nil
 }
 
 // componentSet runs a list of components as one unit.

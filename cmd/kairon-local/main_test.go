@@ -35,11 +35,12 @@ func TestCommandsThatStartNothing(t *testing.T) {
 		{name: "unknown flag", args: []string{"up", "--replicas", "3"}, wantCode: 2, wantStderr: "flag provided but not defined: -replicas"},
 		{name: "bad port", args: []string{"up", "--port", "70000"}, wantCode: 2, wantStderr: "--port 70000 is not a TCP port"},
 		{
-			name:       "node agents are not there yet",
-			args:       []string{"up", "--nodes", "1", "--data-dir", dataDir},
+			name:       "unknown backend",
+			args:       []string{"up", "--backend", "xen", "--data-dir", dataDir},
 			wantCode:   1,
-			wantStderr: "kairon-local: --nodes: kairon-node agents are not available in this build yet; run without --nodes (the control plane and CRDs work on their own)\n",
+			wantStderr: "kairon-local: --backend \"xen\": must be qemu or sim\n",
 		},
+		{name: "too many nodes", args: []string{"up", "--nodes", "201", "--data-dir", dataDir}, wantCode: 1, wantStderr: "--nodes 201: at most 200 agents"},
 		{name: "negative nodes", args: []string{"up", "--nodes", "-1", "--data-dir", dataDir}, wantCode: 1, wantStderr: "--nodes must be 0 or more"},
 	}
 	for _, tt := range tests {
@@ -168,7 +169,7 @@ func TestUpServesKaironAndKeepsStateAcrossRestarts(t *testing.T) {
 	l.Close()
 	dataDir := t.TempDir()
 	kubeconfig := filepath.Join(dataDir, "kubeconfig")
-	args := []string{"--data-dir", dataDir, "--port", port, "--bin-dir", binDir}
+	args := []string{"--data-dir", dataDir, "--port", port, "--bin-dir", binDir, "--nodes", "0"}
 
 	up := startUp(t, exe, args...)
 	out, _ := os.ReadFile(up.stdout)

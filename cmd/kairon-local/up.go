@@ -27,6 +27,7 @@ type upFlags struct {
 	binDir  string
 	port    int
 	nodes   int
+	node    nodeOptions
 	verbose bool
 }
 
@@ -37,7 +38,13 @@ func up(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.dataDir, "data-dir", ".kairon", "directory for all state (etcd data, certificates, kubeconfig, logs); kept across restarts")
 	fs.StringVar(&f.binDir, "bin-dir", "", "directory with etcd, kube-apiserver and kube-controller-manager\n(default: kairon-local's own directory if they are there, else ./bin)")
 	fs.IntVar(&f.port, "port", 0, fmt.Sprintf("API server port on 127.0.0.1 (default: the port the data dir used last time, else %d if free, else any free port)", defaultPort))
-	fs.IntVar(&f.nodes, "nodes", 0, "number of kairon-node agents to run (none are available in this build yet)")
+	fs.IntVar(&f.nodes, "nodes", 2, "number of kairon-node agents to run, with kairon-controller (0: the control plane alone)")
+	fs.StringVar(&f.node.backend, "backend", "qemu", "VM backend of the agents: qemu, or sim (hollow nodes, for control-plane scale tests only)")
+	fs.StringVar(&f.node.acceleration, "acceleration", "auto", "qemu acceleration: auto (probe KVM, fall back to TCG), kvm or tcg")
+	fs.StringVar(&f.node.guestDir, "guest-dir", "", "guest images (default: guest/ in the bin dir, where `make guest` puts them)")
+	fs.StringVar(&f.node.netns, "netns", "", "keep every node's bridge, taps and VMs in this existing network namespace")
+	fs.IntVar(&f.node.cpu, "node-cpu", 4, "vCPUs each node offers to Machines")
+	fs.StringVar(&f.node.memory, "node-memory", "4Gi", "memory each node offers to Machines")
 	fs.BoolVar(&f.verbose, "v", false, "log each startup step")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "Usage: kairon-local up [flags]\n\nStarts the control plane with Kairon's CRDs and runs until Ctrl-C or SIGTERM.\n\nFlags:\n")
@@ -65,12 +72,20 @@ func up(args []string, stdout, stderr io.Writer) int {
 }
 
 func runUp(f upFlags, stdout, stderr io.Writer) error {
-	comps, err := components(f.nodes)
+	if f.binDir == "" {
+		f.binDir = defaultBinDir()
+	}
+	if f.node.guestDir == "" {
+		f.node.guestDir = filepath.Join(f.binDir, "guest")
+	}
+	dataDir, err := filepath.Abs(f.dataDir)
 	if err != nil {
 		return err
 	}
-	if f.binDir == "" {
-		f.binDir = defaultBinDir()
+	f.dataDir = dataDir
+	comps, err := components(f, filepath.Join(f.dataDir, "kubeconfig"))
+	if err != nil {
+		return err
 	}
 	level := slog.LevelWarn
 	if f.verbose {

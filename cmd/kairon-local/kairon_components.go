@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/zyvor/kairon/internal/controlplane"
+)
+
+// nodeOptions are the kairon-local flags every agent shares.
+type nodeOptions struct {
+	backend      string
+	acceleration string
+	guestDir     string
+	netns        string
+	cpu          int
+	memory       string
+}
+
+// process is a Kairon binary run as a Component, ready once ready() says so.
+type process struct {
+	name  string
+	bin   string
+	args  []string
+	ready func(ctx context.Context, cp *controlplane.ControlPlane) error
+	proc  *controlplane.Process
+}
+
+func (p *process) Name() string { return p.name }
+
+func (p *process) Start(ctx context.Context, cp *controlplane.ControlPlane) error {
+	if _, err := os.Stat(p.bin); err != nil {
+		return fmt.Errorf("%s not found: run `make build`", p.bin)
+	}
+	proc, err := cp.StartProcess(p.name, p.bin, p.args)
+	if err != nil {
+		return err
+	}
+	p.proc = proc
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var last error
+	for {
+		if proc.Exited() {
+			return proc.ExitError()
+		}
+		if last = p.ready(ctx, cp); last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			proc.Stop(5 * time.Second)
+			return fmt.Errorf("not ready after 2m (%v); see %s", last, proc.LogPath())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (p *process) Done() <-chan error { return p.proc.Done() }
+
+func (p *process) Stop() error {
+	if p.proc != nil {
+		p.proc.Stop(15 * time.Second)
+	}
+	return nil
+}
+
+// controllerComponent runs kairon-controller; it is ready when /readyz answers.
+func controllerComponent(binDir, kubeconfig string) (Component, error) {
+	probe, err := freeLoopbackAddress()
+	if err != nil {
+		return nil, err
+	}
+	return &process{
+		name: "kairon-controller",
+		bin:  filepath.Join(binDir, "kairon-controller"),
+		args: []string{"-kubeconfig", kubeconfig, "-metrics-bind-address", "127.0.0.1:0", "-health-probe-bind-address", probe},
+		ready: func(ctx context.Context, _ *controlplane.ControlPlane) error {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+probe+"/readyz", nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("/readyz: %s", resp.Status)
+			}
+			return nil
+		},
+	}, nil
+}
+
+// nodeComponent runs agent number i (1-based) with its own bridge, address
+// range and state directory; it is ready when its Node reports Ready.
+func nodeComponent(binDir, dataDir, kubeconfig string, i int, o nodeOptions) Component {
+	name := "node-" + strconv.Itoa(i)
+	started := time.Now().Add(-time.Second)
+	args := []string{
+		"--kubeconfig", kubeconfig, "--node-name", name, "--register",
+		"--backend", o.backend, "--acceleration", o.acceleration,
+		"--state-dir", filepath.Join(dataDir, "nodes", name),
+		"--guest-dir", o.guestDir,
+		"--cpu", strconv.Itoa(o.cpu), "--memory", o.memory,
+		"--network-cidr", fmt.Sprintf("10.88.%d.0/24", i), "--bridge", "kairon" + strconv.Itoa(i),
+		"--listen", "127.0.0.1:0",
+		"--client-ca-file", filepath.Join(dataDir, "pki", "ca.crt"),
+	}
+	if o.netns != "" {
+		args = append(args, "--netns", o.netns)
+	}
+	return &process{
+		name: "kairon-" + name,
+		bin:  filepath.Join(binDir, "kairon-node"),
+		args: args,
+		ready: func(ctx context.Context, cp *controlplane.ControlPlane) error {
+			clients, err := kubernetes.NewForConfig(cp.RESTConfig())
+			if err != nil {
+				return err
+			}
+			n, err := clients.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			for _, c := range n.Status.Conditions {
+				if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && c.LastHeartbeatTime.After(started) {
+					return nil
+				}
+			}
+			return errors.New("node " + name + " is not Ready yet")
+		},
+	}
+}
+
+func freeLoopbackAddress() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}

@@ -1,0 +1,305 @@
+// Package sim is a hollow Backend: it runs no VM, only records what it was
+// told, so the control plane can be tested at a scale no node could boot.
+// An instance is Booting for BootDelay after Start, then Running. State lives
+// in StateDir/<id>/ like the qemu backend's, so a new Backend over the same
+// directory re-adopts every instance.
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/zyvor/kairon/internal/backend"
+)
+
+const (
+	instanceFile = "instance.json"
+	consoleFile  = "console.log"
+	saveFormat   = "kairon-sim-save/1"
+)
+
+// Options configure a sim Backend.
+type Options struct {
+	// StateDir holds one directory per instance. Required.
+	StateDir string
+	// BootDelay is how long an instance stays Booting after Start.
+	BootDelay time.Duration
+}
+
+// Backend is the hollow backend. Every method is safe for concurrent use.
+type Backend struct {
+	opts Options
+	mu   sync.Mutex
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// record is StateDir/<id>/instance.json.
+type record struct {
+	Spec      backend.Spec `json:"spec"`
+	StartedAt time.Time    `json:"startedAt"`
+	// BootDelay is the delay this instance boots with (the Backend's at Start).
+	BootDelay time.Duration `json:"bootDelay"`
+	// Ready: Running without waiting (a restore of a ready instance), with
+	// ReadyAfter as recorded.
+	Ready      bool          `json:"ready,omitempty"`
+	ReadyAfter time.Duration `json:"readyAfter,omitempty"`
+	Paused     bool          `json:"paused,omitempty"`
+	// ExitReason, when set, makes the instance Exited (see Crash).
+	ExitReason string `json:"exitReason,omitempty"`
+}
+
+// saved is the file Save writes.
+type saved struct {
+	Format string       `json:"format"`
+	Spec   backend.Spec `json:"spec"`
+	Ready  bool         `json:"ready"`
+}
+
+// New returns a sim Backend over opts.StateDir.
+func New(opts Options) (*Backend, error) {
+	if opts.StateDir == "" {
+		return nil, errors.New("sim: StateDir is required")
+	}
+	if err := os.MkdirAll(opts.StateDir, 0o755); err != nil {
+		return nil, err
+	}
+	return &Backend{opts: opts}, nil
+}
+
+// Name implements backend.Backend.
+func (b *Backend) Name() string { return "sim" }
+
+// Acceleration implements backend.Backend.
+func (b *Backend) Acceleration() string { return "sim" }
+
+// ConsoleLog implements backend.Backend.
+func (b *Backend) ConsoleLog(id string) string {
+	return filepath.Join(b.opts.StateDir, id, consoleFile)
+}
+
+func (b *Backend) dir(id string) string { return filepath.Join(b.opts.StateDir, id) }
+
+func validID(id string) error {
+	if id == "" || id == "." || id == ".." || strings.HasPrefix(id, ".") || strings.ContainsAny(id, "/\x00") {
+		return fmt.Errorf("sim: invalid instance ID %q", id)
+	}
+	return nil
+}
+
+// Start implements backend.Backend.
+func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Instance, error) {
+	return b.start(spec, record{})
+}
+
+func (b *Backend) start(spec backend.Spec, r record) (backend.Instance, error) {
+	if err := validID(spec.ID); err != nil {
+		return backend.Instance{}, err
+	}
+	if spec.Name == "" {
+		spec.Name = spec.ID
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if old, err := b.load(spec.ID); err == nil && old.ExitReason == "" {
+		return b.instance(spec.ID, old), nil
+	}
+	r.Spec, r.StartedAt, r.BootDelay = spec, time.Now(), b.opts.BootDelay
+	if r.Ready {
+		r.ReadyAfter = max(time.Since(r.StartedAt), time.Microsecond)
+	}
+	dir := b.dir(spec.ID)
+	if err := os.RemoveAll(dir); err != nil {
+		return backend.Instance{}, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return backend.Instance{}, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, consoleFile), []byte("sim: "+spec.Name+" is a hollow VM, it prints nothing\n"), 0o644); err != nil {
+		return backend.Instance{}, err
+	}
+	if err := b.save(spec.ID, r); err != nil {
+		return backend.Instance{}, err
+	}
+	return b.instance(spec.ID, r), nil
+}
+
+// Stop implements backend.Backend.
+func (b *Backend) Stop(ctx context.Context, id string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return os.RemoveAll(b.dir(id))
+}
+
+// Pause implements backend.Backend.
+func (b *Backend) Pause(ctx context.Context, id string) error {
+	return b.update(id, func(r *record) { r.Paused = true })
+}
+
+// Resume implements backend.Backend.
+func (b *Backend) Resume(ctx context.Context, id string) error {
+	return b.update(id, func(r *record) { r.Paused = false })
+}
+
+// Crash makes an instance Exited with reason, as if its VM had died: for
+// tests of how the control plane handles a lost VM.
+func (b *Backend) Crash(id, reason string) error {
+	return b.update(id, func(r *record) { r.ExitReason = reason })
+}
+
+func (b *Backend) update(id string, fn func(*record)) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r, err := b.load(id)
+	if err != nil {
+		return err
+	}
+	if r.ExitReason != "" {
+		return fmt.Errorf("sim: %s has exited", id)
+	}
+	fn(&r)
+	return b.save(id, r)
+}
+
+// Save implements backend.Backend: a small file naming the instance; the
+// instance is left paused.
+func (b *Backend) Save(ctx context.Context, id, path string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r, err := b.load(id)
+	if err != nil {
+		return err
+	}
+	if r.ExitReason != "" {
+		return fmt.Errorf("sim: %s has exited", id)
+	}
+	inst := b.instance(id, r)
+	data, err := json.Marshal(saved{Format: saveFormat, Spec: r.Spec, Ready: inst.Phase == backend.Running || (inst.Phase == backend.Paused && inst.ReadyAfter > 0)})
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		return err
+	}
+	r.Paused = true
+	return b.save(id, r)
+}
+
+// Restore implements backend.Backend: Running at once if the saved instance
+// was ready, else Booting for BootDelay.
+func (b *Backend) Restore(ctx context.Context, spec backend.Spec, path string) (backend.Instance, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return backend.Instance{}, fmt.Errorf("sim: restore: %w", err)
+	}
+	var s saved
+	if err := json.Unmarshal(data, &s); err != nil || s.Format != saveFormat {
+		return backend.Instance{}, fmt.Errorf("sim: restore %s: not a sim saved instance", path)
+	}
+	return b.start(spec, record{Ready: s.Ready})
+}
+
+// Get implements backend.Backend.
+func (b *Backend) Get(ctx context.Context, id string) (backend.Instance, error) {
+	if validID(id) != nil {
+		return backend.Instance{}, backend.ErrNotFound
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r, err := b.load(id)
+	if err != nil {
+		return backend.Instance{}, err
+	}
+	return b.instance(id, r), nil
+}
+
+// List implements backend.Backend.
+func (b *Backend) List(ctx context.Context) ([]backend.Instance, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ents, err := os.ReadDir(b.opts.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	var out []backend.Instance
+	for _, e := range ents {
+		if !e.IsDir() || validID(e.Name()) != nil {
+			continue
+		}
+		r, err := b.load(e.Name())
+		if errors.Is(err, backend.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b.instance(e.Name(), r))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+func (b *Backend) instance(id string, r record) backend.Instance {
+	inst := backend.Instance{ID: id, Name: r.Spec.Name, StartedAt: r.StartedAt, Acceleration: "sim"}
+	ready := r.Ready || time.Since(r.StartedAt) >= r.BootDelay
+	if ready {
+		inst.ReadyAfter = r.BootDelay
+		if r.Ready {
+			inst.ReadyAfter = r.ReadyAfter
+		}
+	}
+	switch {
+	case r.ExitReason != "":
+		inst.Phase, inst.Reason = backend.Exited, r.ExitReason
+		inst.ConsoleTail = "sim: " + r.Spec.Name + " is a hollow VM, it prints nothing"
+	case r.Paused:
+		inst.Phase = backend.Paused
+	case ready:
+		inst.Phase = backend.Running
+	default:
+		inst.Phase = backend.Booting
+	}
+	return inst
+}
+
+func (b *Backend) load(id string) (record, error) {
+	var r record
+	data, err := os.ReadFile(filepath.Join(b.dir(id), instanceFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return r, backend.ErrNotFound
+	}
+	if err != nil {
+		return r, err
+	}
+	return r, json.Unmarshal(data, &r)
+}
+
+// save writes the record atomically.
+func (b *Backend) save(id string, r record) error {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(b.dir(id), instanceFile)
+	if err := os.WriteFile(p+".tmp", data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(p+".tmp", p)
+}

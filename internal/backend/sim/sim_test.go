@@ -1,0 +1,66 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/zyvor/kairon/internal/backend"
+)
+
+func TestSimLifecycleSurvivesANewBackend(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	b, err := New(Options{StateDir: dir, BootDelay: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := b.Start(ctx, backend.Spec{ID: "ns_a", Name: "ns/a"})
+	if err != nil || in.Phase != backend.Booting || in.Acceleration != "sim" {
+		t.Fatalf("Start = %+v, %v; want Booting", in, err)
+	}
+	time.Sleep(250 * time.Millisecond)
+	if in, _ = b.Get(ctx, "ns_a"); in.Phase != backend.Running || in.ReadyAfter != 200*time.Millisecond {
+		t.Fatalf("after the boot delay: %+v", in)
+	}
+
+	// A new backend over the same directory adopts the instance unchanged.
+	again, _ := New(Options{StateDir: dir, BootDelay: time.Hour})
+	list, err := again.List(ctx)
+	if err != nil || len(list) != 1 || list[0].Phase != backend.Running || !list[0].StartedAt.Equal(in.StartedAt) {
+		t.Fatalf("re-adopted list = %+v, %v", list, err)
+	}
+
+	if err := again.Pause(ctx, "ns_a"); err != nil {
+		t.Fatal(err)
+	}
+	if in, _ := again.Get(ctx, "ns_a"); in.Phase != backend.Paused {
+		t.Errorf("after Pause: %s", in.Phase)
+	}
+	if err := again.Resume(ctx, "ns_a"); err != nil {
+		t.Fatal(err)
+	}
+
+	saved := filepath.Join(t.TempDir(), "state")
+	if err := again.Save(ctx, "ns_a", saved); err != nil {
+		t.Fatal(err)
+	}
+	if err := again.Stop(ctx, "ns_a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := again.Get(ctx, "ns_a"); !errors.Is(err, backend.ErrNotFound) {
+		t.Fatalf("after Stop: %v", err)
+	}
+	if err := again.Stop(ctx, "ns_a"); err != nil {
+		t.Errorf("second Stop: %v", err)
+	}
+	restored, err := again.Restore(ctx, backend.Spec{ID: "ns_a", Name: "ns/a"}, saved)
+	if err != nil || restored.Phase != backend.Running {
+		t.Fatalf("Restore = %+v, %v; want Running at once", restored, err)
+	}
+	if _, err := again.Restore(ctx, backend.Spec{ID: "ns_b"}, filepath.Join(dir, "missing")); err == nil {
+		t.Error("Restore from a missing file succeeded")
+	}
+}

@@ -1,0 +1,156 @@
+package kaironctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+func newDeleteCommand(o *Options) *cobra.Command {
+	var (
+		waitForGone bool
+		timeout     time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "delete KIND NAME...",
+		Short: "Delete objects by name and wait until they are gone",
+		Long: `Delete the named objects of one kind. By default kaironctl waits until each
+is really gone (a Machine is kept until its node agent has stopped the VM)
+and then prints "KIND/NAME deleted"; --wait=false returns once the API
+server has accepted the deletion.`,
+		Example: `  kaironctl delete machine web-1 web-2
+  kaironctl delete mp agents --timeout 2m
+  kaironctl delete machineclaim job-42 --wait=false`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError(cmd, "delete needs a KIND and at least one NAME; valid kinds: %s", kindList())
+			}
+			k, err := lookupKind(args[0])
+			if err != nil {
+				return err
+			}
+			names := args[1:]
+			if len(names) == 0 {
+				return usageError(cmd, "delete %s needs at least one NAME", args[0])
+			}
+			if timeout < 0 {
+				return usageError(cmd, "--timeout must not be negative, got %s", timeout)
+			}
+			ns := ""
+			if k.Namespaced {
+				if ns, err = o.Namespace(); err != nil {
+					return err
+				}
+			}
+			return o.deleteObjects(cmd.Context(), k, ns, names, waitForGone, timeout)
+		},
+	}
+	cmd.Flags().BoolVar(&waitForGone, "wait", true, "Wait until the objects are gone before returning")
+	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "How long --wait waits for all of them (0 waits forever)")
+	return cmd
+}
+
+// deleteObjects deletes every name, then (with waitForGone) waits for each
+// to disappear, printing "kind/name deleted" for each one done. It goes on
+// past a name that fails and reports every failure at the end.
+func (o *Options) deleteObjects(ctx context.Context, k *Kind, ns string, names []string, waitForGone bool, timeout time.Duration) error {
+	ri, err := o.resource(k, ns)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	var deleted []string
+	for _, name := range names {
+		opts := metav1.DeleteOptions{}
+		if k.RequiredLabel != "" {
+			// Never delete something that is not Kairon's (a real kubelet's
+			// Node); the precondition pins the object that was checked.
+			obj, err := o.getObject(ctx, k, ns, name)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			uid := obj.GetUID()
+			opts.Preconditions = &metav1.Preconditions{UID: &uid}
+		}
+		if err := ri.Delete(ctx, name, opts); err != nil {
+			errs = append(errs, o.objectError(k, ns, name, err))
+			continue
+		}
+		if !waitForGone {
+			fmt.Fprintf(o.Out, "%s deleted\n", k.ref(name))
+			continue
+		}
+		deleted = append(deleted, name)
+	}
+
+	if len(deleted) > 0 {
+		waitCtx := ctx
+		if timeout > 0 {
+			var cancel context.CancelFunc
+			waitCtx, cancel = context.WithTimeout(ctx, timeout)
+			defer cancel()
+		}
+		for _, name := range deleted {
+			if err := o.waitGone(waitCtx, k, ns, name, timeout); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			fmt.Fprintf(o.Out, "%s deleted\n", k.ref(name))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// waitGone polls until the object is gone. When ctx ends first, the error
+// says what still holds the object (its finalizers), if anything.
+func (o *Options) waitGone(ctx context.Context, k *Kind, ns, name string, timeout time.Duration) error {
+	ri, err := o.resource(k, ns)
+	if err != nil {
+		return err
+	}
+	var finalizers []string
+	var lastErr error
+	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		obj, err := ri.Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return true, nil
+		case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
+			return false, o.objectError(k, ns, name, err)
+		case err != nil:
+			// Likely passing (a restarting API server, the deadline
+			// racing the request); keep trying until the timeout.
+			lastErr = err
+			return false, nil
+		}
+		finalizers = obj.GetFinalizers()
+		return false, nil
+	})
+	if err == nil {
+		return nil
+	}
+	if !wait.Interrupted(err) {
+		return err
+	}
+	msg := fmt.Sprintf("%s%s was not gone after %s", k.ref(name), k.where(ns), timeout)
+	if timeout == 0 {
+		msg = fmt.Sprintf("stopped waiting for %s%s to be deleted", k.ref(name), k.where(ns))
+	}
+	// The last poll often races the deadline, so the finalizers last seen
+	// say more than its error does.
+	switch {
+	case len(finalizers) > 0:
+		msg += fmt.Sprintf("; it still has finalizers %s", strings.Join(finalizers, ", "))
+	case lastErr != nil:
+		msg += fmt.Sprintf("; last error: %v", lastErr)
+	}
+	return errors.New(msg + " (raise --timeout or pass --wait=false)")
+}

@@ -1,0 +1,226 @@
+package kaironctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+func newGetCommand(o *Options) *cobra.Command {
+	var (
+		output, selector  string
+		allNamespaces     bool
+		showManagedFields bool
+	)
+	cmd := &cobra.Command{
+		Use:   "get KIND [NAME...]",
+		Short: "List objects of one kind, or show some by name",
+		Long: `List the objects of one kind in the namespace, or show the ones named.
+
+Kinds:
+` + kindHelp() + `
+nodes are only the Nodes a Kairon node agent serves (label kairon.zyvor.dev/node).`,
+		Example: `  kaironctl get machines
+  kaironctl get mp -A
+  kaironctl get machine web-1 -o yaml
+  kaironctl get budgets`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError(cmd, "get needs a KIND argument; valid kinds: %s", kindList())
+			}
+			k, err := lookupKind(args[0])
+			if err != nil {
+				return err
+			}
+			format, err := parseOutput(output)
+			if err != nil {
+				return err
+			}
+			names := args[1:]
+			if allNamespaces && len(names) > 0 {
+				return usageError(cmd, "-A/--all-namespaces lists a whole kind; it cannot be used with a NAME")
+			}
+			if selector != "" {
+				if len(names) > 0 {
+					return usageError(cmd, "-l/--selector cannot be used with a NAME")
+				}
+				if _, err := labels.Parse(selector); err != nil {
+					return fmt.Errorf("invalid -l/--selector %q: %v", selector, err)
+				}
+			}
+			ns := metav1.NamespaceAll
+			if k.Namespaced && !allNamespaces {
+				if ns, err = o.Namespace(); err != nil {
+					return err
+				}
+			}
+			ctx := cmd.Context()
+
+			var items []unstructured.Unstructured
+			var errs []error
+			if len(names) > 0 {
+				for _, name := range names {
+					obj, err := o.getObject(ctx, k, ns, name)
+					if err != nil {
+						errs = append(errs, err)
+						continue
+					}
+					items = append(items, *obj)
+				}
+			} else {
+				if items, err = o.listObjects(ctx, k, ns, selector); err != nil {
+					return err
+				}
+			}
+
+			if err := o.printObjects(ctx, k, items, format, printOptions{
+				allNamespaces:     allNamespaces && k.Namespaced,
+				single:            len(names) == 1,
+				showManagedFields: showManagedFields,
+				namedLookup:       len(names) > 0,
+				namespace:         ns,
+			}); err != nil {
+				return err
+			}
+			return errors.Join(errs...)
+		},
+	}
+	cmd.Flags().StringVarP(&output, "output", "o", "", "Output format: "+strings.Join(outputFormats, ", ")+" (default table)")
+	cmd.Flags().BoolVarP(&allNamespaces, "all-namespaces", "A", false, "List the kind in every namespace, with a NAMESPACE column")
+	cmd.Flags().StringVarP(&selector, "selector", "l", "", "Only objects whose labels match this selector (e.g. app=web,tier!=db)")
+	cmd.Flags().BoolVar(&showManagedFields, "show-managed-fields", false, "Keep metadata.managedFields in json and yaml output")
+	return cmd
+}
+
+type printOptions struct {
+	allNamespaces     bool
+	single            bool
+	showManagedFields bool
+	namedLookup       bool
+	namespace         string
+}
+
+func (o *Options) printObjects(ctx context.Context, k *Kind, items []unstructured.Unstructured, format string, po printOptions) error {
+	if (format == outputJSON || format == outputYAML) && !po.showManagedFields {
+		for i := range items {
+			items[i].SetManagedFields(nil)
+		}
+	}
+	switch format {
+	case outputJSON, outputYAML:
+		var v any = listObject(items)
+		if po.single {
+			if len(items) == 0 {
+				return nil
+			}
+			v = items[0].Object
+		}
+		if format == outputJSON {
+			return printJSON(o.Out, v)
+		}
+		return printYAML(o.Out, v)
+	case outputName:
+		return printNames(o.Out, k, items)
+	}
+
+	if len(items) == 0 {
+		if !po.namedLookup {
+			if po.allNamespaces || !k.Namespaced {
+				fmt.Fprintln(o.ErrOut, "No resources found")
+			} else {
+				fmt.Fprintf(o.ErrOut, "No resources found in %s namespace.\n", po.namespace)
+			}
+		}
+		return nil
+	}
+	t, err := o.buildTable(ctx, k, items, po.allNamespaces)
+	if err != nil {
+		return err
+	}
+	return printTable(o.Out, t, format == outputWide)
+}
+
+// buildTable turns items into k's table, with a NAMESPACE column in front
+// when allNamespaces.
+func (o *Options) buildTable(ctx context.Context, k *Kind, items []unstructured.Unstructured, allNamespaces bool) (table, error) {
+	rc := &RowContext{Now: o.Now()}
+	if k.Prepare != nil {
+		if err := k.Prepare(ctx, o, rc); err != nil {
+			return table{}, err
+		}
+	}
+	t := table{Columns: k.Columns}
+	if allNamespaces {
+		t.Columns = append([]Column{{Header: "NAMESPACE"}}, k.Columns...)
+	}
+	for i := range items {
+		row, err := k.Row(&items[i], rc)
+		if err != nil {
+			return table{}, err
+		}
+		if allNamespaces {
+			row = append([]string{items[i].GetNamespace()}, row...)
+		}
+		t.Rows = append(t.Rows, row)
+	}
+	return t, nil
+}
+
+// getObject reads one object, with a not-found error that names the kind,
+// the object and the namespace.
+func (o *Options) getObject(ctx context.Context, k *Kind, ns, name string) (*unstructured.Unstructured, error) {
+	ri, err := o.resource(k, ns)
+	if err != nil {
+		return nil, err
+	}
+	obj, err := ri.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, o.objectError(k, ns, name, err)
+	}
+	if k.RequiredLabel != "" {
+		if _, ok := obj.GetLabels()[k.RequiredLabel]; !ok {
+			return nil, fmt.Errorf("%s %q is not a Kairon %s (it has no %s label)", k.Singular, name, k.Singular, k.RequiredLabel)
+		}
+	}
+	return obj, nil
+}
+
+// listObjects lists k in ns ("" for every namespace), restricted to
+// k.RequiredLabel and the user's selector.
+func (o *Options) listObjects(ctx context.Context, k *Kind, ns, selector string) ([]unstructured.Unstructured, error) {
+	ri, err := o.resource(k, ns)
+	if err != nil {
+		return nil, err
+	}
+	var sel []string
+	if k.RequiredLabel != "" {
+		sel = append(sel, k.RequiredLabel)
+	}
+	if selector != "" {
+		sel = append(sel, selector)
+	}
+	list, err := ri.List(ctx, metav1.ListOptions{LabelSelector: strings.Join(sel, ",")})
+	if err != nil {
+		return nil, fmt.Errorf("listing %s%s: %w", k.Resource, k.where(ns), err)
+	}
+	return list.Items, nil
+}
+
+// objectError rewrites the server's errors about one object so that they
+// say which kind, name and namespace, in kaironctl's words.
+func (o *Options) objectError(k *Kind, ns, name string, err error) error {
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("%s %q not found%s", k.Singular, name, k.where(ns))
+	case apierrors.IsForbidden(err):
+		return fmt.Errorf("%s %q%s: forbidden: %v", k.Singular, name, k.where(ns), err)
+	}
+	return fmt.Errorf("%s %q%s: %w", k.Singular, name, k.where(ns), err)
+}

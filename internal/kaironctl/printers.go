@@ -1,0 +1,143 @@
+package kaironctl
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+)
+
+// Output formats for -o.
+const (
+	outputTable = "table"
+	outputWide  = "wide"
+	outputJSON  = "json"
+	outputYAML  = "yaml"
+	outputName  = "name"
+)
+
+var outputFormats = []string{outputTable, outputWide, outputJSON, outputYAML, outputName}
+
+// parseOutput checks the value of -o; empty means table.
+func parseOutput(s string) (string, error) {
+	if s == "" {
+		return outputTable, nil
+	}
+	for _, f := range outputFormats {
+		if s == f {
+			return s, nil
+		}
+	}
+	return "", fmt.Errorf("unknown output format %q for -o/--output; valid formats: %s", s, strings.Join(outputFormats, ", "))
+}
+
+// table is rows of cells under columns, ready to print.
+type table struct {
+	Columns []Column
+	Rows    [][]string
+}
+
+// printTable writes t aligned like kubectl: upper-case headers, columns
+// separated by at least two spaces, "-" for an empty cell. Wide columns are
+// left out unless wide.
+func printTable(w io.Writer, t table, wide bool) error {
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	var keep []int
+	for i, c := range t.Columns {
+		if wide || !c.Wide {
+			keep = append(keep, i)
+		}
+	}
+	writeLine := func(cell func(i int) string) {
+		var b strings.Builder
+		for j, i := range keep {
+			if j > 0 {
+				b.WriteByte('\t')
+			}
+			b.WriteString(cell(i))
+			if j < len(keep)-1 {
+				b.WriteString(strings.Repeat(" ", t.Columns[i].Pad))
+			}
+		}
+		b.WriteByte('\n')
+		_, _ = io.WriteString(tw, b.String())
+	}
+	writeLine(func(i int) string { return strings.ToUpper(t.Columns[i].Header) })
+	for _, row := range t.Rows {
+		writeLine(func(i int) string {
+			if i >= len(row) {
+				return "-"
+			}
+			return cleanCell(row[i])
+		})
+	}
+	return tw.Flush()
+}
+
+// cleanCell keeps a cell on one line and in its column.
+func cleanCell(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if r == '\t' || r == '\n' || r == '\r' {
+			return ' '
+		}
+		return r
+	}, s)
+	if strings.TrimSpace(s) == "" {
+		return "-"
+	}
+	return s
+}
+
+// printJSON writes v as JSON indented by two spaces, ending in a newline.
+func printJSON(w io.Writer, v any) error {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := w.Write(buf.Bytes())
+	return err
+}
+
+// printYAML writes v as YAML.
+func printYAML(w io.Writer, v any) error {
+	data, err := yaml.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(data)
+	return err
+}
+
+// printNames writes "singular/name" per object, like kubectl -o name.
+func printNames(w io.Writer, k *Kind, items []unstructured.Unstructured) error {
+	var b strings.Builder
+	for i := range items {
+		b.WriteString(k.ref(items[i].GetName()))
+		b.WriteByte('\n')
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// listObject wraps items the way kubectl prints several objects as JSON or
+// YAML: a v1 List.
+func listObject(items []unstructured.Unstructured) map[string]any {
+	objs := make([]any, len(items))
+	for i := range items {
+		objs[i] = items[i].Object
+	}
+	return map[string]any{
+		"apiVersion": "v1",
+		"kind":       "List",
+		"metadata":   map[string]any{"resourceVersion": ""},
+		"items":      objs,
+	}
+}

@@ -1,0 +1,226 @@
+// Package kaironctl is the kaironctl command line: get, describe, delete,
+// scale and logs for Kairon's objects, talking to the Kubernetes API server
+// the way kubectl does (same kubeconfig, --context and --namespace rules).
+//
+// Each verb is one file with a constructor listed in verbs; the kinds the
+// verbs work on are the table in kinds.go.
+package kaironctl
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+)
+
+// verbs are the top-level commands, in the order help lists them. A new
+// verb is a new file with a constructor added here.
+var verbs = []func(*Options) *cobra.Command{
+	newGetCommand,
+	newDescribeCommand,
+	newDeleteCommand,
+	newScaleCommand,
+	newLogsCommand,
+	newVersionCommand,
+}
+
+// Options is what every command shares: the kubeconfig flags, the output
+// streams, and the clients built from them on first use.
+type Options struct {
+	ConfigFlags *genericclioptions.ConfigFlags
+	Out, ErrOut io.Writer
+	// Now is the clock AGE columns are computed against.
+	Now func() time.Time
+
+	restConfig *rest.Config
+	dynamic    dynamic.Interface
+	clientset  kubernetes.Interface
+}
+
+// Main runs kaironctl with args (without the program name) and returns the
+// process exit code: 0, or 1 after printing one "error: ..." line to stderr.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o := &Options{
+		ConfigFlags: genericclioptions.NewConfigFlags(true),
+		Out:         stdout,
+		ErrOut:      stderr,
+		Now:         time.Now,
+	}
+	root := NewRootCommand(o)
+	root.SetArgs(args)
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(stderr, "error: "+oneLine(err.Error()))
+		return 1
+	}
+	return 0
+}
+
+// NewRootCommand builds the whole command tree around o.
+func NewRootCommand(o *Options) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "kaironctl",
+		Short: "kaironctl manages Kairon micro-VMs and the objects around them",
+		Long: `kaironctl manages Kairon micro-VMs (Machines) and the objects around them.
+
+It reads the kubeconfig exactly like kubectl: --kubeconfig, else $KUBECONFIG,
+else ~/.kube/config; --context and -n/--namespace override the current context.
+
+Kinds:
+` + kindHelp(),
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		// Without a verb, print help; a stray word is an unknown command.
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return fmt.Errorf("unknown command %q; commands: %s", args[0], commandNames(cmd))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error { return cmd.Help() },
+	}
+	root.SetOut(o.Out)
+	root.SetErr(o.ErrOut)
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return fmt.Errorf("%v (see '%s --help')", err, cmd.CommandPath())
+	})
+	o.ConfigFlags.AddFlags(root.PersistentFlags())
+	for _, verb := range verbs {
+		root.AddCommand(verb(o))
+	}
+	return root
+}
+
+func commandNames(root *cobra.Command) string {
+	var names []string
+	for _, c := range root.Commands() {
+		if c.IsAvailableCommand() {
+			names = append(names, c.Name())
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+// oneLine folds a multi-line message (several joined errors, a server
+// message with line breaks) into one line, parts separated by "; ".
+func oneLine(s string) string {
+	var parts []string
+	for _, line := range strings.Split(s, "\n") {
+		if line = strings.Join(strings.Fields(line), " "); line != "" {
+			parts = append(parts, line)
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// RESTConfig is the client configuration from the kubeconfig flags.
+func (o *Options) RESTConfig() (*rest.Config, error) {
+	if o.restConfig == nil {
+		cfg, err := o.ConfigFlags.ToRESTConfig()
+		if err != nil {
+			return nil, kubeconfigError(err)
+		}
+		cfg = rest.CopyConfig(cfg)
+		// kubectl's defaults; client-go's 5 QPS makes waiting loops sluggish.
+		if cfg.QPS == 0 {
+			cfg.QPS, cfg.Burst = 50, 100
+		}
+		cfg.UserAgent = "kaironctl/" + clientVersion()
+		o.restConfig = cfg
+	}
+	return o.restConfig, nil
+}
+
+// Dynamic is a dynamic client; kaironctl reads and writes every kind through
+// it so that output shows exactly what the server returned.
+func (o *Options) Dynamic() (dynamic.Interface, error) {
+	if o.dynamic == nil {
+		cfg, err := o.RESTConfig()
+		if err != nil {
+			return nil, err
+		}
+		if o.dynamic, err = dynamic.NewForConfig(cfg); err != nil {
+			return nil, err
+		}
+	}
+	return o.dynamic, nil
+}
+
+// Clientset is a typed client for core APIs (node proxy, server version).
+func (o *Options) Clientset() (kubernetes.Interface, error) {
+	if o.clientset == nil {
+		cfg, err := o.RESTConfig()
+		if err != nil {
+			return nil, err
+		}
+		if o.clientset, err = kubernetes.NewForConfig(cfg); err != nil {
+			return nil, err
+		}
+	}
+	return o.clientset, nil
+}
+
+// Namespace is -n, else the current context's namespace, else "default".
+func (o *Options) Namespace() (string, error) {
+	ns, _, err := o.ConfigFlags.ToRawKubeConfigLoader().Namespace()
+	if err != nil {
+		return "", kubeconfigError(err)
+	}
+	return ns, nil
+}
+
+// kubeconfigError says where the broken configuration came from.
+func kubeconfigError(err error) error {
+	return fmt.Errorf("loading the kubeconfig (--kubeconfig, else $KUBECONFIG, else ~/.kube/config; --context): %w", err)
+}
+
+// resource is the dynamic client for kind k in namespace ns (ignored for
+// cluster-scoped kinds).
+func (o *Options) resource(k *Kind, ns string) (dynamic.ResourceInterface, error) {
+	dyn, err := o.Dynamic()
+	if err != nil {
+		return nil, err
+	}
+	if !k.Namespaced || ns == metav1.NamespaceAll {
+		return dyn.Resource(k.GVR), nil
+	}
+	return dyn.Resource(k.GVR).Namespace(ns), nil
+}
+
+// listMachines returns the Machines in ns ("" for all namespaces), typed.
+func (o *Options) listMachines(ctx context.Context, ns string) ([]kaironv1.Machine, error) {
+	// Not through lookupKind: kinds' hooks call this, and Go would see an
+	// initialization cycle.
+	dyn, err := o.Dynamic()
+	if err != nil {
+		return nil, err
+	}
+	list, err := dyn.Resource(kaironGVR("machines")).Namespace(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing machines: %w", err)
+	}
+	out := make([]kaironv1.Machine, len(list.Items))
+	for i := range list.Items {
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(list.Items[i].Object, &out[i]); err != nil {
+			return nil, fmt.Errorf("reading machine %s/%s: %w", list.Items[i].GetNamespace(), list.Items[i].GetName(), err)
+		}
+	}
+	return out, nil
+}
+
+// usageError is a mistake in the command line, as opposed to a failure
+// talking to the server.
+func usageError(cmd *cobra.Command, format string, args ...any) error {
+	return fmt.Errorf("%s (see '%s --help')", fmt.Sprintf(format, args...), cmd.CommandPath())
+}

@@ -1,0 +1,127 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/node/network"
+)
+
+// Agent is one running kairon-node.
+type Agent struct {
+	opts       Options
+	mgr        manager.Manager
+	client     client.Client
+	ipam       *network.IPAM
+	links      *network.Links
+	recorder   recorder.EventRecorder
+	listener   net.Listener
+	listenAddr string
+	// instanceEvents wakes the Machine reconciler when the backend reports a
+	// change (guest ready, VM died) so status follows within a poll interval.
+	instanceEvents chan event.TypedGenericEvent[*kaironv1.Machine]
+}
+
+// New prepares an agent: the node network, the console listener and a
+// controller-runtime manager whose cache holds only this node's Machines.
+func New(cfg *rest.Config, opts Options) (*Agent, error) {
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	a := &Agent{opts: opts, instanceEvents: make(chan event.TypedGenericEvent[*kaironv1.Machine], 1024)}
+
+	if n := opts.Network; n != nil {
+		ipam, err := network.NewIPAM(n.CIDR, filepath.Join(opts.StateDir, "ipam.json"))
+		if err != nil {
+			return nil, err
+		}
+		a.ipam = ipam
+		if !n.NoLinks {
+			a.links = &network.Links{Bridge: n.Bridge, Gateway: ipam.Gateway(), NetNS: n.NetNS}
+			if err := a.links.EnsureBridge(); err != nil {
+				return nil, fmt.Errorf("node network: %w", err)
+			}
+		}
+	}
+
+	if opts.ListenAddress != "" {
+		ln, err := net.Listen("tcp", opts.ListenAddress)
+		if err != nil {
+			return nil, fmt.Errorf("--listen %s: %w (is another kairon-node using it?)", opts.ListenAddress, err)
+		}
+		a.listener = ln
+		a.listenAddr = ln.Addr().String()
+	}
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := kaironv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			// The CRD declares spec.nodeName selectable, so each agent watches
+			// only its own Machines however large the cluster is.
+			&kaironv1.Machine{}: {Field: fields.OneTermEqualSelector("spec.nodeName", opts.NodeName)},
+		}},
+	})
+	if err != nil {
+		a.close()
+		return nil, err
+	}
+	a.mgr = mgr
+	a.client = mgr.GetClient()
+	a.recorder = mgr.GetEventRecorder("kairon-node")
+	if err := a.setupMachineController(); err != nil {
+		a.close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// Run serves until ctx ends. VMs are left running when it returns.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.close()
+	if err := a.syncNode(ctx, true, "AgentReady", "kairon-node is running"); err != nil {
+		return fmt.Errorf("registering node %s: %w", a.opts.NodeName, err)
+	}
+	runnables := []manager.RunnableFunc{a.heartbeat, a.pollInstances}
+	if a.listener != nil {
+		runnables = append(runnables, a.serve)
+	}
+	for _, r := range runnables {
+		if err := a.mgr.Add(r); err != nil {
+			return err
+		}
+	}
+	return a.mgr.Start(ctx)
+}
+
+// Address is where the agent's console server listens, once New returned.
+func (a *Agent) Address() string { return a.listenAddr }
+
+func (a *Agent) close() {
+	if a.listener != nil {
+		_ = a.listener.Close()
+	}
+}

@@ -1,0 +1,189 @@
+package node
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/log"
+)
+
+// serve answers the API server's node proxy, like a kubelet does for
+// `kubectl logs`:
+//
+//	GET /v1/machines/{namespace}/{name}/console?tail=N&follow=true
+//	GET /healthz
+func (a *Agent) serve(ctx context.Context) error {
+	cert, err := servingCert(filepath.Join(a.opts.StateDir, "tls"), a.opts.NodeName)
+	if err != nil {
+		return err
+	}
+	tlsConfig := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if a.opts.ClientCAFile != "" {
+		pemData, err := os.ReadFile(a.opts.ClientCAFile)
+		if err != nil {
+			return fmt.Errorf("--client-ca-file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pemData) {
+			return fmt.Errorf("--client-ca-file %s holds no PEM certificate", a.opts.ClientCAFile)
+		}
+		tlsConfig.ClientCAs = pool
+		tlsConfig.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+	mux.HandleFunc("GET /v1/machines/{namespace}/{name}/console", a.serveConsole)
+	server := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		TLSConfig:         tlsConfig,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = server.Shutdown(shutdown)
+	}()
+	log.FromContext(ctx).Info("serving consoles", "address", a.listenAddr)
+	if err := server.ServeTLS(a.listener, "", ""); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func (a *Agent) serveConsole(w http.ResponseWriter, r *http.Request) {
+	id := instanceID(r.PathValue("namespace"), r.PathValue("name"))
+	tail := -1
+	if text := r.URL.Query().Get("tail"); text != "" {
+		n, err := strconv.Atoi(text)
+		if err != nil || n < 0 {
+			http.Error(w, "tail must be a non-negative number of lines", http.StatusBadRequest)
+			return
+		}
+		tail = n
+	}
+	follow := r.URL.Query().Get("follow") == "true"
+	file, err := os.Open(a.opts.Backend.ConsoleLog(id))
+	if err != nil {
+		http.Error(w, fmt.Sprintf("no console for machine %s/%s on node %s", r.PathValue("namespace"), r.PathValue("name"), a.opts.NodeName), http.StatusNotFound)
+		return
+	}
+	defer file.Close()
+
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if tail >= 0 {
+		if err := seekToLastLines(file, tail); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+	}
+	if _, err := io.Copy(w, file); err != nil || !follow {
+		return
+	}
+	flusher, _ := w.(http.Flusher)
+	for {
+		if flusher != nil {
+			flusher.Flush()
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+		if _, err := io.Copy(w, file); err != nil {
+			return
+		}
+	}
+}
+
+// seekToLastLines positions file at the start of its last n lines.
+func seekToLastLines(file *os.File, n int) error {
+	var offsets []int64
+	var offset int64
+	reader := bufio.NewReader(file)
+	for {
+		line, err := reader.ReadBytes('\n')
+		if len(line) > 0 {
+			offsets = append(offsets, offset)
+			offset += int64(len(line))
+			if len(offsets) > n {
+				offsets = offsets[1:]
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	start := offset
+	if len(offsets) > 0 && n > 0 {
+		start = offsets[0]
+	}
+	_, err := file.Seek(start, io.SeekStart)
+	return err
+}
+
+// servingCert loads or creates the agent's self-signed serving certificate.
+// The API server's node proxy does not verify it unless configured to, as
+// with kubelets.
+func servingCert(dir, nodeName string) (tls.Certificate, error) {
+	certFile, keyFile := filepath.Join(dir, "serving.crt"), filepath.Join(dir, "serving.key")
+	if cert, err := tls.LoadX509KeyPair(certFile, keyFile); err == nil {
+		return cert, nil
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	template := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: nodeName},
+		DNSNames:     []string{nodeName, "localhost"},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().AddDate(10, 0, 0),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, template, template, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return tls.Certificate{}, err
+	}
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
+	if err := os.WriteFile(certFile, certPEM, 0o644); err != nil {
+		return tls.Certificate{}, err
+	}
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.X509KeyPair(certPEM, keyPEM)
+}

@@ -1,0 +1,297 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/backend"
+	"github.com/zyvor/kairon/internal/node/network"
+)
+
+// instanceID names a Machine's VM on this node; it is also a safe file name.
+func instanceID(namespace, name string) string { return namespace + "_" + name }
+
+// machineKey recovers the Machine from an instance's "namespace/name".
+func machineKey(instanceName string) (types.NamespacedName, bool) {
+	ns, name, ok := strings.Cut(instanceName, "/")
+	return types.NamespacedName{Namespace: ns, Name: name}, ok && ns != "" && name != ""
+}
+
+func (a *Agent) setupMachineController() error {
+	return ctrl.NewControllerManagedBy(a.mgr).
+		Named("node-machine").
+		// Tests and kairon-local may run several agents in one process.
+		WithOptions(controller.Options{SkipNameValidation: ptr.To(true)}).
+		For(&kaironv1.Machine{}).
+		WatchesRawSource(source.Channel(a.instanceEvents, &handler.TypedEnqueueRequestForObject[*kaironv1.Machine]{})).
+		Complete(a)
+}
+
+// Reconcile makes the VM of one Machine match its spec and reports what runs.
+func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	id := instanceID(req.Namespace, req.Name)
+	machine := &kaironv1.Machine{}
+	err := a.client.Get(ctx, req.NamespacedName, machine)
+	if apierrors.IsNotFound(err) {
+		// Gone, or moved to another node: nothing of it may stay here.
+		return ctrl.Result{}, a.teardown(ctx, id)
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if machine.Spec.NodeName != a.opts.NodeName {
+		return ctrl.Result{}, a.teardown(ctx, id)
+	}
+	if !machine.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, a.reconcileDelete(ctx, machine, id)
+	}
+	if !controllerutil.ContainsFinalizer(machine, kaironv1.FinalizerMachineVM) {
+		base := machine.DeepCopy()
+		controllerutil.AddFinalizer(machine, kaironv1.FinalizerMachineVM)
+		if err := a.client.Patch(ctx, machine, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+
+	base := machine.DeepCopy()
+	requeue, err := a.reconcileVM(ctx, machine, id)
+	if patchErr := a.patchStatus(ctx, base, machine); patchErr != nil {
+		if apierrors.IsConflict(patchErr) && err == nil {
+			// Someone else wrote the Machine meanwhile (the scheduler, a
+			// user): look again with the fresh object, quietly.
+			return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
+		}
+		return ctrl.Result{}, errors.Join(err, patchErr)
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	// The tick re-checks every Machine even without events, as a safety net.
+	return ctrl.Result{RequeueAfter: min(requeue, a.opts.Interval)}, nil
+}
+
+// reconcileVM starts, stops or observes the VM and fills machine.Status.
+// It returns how soon to look again.
+func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id string) (time.Duration, error) {
+	if machine.Spec.PowerState == kaironv1.PowerStateStopped {
+		if err := a.teardown(ctx, id); err != nil {
+			setPhase(machine, kaironv1.MachineStopping, "StopFailed", err.Error())
+			return time.Second, err
+		}
+		setPhase(machine, kaironv1.MachineStopped, "Stopped", "spec.powerState is Stopped")
+		machine.Status.Addresses = nil
+		machine.Status.StartedAt = nil
+		return a.opts.Interval, nil
+	}
+
+	instance, err := a.opts.Backend.Get(ctx, id)
+	if errors.Is(err, backend.ErrNotFound) {
+		if machine.Status.Phase == kaironv1.MachineFailed {
+			// A failed Machine stays failed until it is deleted or stopped and
+			// started again; restarting it silently would hide the failure.
+			return a.opts.Interval, nil
+		}
+		instance, err = a.start(ctx, machine, id)
+		if err != nil {
+			_ = a.teardown(ctx, id)
+			setPhase(machine, kaironv1.MachineFailed, "StartFailed", err.Error())
+			a.event(machine, "Warning", "StartFailed", err.Error())
+			return a.opts.Interval, nil
+		}
+		a.event(machine, "Normal", "Started", fmt.Sprintf("VM started on %s (%s)", a.opts.NodeName, instance.Acceleration))
+	} else if err != nil {
+		return time.Second, err
+	}
+
+	a.observe(machine, instance, id)
+	if instance.Phase == backend.Exited {
+		a.event(machine, "Warning", "VMExited", machine.Status.Message)
+		if err := a.teardown(ctx, id); err != nil {
+			return time.Second, err
+		}
+		machine.Status.Addresses = nil
+		return a.opts.Interval, nil
+	}
+	if instance.Phase == backend.Booting {
+		return time.Second, nil
+	}
+	return a.opts.Interval, nil
+}
+
+// start attaches the Machine to the node network and boots its VM.
+func (a *Agent) start(ctx context.Context, machine *kaironv1.Machine, id string) (backend.Instance, error) {
+	spec, err := a.vmSpec(machine, id)
+	if err != nil {
+		return backend.Instance{}, err
+	}
+	if a.ipam != nil {
+		address, err := a.ipam.Allocate(id)
+		if err != nil {
+			return backend.Instance{}, err
+		}
+		spec.Network = &backend.Network{MAC: network.MAC(id), Address: address, Gateway: a.ipam.Gateway().Addr()}
+		if a.links != nil {
+			tap, err := a.links.EnsureTap(id)
+			if err != nil {
+				return backend.Instance{}, err
+			}
+			spec.Network.TapName = tap
+		}
+	}
+	log.FromContext(ctx).Info("starting VM", "cpu", spec.CPU, "memoryMiB", spec.MemoryMiB, "image", machine.Spec.Image)
+	return a.opts.Backend.Start(ctx, spec)
+}
+
+// vmSpec turns a Machine's spec into what the backend boots.
+func (a *Agent) vmSpec(machine *kaironv1.Machine, id string) (backend.Spec, error) {
+	image := machine.Spec.Image
+	if image == "" {
+		image = "default"
+	}
+	spec := backend.Spec{
+		ID:         id,
+		Name:       machine.Namespace + "/" + machine.Name,
+		CPU:        max(machine.Spec.CPU, 1),
+		MemoryMiB:  machine.Spec.Memory.Value() >> 20,
+		KernelArgs: append([]string{"kairon.hostname=" + machine.Name}, machine.Spec.KernelArgs...),
+	}
+	if spec.MemoryMiB == 0 { // objects written before defaulting existed
+		spec.MemoryMiB = 256
+	}
+	if a.opts.Backend.Name() == "sim" {
+		return spec, nil
+	}
+	spec.Kernel = filepath.Join(a.opts.GuestDir, image, "vmlinux")
+	spec.Initrd = filepath.Join(a.opts.GuestDir, image, "initramfs.cpio.gz")
+	for _, path := range []string{spec.Kernel, spec.Initrd} {
+		if _, err := os.Stat(path); err != nil {
+			return spec, fmt.Errorf("guest image %q is not on node %s (%s missing): build it with `make guest`", image, a.opts.NodeName, path)
+		}
+	}
+	return spec, nil
+}
+
+// observe copies what the backend reports into the Machine's status.
+func (a *Agent) observe(machine *kaironv1.Machine, instance backend.Instance, id string) {
+	status := &machine.Status
+	status.Acceleration = instance.Acceleration
+	if !instance.StartedAt.IsZero() {
+		started := metav1.NewTime(instance.StartedAt)
+		status.StartedAt = &started
+	}
+	status.Addresses = nil
+	if a.ipam != nil && instance.Phase != backend.Exited {
+		if address, err := a.ipam.Allocate(id); err == nil {
+			status.Addresses = []kaironv1.MachineAddress{{Type: "InternalIP", Address: address.Addr().String()}}
+		}
+	}
+	switch instance.Phase {
+	case backend.Booting:
+		setPhase(machine, kaironv1.MachineBooting, "Booting", "the guest is booting")
+	case backend.Running, backend.Paused:
+		status.BootMillis = instance.ReadyAfter.Milliseconds()
+		status.ConsoleTail = ""
+		setPhase(machine, kaironv1.MachineRunning, "GuestReady", fmt.Sprintf("the guest was ready %dms after start", status.BootMillis))
+	case backend.Exited:
+		status.ConsoleTail = instance.ConsoleTail
+		reason := instance.Reason
+		if reason == "" {
+			reason = "the VM process exited"
+		}
+		setPhase(machine, kaironv1.MachineFailed, "VMExited", reason)
+	}
+}
+
+// setPhase sets the phase, its message and the matching Ready condition.
+func setPhase(machine *kaironv1.Machine, phase kaironv1.MachinePhase, reason, message string) {
+	machine.Status.Phase = phase
+	machine.Status.Message = message
+	ready := metav1.ConditionFalse
+	if phase == kaironv1.MachineRunning {
+		ready = metav1.ConditionTrue
+	}
+	meta.SetStatusCondition(&machine.Status.Conditions, metav1.Condition{
+		Type: kaironv1.ConditionReady, Status: ready, Reason: reason, Message: message,
+		ObservedGeneration: machine.Generation,
+	})
+	machine.Status.ObservedGeneration = machine.Generation
+}
+
+// reconcileDelete stops the VM, frees its tap and address, then lets the
+// Machine go.
+func (a *Agent) reconcileDelete(ctx context.Context, machine *kaironv1.Machine, id string) error {
+	if !controllerutil.ContainsFinalizer(machine, kaironv1.FinalizerMachineVM) {
+		return nil
+	}
+	if machine.Status.Phase != kaironv1.MachineStopping {
+		base := machine.DeepCopy()
+		setPhase(machine, kaironv1.MachineStopping, "Deleting", "the Machine is being deleted")
+		if err := a.patchStatus(ctx, base, machine); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	if err := a.teardown(ctx, id); err != nil {
+		return err
+	}
+	base := machine.DeepCopy()
+	controllerutil.RemoveFinalizer(machine, kaironv1.FinalizerMachineVM)
+	if err := a.client.Patch(ctx, machine, client.MergeFrom(base)); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	a.event(machine, "Normal", "Stopped", "VM stopped and its network removed")
+	return nil
+}
+
+// teardown removes everything this node holds for an instance. It is
+// idempotent, so every path that must leave nothing behind can call it.
+func (a *Agent) teardown(ctx context.Context, id string) error {
+	var errs []error
+	if err := a.opts.Backend.Stop(ctx, id); err != nil {
+		errs = append(errs, fmt.Errorf("stopping VM: %w", err))
+	}
+	if a.links != nil {
+		if err := a.links.DeleteTap(id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if a.ipam != nil {
+		if err := a.ipam.Release(id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// patchStatus writes the status once, only if it changed. The optimistic lock
+// stops a stale view from overwriting what the scheduler wrote meanwhile; a
+// conflict just means another reconcile.
+func (a *Agent) patchStatus(ctx context.Context, base, machine *kaironv1.Machine) error {
+	if equality.Semantic.DeepEqual(base.Status, machine.Status) {
+		return nil
+	}
+	return a.client.Status().Patch(ctx, machine, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+}
+
+func (a *Agent) event(machine *kaironv1.Machine, kind, reason, message string) {
+	a.recorder.Eventf(machine, nil, kind, reason, "Reconcile", "%s", message)
+}

@@ -1,0 +1,85 @@
+// Package node is kairon-node, the agent that runs the Machines placed on one
+// Node: it keeps its Node object current, starts and stops VMs through a
+// backend, attaches them to the node network and reports their status.
+package node
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/zyvor/kairon/internal/backend"
+)
+
+// Options configure one agent.
+type Options struct {
+	// NodeName is the Node this agent serves.
+	NodeName string
+	// Register makes the agent create and own its Node object, as in
+	// kairon-local. Otherwise the Node exists (a kubelet's) and the agent only
+	// labels it.
+	Register bool
+	// Backend runs the VMs.
+	Backend backend.Backend
+	// GuestDir holds guest images: <image>/vmlinux and <image>/initramfs.cpio.gz.
+	GuestDir string
+	// StateDir keeps what must survive a restart (addresses, TLS key).
+	StateDir string
+	// CPU and Memory are the capacity advertised on a registered Node.
+	CPU    int64
+	Memory resource.Quantity
+	// Network attaches Machines to a bridge; nil runs them without a NIC.
+	Network *NetworkOptions
+	// ListenAddress serves consoles to the API server's node proxy (host:port).
+	ListenAddress string
+	// ClientCAFile, when set, makes the console server accept only clients
+	// with a certificate signed by this CA (the API server's kubelet client
+	// certificate, or an admin's).
+	ClientCAFile string
+	// Interval is the reconcile tick; HeartbeatInterval refreshes the Node's Ready condition.
+	Interval          time.Duration
+	HeartbeatInterval time.Duration
+	// InstancePollInterval is how often the backend is asked what runs, to see
+	// guests become ready and VMs die.
+	InstancePollInterval time.Duration
+}
+
+// NetworkOptions describe the node network.
+type NetworkOptions struct {
+	// CIDR is the node's guest range; its first address is the bridge's.
+	CIDR netip.Prefix
+	// Bridge is the bridge's name.
+	Bridge string
+	// NetNS, when set, keeps the bridge and taps in that network namespace.
+	NetNS string
+	// NoLinks allocates addresses without creating bridge or taps (sim backend).
+	NoLinks bool
+}
+
+func (o *Options) defaults() error {
+	if o.NodeName == "" {
+		return errors.New("--node-name is required")
+	}
+	if o.Backend == nil {
+		return errors.New("no backend")
+	}
+	if o.StateDir == "" {
+		return errors.New("--state-dir is required")
+	}
+	if o.CPU <= 0 && o.Register {
+		return fmt.Errorf("--cpu must be at least 1, got %d", o.CPU)
+	}
+	if o.Interval <= 0 {
+		o.Interval = 5 * time.Second
+	}
+	if o.HeartbeatInterval <= 0 {
+		o.HeartbeatInterval = 10 * time.Second
+	}
+	if o.InstancePollInterval <= 0 {
+		o.InstancePollInterval = 250 * time.Millisecond
+	}
+	return nil
+}
