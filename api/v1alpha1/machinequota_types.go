@@ -32,8 +32,8 @@ type MachineQuotaStatus struct {
 	// Hard is spec.hard as last enforced.
 	// +optional
 	Hard MachineResources `json:"hard,omitempty"`
-	// Used counts the Machines the quota charges: every Machine in the
-	// namespace that is not Stopped or Failed.
+	// Used counts the Machines the quota charges: placed Machines in the
+	// namespace that are not Stopped, Failed or being deleted.
 	// +optional
 	Used MachineResources `json:"used,omitempty"`
 	// +optional

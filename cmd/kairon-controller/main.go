@@ -1,0 +1,103 @@
+// Command kairon-controller runs Kairon's control loops against a
+// Kubernetes API server: the scheduler, the MachineSet and MachineQuota
+// controllers and, with -webhook, the Machine admission webhook.
+//
+//	kairon-controller -kubeconfig .kairon/kubeconfig
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/controller"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "kairon-controller:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	// -kubeconfig is registered on flag.CommandLine by controller-runtime
+	// and read by ctrl.GetConfig, which falls back to $KUBECONFIG and the
+	// in-cluster config.
+	var (
+		interval         = flag.Duration("interval", controller.DefaultInterval, "how often every controller re-checks its objects without an event")
+		metricsAddr      = flag.String("metrics-bind-address", ":8080", `address of the Prometheus metrics endpoint; "0" turns it off`)
+		probeAddr        = flag.String("health-probe-bind-address", ":8081", `address of /healthz and /readyz; "0" turns them off`)
+		leaderElect      = flag.Bool("leader-elect", false, "run only while holding the leader lease, so several replicas can stand by")
+		leaderElectionNS = flag.String("leader-election-namespace", "kube-system", "namespace of the leader election lease when not running in a Pod")
+		webhookOn        = flag.Bool("webhook", false, "serve the Machine validating webhook at "+controller.MachineWebhookPath)
+		webhookPort      = flag.Int("webhook-port", webhook.DefaultPort, "port of the webhook server")
+		webhookCertDir   = flag.String("webhook-cert-dir", "", "directory with the webhook's tls.crt and tls.key (default: the system temp dir's k8s-webhook-server/serving-certs)")
+	)
+	zapOpts := zap.Options{}
+	zapOpts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	log := ctrl.Log.WithName("kairon-controller")
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := kaironv1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("finding the API server (set -kubeconfig or $KUBECONFIG): %w", err)
+	}
+
+	mgrOpts := ctrl.Options{
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
+		HealthProbeBindAddress:  *probeAddr,
+		LeaderElection:          *leaderElect,
+		LeaderElectionID:        "kairon-controller.kairon.zyvor.dev",
+		LeaderElectionNamespace: *leaderElectionNS,
+		// The process exits as soon as the manager stops, so handing the
+		// lease back at once lets a standby take over without waiting for
+		// it to expire.
+		LeaderElectionReleaseOnCancel: true,
+	}
+	if *webhookOn {
+		mgrOpts.WebhookServer = webhook.NewServer(webhook.Options{Port: *webhookPort, CertDir: *webhookCertDir})
+	}
+	mgr, err := ctrl.NewManager(cfg, mgrOpts)
+	if err != nil {
+		return fmt.Errorf("creating the controller manager: %w", err)
+	}
+	if err := controller.SetupWithManager(mgr, controller.Options{Interval: *interval, Webhook: *webhookOn}); err != nil {
+		return fmt.Errorf("setting up controllers: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	ready := healthz.Ping
+	if *webhookOn {
+		ready = mgr.GetWebhookServer().StartedChecker()
+	}
+	if err := mgr.AddReadyzCheck("ready", ready); err != nil {
+		return err
+	}
+
+	log.Info("Starting controllers", "apiServer", cfg.Host, "interval", interval.String(), "webhook", *webhookOn, "leaderElection", *leaderElect)
+	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+		return fmt.Errorf("running controllers: %w", err)
+	}
+	log.Info("Stopped")
+	return nil
+}

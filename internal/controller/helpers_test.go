@@ -1,0 +1,241 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+// testInterval is far longer than any wait in these tests, so a test that
+// passes shows the controllers reacted to watch events, not to their tick.
+const testInterval = 10 * time.Minute
+
+// waitTimeout bounds every wait for a controller; a loaded two-core machine
+// with an API server on it is slow, but not this slow.
+const waitTimeout = 30 * time.Second
+
+// startControllers runs every Kairon controller, as kairon-controller
+// does, in a manager whose cache sees only namespace ns (and the cluster's
+// Nodes), until the test ends.
+func startControllers(t *testing.T, env *testenv.Env, ns string, opts Options, customize ...func(*ctrl.Options)) {
+	t.Helper()
+	if opts.Interval == 0 {
+		opts.Interval = testInterval
+	}
+	logs := &testLogWriter{t: t}
+	mgrOpts := ctrl.Options{
+		Scheme:                 env.Scheme,
+		Logger:                 zap.New(zap.WriteTo(logs), zap.ConsoleEncoder()),
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
+		// Every test starts its own manager in this process, with the
+		// same controller names.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	}
+	for _, f := range customize {
+		f(&mgrOpts)
+	}
+	mgr, err := ctrl.NewManager(env.Config, mgrOpts)
+	if err != nil {
+		t.Fatalf("creating manager: %v", err)
+	}
+	if err := SetupWithManager(mgr, opts); err != nil {
+		t.Fatalf("setting up controllers: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+		logs.stop()
+	})
+	syncCtx, cancelSync := context.WithTimeout(ctx, waitTimeout)
+	defer cancelSync()
+	if !mgr.GetCache().WaitForCacheSync(syncCtx) {
+		t.Fatal("manager cache did not sync")
+	}
+}
+
+// testLogWriter sends controller logs to the test's log, shown when it
+// fails, and drops what arrives after the test ended.
+type testLogWriter struct {
+	mu      sync.Mutex
+	t       *testing.T
+	stopped bool
+}
+
+func (w *testLogWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.stopped {
+		w.t.Log(strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func (w *testLogWriter) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
+}
+
+// createNode creates a ready Kairon node, named after the test's namespace
+// because Nodes are shared by every test, and deletes it when the test ends.
+func createNode(t *testing.T, env *testenv.Env, ns, name string, cpu int64, memory string, mutate ...func(*corev1.Node)) *corev1.Node {
+	t.Helper()
+	ctx := context.Background()
+	node := testNode(ns+"-"+name, cpu, memory, mutate...)
+	status := node.Status
+	if err := env.Client.Create(ctx, node); err != nil {
+		t.Fatalf("creating node: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := env.Client.Delete(context.Background(), node); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting node %s: %v", node.Name, err)
+		}
+	})
+	status.Capacity = status.Allocatable
+	node.Status = status
+	if err := env.Client.Status().Update(ctx, node); err != nil {
+		t.Fatalf("setting node status: %v", err)
+	}
+	return node
+}
+
+func createMachine(t *testing.T, env *testenv.Env, ns, name string, cpu int32, memory string, mutate ...func(*kaironv1.Machine)) *kaironv1.Machine {
+	t.Helper()
+	m := &kaironv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       kaironv1.MachineSpec{CPU: cpu, Memory: resource.MustParse(memory)},
+	}
+	for _, f := range mutate {
+		f(m)
+	}
+	if err := env.Client.Create(context.Background(), m); err != nil {
+		t.Fatalf("creating machine %s: %v", name, err)
+	}
+	return m
+}
+
+// setMachinePhase plays the node agent: it reports a phase.
+func setMachinePhase(t *testing.T, env *testenv.Env, m *kaironv1.Machine, phase kaironv1.MachinePhase) {
+	t.Helper()
+	ctx := context.Background()
+	var cur kaironv1.Machine
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), &cur); err != nil {
+		t.Fatalf("getting machine %s: %v", m.Name, err)
+	}
+	orig := cur.DeepCopy()
+	cur.Status.Phase = phase
+	if err := env.Client.Status().Patch(ctx, &cur, client.MergeFrom(orig)); err != nil {
+		t.Fatalf("setting machine %s to %s: %v", m.Name, phase, err)
+	}
+}
+
+// eventually polls check until it reports done, failing the test with its
+// last account of what it saw after waitTimeout.
+func eventually(t *testing.T, what string, check func() (done bool, saw string)) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	var saw string
+	for {
+		var done bool
+		done, saw = check()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s; last saw: %s", waitTimeout, what, saw)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func listMachines(t *testing.T, env *testenv.Env, ns string, opts ...client.ListOption) []kaironv1.Machine {
+	t.Helper()
+	var list kaironv1.MachineList
+	if err := env.Client.List(context.Background(), &list, append(opts, client.InNamespace(ns))...); err != nil {
+		t.Fatalf("listing machines: %v", err)
+	}
+	return list.Items
+}
+
+func getMachine(t *testing.T, env *testenv.Env, ns, name string) *kaironv1.Machine {
+	t.Helper()
+	var m kaironv1.Machine
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &m); err != nil {
+		t.Fatalf("getting machine %s: %v", name, err)
+	}
+	return &m
+}
+
+// describeMachine is one line of what a test needs to see when it fails.
+func describeMachine(m *kaironv1.Machine) string {
+	s := fmt.Sprintf("%s phase=%q node=%q", m.Name, m.Status.Phase, m.Spec.NodeName)
+	if c := meta.FindStatusCondition(m.Status.Conditions, ConditionScheduled); c != nil {
+		s += fmt.Sprintf(" Scheduled=%s/%s %q", c.Status, c.Reason, c.Message)
+	}
+	return s
+}
+
+// waitScheduled waits until the Machine is bound and its status says so.
+func waitScheduled(t *testing.T, env *testenv.Env, ns, name string) *kaironv1.Machine {
+	t.Helper()
+	var m *kaironv1.Machine
+	eventually(t, name+" to be scheduled", func() (bool, string) {
+		m = getMachine(t, env, ns, name)
+		c := meta.FindStatusCondition(m.Status.Conditions, ConditionScheduled)
+		ok := m.Spec.NodeName != "" && m.Status.Phase == kaironv1.MachineScheduled &&
+			c != nil && c.Status == metav1.ConditionTrue && c.Reason == ReasonScheduled
+		return ok, describeMachine(m)
+	})
+	return m
+}
+
+// waitPending waits until the Machine is Pending with exactly this reason
+// and message.
+func waitPending(t *testing.T, env *testenv.Env, ns, name, reason, message string) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%s to be Pending (%s: %s)", name, reason, message), func() (bool, string) {
+		m := getMachine(t, env, ns, name)
+		c := meta.FindStatusCondition(m.Status.Conditions, ConditionScheduled)
+		ok := m.Spec.NodeName == "" && m.Status.Phase == kaironv1.MachinePending && m.Status.Message == message &&
+			c != nil && c.Status == metav1.ConditionFalse && c.Reason == reason && c.Message == message
+		return ok, describeMachine(m)
+	})
+}
+
+func fmtJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprintf("%+v", v)
+	}
+	return string(b)
+}

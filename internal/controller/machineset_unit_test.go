@@ -1,0 +1,126 @@
+package controller
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+)
+
+func createdAt(sec int64) func(*kaironv1.Machine) {
+	return func(m *kaironv1.Machine) { m.CreationTimestamp = metav1.NewTime(time.Unix(sec, 0)) }
+}
+
+func TestSurplusMachines(t *testing.T) {
+	live := []*kaironv1.Machine{
+		testMachine("running-old", 1, "256Mi", placed("n", kaironv1.MachineRunning), createdAt(1)),
+		testMachine("running-new", 1, "256Mi", placed("n", kaironv1.MachineRunning), createdAt(5)),
+		testMachine("booting", 1, "256Mi", placed("n", kaironv1.MachineBooting), createdAt(2)),
+		testMachine("failed", 1, "256Mi", placed("n", kaironv1.MachineFailed), createdAt(2)),
+		testMachine("pending", 1, "256Mi", placed("", kaironv1.MachinePending), createdAt(1)),
+		testMachine("scheduled", 1, "256Mi", placed("n", kaironv1.MachineScheduled), createdAt(3)),
+	}
+	tests := []struct {
+		n    int
+		want []string
+	}{
+		{1, []string{"pending"}},
+		{3, []string{"pending", "scheduled", "booting"}},
+		{5, []string{"pending", "scheduled", "booting", "failed", "running-new"}},
+		{9, []string{"pending", "scheduled", "booting", "failed", "running-new", "running-old"}},
+	}
+	for _, tt := range tests {
+		var got []string
+		for _, m := range surplusMachines(live, tt.n) {
+			got = append(got, m.Name)
+		}
+		if len(got) != len(tt.want) {
+			t.Errorf("surplusMachines(%d) = %v, want %v", tt.n, got, tt.want)
+			continue
+		}
+		for i := range got {
+			if got[i] != tt.want[i] {
+				t.Errorf("surplusMachines(%d) = %v, want %v", tt.n, got, tt.want)
+				break
+			}
+		}
+	}
+}
+
+func TestReplicaExpectations(t *testing.T) {
+	now := time.Unix(1000, 0)
+	e := newReplicaExpectations()
+	e.now = func() time.Time { return now }
+	const set = "set-uid"
+	a, b := testMachine("a", 1, "256Mi"), testMachine("b", 1, "256Mi")
+
+	// Created b, the cache shows only a: b is in flight.
+	e.created(set, "b")
+	live, inFlight := e.reconcile(set, []*kaironv1.Machine{a})
+	if len(live) != 1 || inFlight != 1 {
+		t.Fatalf("before the cache shows b: live %d, in flight %d; want 1, 1", len(live), inFlight)
+	}
+	// Deleted a, the cache shows both still live: a no longer counts.
+	e.deleted(set, a.UID)
+	live, inFlight = e.reconcile(set, []*kaironv1.Machine{a, b})
+	if len(live) != 1 || live[0].Name != "b" || inFlight != 0 {
+		t.Fatalf("after deleting a: live %v, in flight %d; want [b], 0", live, inFlight)
+	}
+	// The cache shows a terminating: everything is confirmed.
+	leaving := a.DeepCopy()
+	leaving.DeletionTimestamp = ptr.To(metav1.Now())
+	live, _ = e.reconcile(set, []*kaironv1.Machine{leaving, b})
+	if len(live) != 1 || len(e.sets) != 0 {
+		t.Errorf("after the cache caught up: live %d, expectations %v", len(live), e.sets)
+	}
+	// A creation the cache never shows stops counting after assumeTTL.
+	e.created(set, "c")
+	now = now.Add(assumeTTL + time.Second)
+	if _, inFlight := e.reconcile(set, []*kaironv1.Machine{b}); inFlight != 0 {
+		t.Errorf("expired creation still in flight")
+	}
+
+	// A set deleted with a creation in flight is never reconciled again;
+	// its record goes once it expired and another set records a change.
+	e.created("gone", "d")
+	now = now.Add(assumeTTL + time.Second)
+	e.created("other", "e")
+	if _, ok := e.sets["gone"]; ok {
+		t.Errorf("expired record of a deleted set kept")
+	}
+}
+
+func TestMachineSetSelector(t *testing.T) {
+	set := func(selector kaironv1.MachineSelector, templateLabels map[string]string) *kaironv1.MachineSet {
+		return &kaironv1.MachineSet{
+			ObjectMeta: metav1.ObjectMeta{Name: "web"},
+			Spec: kaironv1.MachineSetSpec{
+				Selector: selector,
+				Template: kaironv1.MachineTemplateSpec{Metadata: kaironv1.MachineTemplateMeta{Labels: templateLabels}},
+			},
+		}
+	}
+	tests := []struct {
+		name    string
+		set     *kaironv1.MachineSet
+		wantErr bool
+	}{
+		{"matchLabels", set(kaironv1.MachineSelector{MatchLabels: map[string]string{"app": "web"}}, map[string]string{"app": "web", "tier": "x"}), false},
+		{"the set label is added to the template's", set(kaironv1.MachineSelector{MatchLabels: map[string]string{kaironv1.LabelMachineSet: "web"}}, nil), false},
+		{"empty", set(kaironv1.MachineSelector{}, map[string]string{"app": "web"}), true},
+		{"expression the template fails", set(kaironv1.MachineSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+			{Key: "app", Operator: metav1.LabelSelectorOpIn, Values: []string{"db"}},
+		}}, map[string]string{"app": "web"}), true},
+		{"bad operator", set(kaironv1.MachineSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+			{Key: "app", Operator: "Near"},
+		}}, map[string]string{"app": "web"}), true},
+	}
+	for _, tt := range tests {
+		if _, err := machineSetSelector(tt.set); (err != nil) != tt.wantErr {
+			t.Errorf("%s: err = %v, want error %v", tt.name, err, tt.wantErr)
+		}
+	}
+}

@@ -1,0 +1,377 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/retry"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+)
+
+// ConditionScheduled is the Machine condition the scheduler owns.
+const ConditionScheduled = "Scheduled"
+
+// Reasons of the Scheduled condition.
+const (
+	ReasonScheduled     = "Scheduled"
+	ReasonUnschedulable = "Unschedulable"
+	ReasonQuotaExceeded = "QuotaExceeded"
+)
+
+// schedulingPassKey is the only request the scheduler's queue ever holds.
+// Placement decisions depend on each other (room on a node, quota left in a
+// namespace, who is oldest), so every event asks for one pass over all
+// unscheduled Machines instead of a reconcile per Machine; the workqueue
+// folds a burst of events into a single pass.
+var schedulingPassKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: "scheduling-pass"}}
+
+// conflictRetryDelay is how soon a pass runs again after losing a write to
+// a concurrent one, rather than waiting a whole interval.
+const conflictRetryDelay = time.Second
+
+// SchedulerReconciler binds unscheduled Machines to Kairon nodes.
+type SchedulerReconciler struct {
+	// Client reads from the manager's cache and writes to the API server.
+	Client client.Client
+	// APIReader reads from the API server, for retries after a conflict.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	// Interval is how often a pass runs without any event.
+	Interval time.Duration
+
+	assumed *assumedBindings
+}
+
+// SetupWithManager registers the scheduler with mgr.
+func (r *SchedulerReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.assumed == nil {
+		r.assumed = newAssumedBindings()
+	}
+	enqueuePass := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{schedulingPassKey}
+	})
+	return builder.ControllerManagedBy(mgr).
+		Named("scheduler").
+		Watches(&kaironv1.Machine{}, enqueuePass, builder.WithPredicates(machinePlacementChanged())).
+		Watches(&corev1.Node{}, enqueuePass, builder.WithPredicates(nodeSchedulingChanged())).
+		Watches(&kaironv1.MachineQuota{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// The assumed bindings and the pass's own bookkeeping rely on
+		// passes never overlapping.
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		// The request names no object, so leave it out of every log line.
+		WithLogConstructor(func(*reconcile.Request) logr.Logger {
+			return mgr.GetLogger().WithValues("controller", "scheduler")
+		}).
+		Complete(r)
+}
+
+// machinePlacementChanged passes the Machine events that can change where
+// Machines fit: new and deleted Machines, spec changes (nodeName, size,
+// selector), phase changes (Stopped and Failed Machines free their room)
+// and the start of a deletion. Status chatter from the node agent is not.
+func machinePlacementChanged() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		old, okOld := e.ObjectOld.(*kaironv1.Machine)
+		cur, okNew := e.ObjectNew.(*kaironv1.Machine)
+		if !okOld || !okNew {
+			return true
+		}
+		return old.Generation != cur.Generation ||
+			old.Status.Phase != cur.Status.Phase ||
+			(old.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil)
+	}}
+}
+
+// nodeSchedulingChanged passes the events of Kairon nodes that change what
+// they can take; heartbeats are not.
+func nodeSchedulingChanged() predicate.Funcs {
+	isKaironNode := func(o client.Object) bool {
+		_, ok := o.GetLabels()[kaironv1.LabelNode]
+		return ok
+	}
+	return predicate.Funcs{
+		CreateFunc:  func(e event.CreateEvent) bool { return isKaironNode(e.Object) },
+		DeleteFunc:  func(e event.DeleteEvent) bool { return isKaironNode(e.Object) },
+		GenericFunc: func(e event.GenericEvent) bool { return isKaironNode(e.Object) },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			if !isKaironNode(e.ObjectOld) && !isKaironNode(e.ObjectNew) {
+				return false
+			}
+			old, okOld := e.ObjectOld.(*corev1.Node)
+			cur, okNew := e.ObjectNew.(*corev1.Node)
+			if !okOld || !okNew {
+				return true
+			}
+			return !equality.Semantic.DeepEqual(old.Labels, cur.Labels) ||
+				old.Spec.Unschedulable != cur.Spec.Unschedulable ||
+				nodeAllocatable(old) != nodeAllocatable(cur) ||
+				nodeReady(old) != nodeReady(cur) ||
+				(old.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil)
+		},
+	}
+}
+
+// Reconcile runs one scheduling pass.
+func (r *SchedulerReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	pass, err := r.snapshot(ctx)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	var errs []error
+	retrySoon := false
+	for _, m := range pass.placedNotMarked {
+		err := r.markScheduled(ctx, m)
+		switch {
+		case apierrors.IsConflict(err):
+			retrySoon = true
+		case err != nil:
+			errs = append(errs, fmt.Errorf("machine %s/%s: %w", m.Namespace, m.Name, err))
+		}
+	}
+	for _, m := range pass.unscheduled {
+		err := r.scheduleOne(ctx, pass, m)
+		switch {
+		case apierrors.IsConflict(err), apierrors.IsNotFound(err):
+			// Someone changed or deleted the Machine since the cache saw
+			// it; the next pass works from the new version.
+			retrySoon = true
+		case err != nil:
+			errs = append(errs, fmt.Errorf("machine %s/%s: %w", m.Namespace, m.Name, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return reconcile.Result{}, err
+	}
+	if retrySoon && conflictRetryDelay < r.Interval {
+		return reconcile.Result{RequeueAfter: conflictRetryDelay}, nil
+	}
+	return reconcile.Result{RequeueAfter: r.Interval}, nil
+}
+
+// schedulingPass is the cluster as one pass sees it, updated as the pass
+// places Machines so later decisions in the same pass account for them.
+type schedulingPass struct {
+	nodes       []*nodeInfo
+	nodesByName map[string]*nodeInfo
+	quotas      map[string][]*quotaState // by namespace
+	unscheduled []*kaironv1.Machine      // oldest first
+	// placedNotMarked have a node but a status that still says Pending:
+	// placed by hand, or bound by a pass whose status write failed.
+	placedNotMarked []*kaironv1.Machine
+}
+
+type quotaState struct {
+	quota *kaironv1.MachineQuota
+	used  kaironv1.MachineResources
+}
+
+func (r *SchedulerReconciler) snapshot(ctx context.Context) (*schedulingPass, error) {
+	var nodes corev1.NodeList
+	if err := r.Client.List(ctx, &nodes, client.HasLabels{kaironv1.LabelNode}); err != nil {
+		return nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	var machineList kaironv1.MachineList
+	if err := r.Client.List(ctx, &machineList); err != nil {
+		return nil, fmt.Errorf("listing machines: %w", err)
+	}
+	var quotas kaironv1.MachineQuotaList
+	if err := r.Client.List(ctx, &quotas); err != nil {
+		return nil, fmt.Errorf("listing machine quotas: %w", err)
+	}
+
+	pass := &schedulingPass{nodesByName: map[string]*nodeInfo{}, quotas: map[string][]*quotaState{}}
+	machines := make([]*kaironv1.Machine, len(machineList.Items))
+	for i := range machineList.Items {
+		m := &machineList.Items[i]
+		machines[i] = m
+		// Judged before the assumed bindings are overlaid: a binding the
+		// cache has not shown yet was marked when it was made.
+		if m.Spec.NodeName != "" && m.DeletionTimestamp == nil && (m.Status.Phase == "" || m.Status.Phase == kaironv1.MachinePending) {
+			pass.placedNotMarked = append(pass.placedNotMarked, m)
+		}
+	}
+	machines = r.assumed.apply(machines)
+
+	for i := range nodes.Items {
+		n := newNodeInfo(&nodes.Items[i])
+		pass.nodes = append(pass.nodes, n)
+		pass.nodesByName[n.node.Name] = n
+	}
+	byNamespace := map[string][]kaironv1.Machine{}
+	for _, m := range machines {
+		byNamespace[m.Namespace] = append(byNamespace[m.Namespace], *m)
+		switch {
+		case m.Spec.NodeName == "" && m.DeletionTimestamp == nil:
+			pass.unscheduled = append(pass.unscheduled, m)
+		case holdsNodeResources(m):
+			if n := pass.nodesByName[m.Spec.NodeName]; n != nil {
+				n.requested = n.requested.add(machineResources(m))
+			}
+		}
+	}
+	sortByAge(pass.unscheduled)
+	for i := range quotas.Items {
+		q := &quotas.Items[i]
+		if q.DeletionTimestamp != nil {
+			continue
+		}
+		used, _ := QuotaUsage(q, byNamespace[q.Namespace])
+		pass.quotas[q.Namespace] = append(pass.quotas[q.Namespace], &quotaState{quota: q, used: used})
+	}
+	return pass, nil
+}
+
+// admitQuota checks m against every quota of its namespace, naming each one
+// it would exceed.
+func (p *schedulingPass) admitQuota(m *kaironv1.Machine) (bool, string) {
+	var refusals []string
+	for _, q := range p.quotas[m.Namespace] {
+		if ok, message := QuotaAdmits(q.quota, q.used, m); !ok {
+			refusals = append(refusals, message)
+		}
+	}
+	if len(refusals) == 0 {
+		return true, ""
+	}
+	return false, strings.Join(refusals, "; ")
+}
+
+// charge books m on node and on its namespace's quotas for the rest of the pass.
+func (p *schedulingPass) charge(m *kaironv1.Machine, node *nodeInfo) {
+	node.requested = node.requested.add(machineResources(m))
+	for _, q := range p.quotas[m.Namespace] {
+		*q.used.Machines++
+		*q.used.CPU += machineCPU(m)
+		q.used.Memory.Add(machineMemory(m))
+	}
+}
+
+func (r *SchedulerReconciler) scheduleOne(ctx context.Context, pass *schedulingPass, m *kaironv1.Machine) error {
+	if ok, message := pass.admitQuota(m); !ok {
+		return r.markPending(ctx, m, ReasonQuotaExceeded, message)
+	}
+	node, message := pickNode(pass.nodes, m)
+	if node == nil {
+		return r.markPending(ctx, m, ReasonUnschedulable, message)
+	}
+	bound, err := r.bind(ctx, m, node.node.Name)
+	if err != nil {
+		return err
+	}
+	pass.charge(m, node)
+	r.assumed.assume(bound, node.node.Name)
+	log := ctrl.LoggerFrom(ctx).WithValues("machine", client.ObjectKeyFromObject(m), "node", node.node.Name)
+	log.Info("Bound machine to node", "cpu", machineCPU(m), "memory", formatMemory(machineMemory(m)))
+	r.Recorder.Eventf(bound, nil, corev1.EventTypeNormal, ReasonScheduled, "Binding", "Bound to node %s", node.node.Name)
+	return r.markScheduled(ctx, bound)
+}
+
+// bind sets spec.nodeName, failing with a conflict if the Machine changed
+// since the cache saw it, so a Machine someone else placed is never moved.
+func (r *SchedulerReconciler) bind(ctx context.Context, m *kaironv1.Machine, node string) (*kaironv1.Machine, error) {
+	bound := m.DeepCopy()
+	bound.Spec.NodeName = node
+	if err := r.Client.Patch(ctx, bound, client.MergeFromWithOptions(m, client.MergeFromWithOptimisticLock{})); err != nil {
+		return nil, err
+	}
+	return bound, nil
+}
+
+// markScheduled records the binding in status. The node agent may already
+// have picked the Machine up, so a conflict is retried on a fresh read.
+func (r *SchedulerReconciler) markScheduled(ctx context.Context, m *kaironv1.Machine) error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if m.Spec.NodeName == "" || m.DeletionTimestamp != nil {
+			return nil // unbound or going away meanwhile
+		}
+		desired := m.DeepCopy()
+		if schedulerOwnsPhase(desired.Status.Phase) {
+			desired.Status.Phase = kaironv1.MachineScheduled
+			desired.Status.Message = ""
+		}
+		meta.SetStatusCondition(&desired.Status.Conditions, metav1.Condition{
+			Type:               ConditionScheduled,
+			Status:             metav1.ConditionTrue,
+			Reason:             ReasonScheduled,
+			Message:            "Bound to node " + m.Spec.NodeName,
+			ObservedGeneration: desired.Generation,
+		})
+		err := r.patchStatus(ctx, m, desired)
+		if apierrors.IsConflict(err) {
+			if getErr := r.APIReader.Get(ctx, client.ObjectKeyFromObject(m), m); getErr != nil {
+				return getErr
+			}
+		}
+		return err
+	})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// markPending explains why m stays unscheduled. Only a changed explanation
+// is written and announced, so a Machine waiting for room is not rewritten
+// every pass.
+func (r *SchedulerReconciler) markPending(ctx context.Context, m *kaironv1.Machine, reason, message string) error {
+	desired := m.DeepCopy()
+	if schedulerOwnsPhase(desired.Status.Phase) {
+		desired.Status.Phase = kaironv1.MachinePending
+		desired.Status.Message = message
+	}
+	previous := meta.FindStatusCondition(m.Status.Conditions, ConditionScheduled)
+	meta.SetStatusCondition(&desired.Status.Conditions, metav1.Condition{
+		Type:               ConditionScheduled,
+		Status:             metav1.ConditionFalse,
+		Reason:             reason,
+		Message:            message,
+		ObservedGeneration: desired.Generation,
+	})
+	if err := r.patchStatus(ctx, m, desired); err != nil {
+		return err
+	}
+	if previous == nil || previous.Message != message {
+		ctrl.LoggerFrom(ctx).Info("Machine stays pending", "machine", client.ObjectKeyFromObject(m), "reason", reason, "why", message)
+		r.Recorder.Eventf(desired, nil, corev1.EventTypeWarning, "FailedScheduling", "Scheduling", "%s", message)
+	}
+	return nil
+}
+
+// patchStatus writes the status fields that differ between current and
+// desired as a merge patch, so fields only the node agent writes are never
+// sent. The patch carries the resourceVersion because conditions are a list,
+// which a merge patch replaces whole: without the lock a stale copy could
+// drop a condition the agent just set.
+func (r *SchedulerReconciler) patchStatus(ctx context.Context, current, desired *kaironv1.Machine) error {
+	if equality.Semantic.DeepEqual(current.Status, desired.Status) {
+		return nil
+	}
+	return r.Client.Status().Patch(ctx, desired, client.MergeFromWithOptions(current, client.MergeFromWithOptimisticLock{}))
+}
+
+// schedulerOwnsPhase says whether the scheduler may write the phase: only
+// before the node agent has taken over. A Machine never goes back from
+// Booting or Running because the scheduler looked at a stale copy.
+func schedulerOwnsPhase(phase kaironv1.MachinePhase) bool {
+	return phase == "" || phase == kaironv1.MachinePending || phase == kaironv1.MachineScheduled
+}

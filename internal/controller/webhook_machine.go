@@ -1,0 +1,128 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+)
+
+// MachineWebhookPath is where the validating webhook for Machines is served.
+const MachineWebhookPath = "/validate-machine"
+
+// MachineValidator refuses Machines the API server's own validation cannot:
+// those that need other objects to judge.
+//
+// On create it refuses a Machine that would take its namespace over a
+// MachineQuota. Unlike the scheduler, it charges every Machine that is not
+// Stopped, Failed or being deleted, placed or not, so a namespace cannot
+// pile up Pending Machines that could never be admitted.
+//
+// On create and on a change of spec.nodeName it refuses a nodeName that
+// names no Node, which would otherwise leave the Machine waiting forever
+// for a node agent that does not exist.
+type MachineValidator struct {
+	// Reader should read from the API server, not a cache: a cache that
+	// lags lets a quick series of creates through past a quota.
+	Reader client.Reader
+}
+
+var _ admission.Validator[*kaironv1.Machine] = &MachineValidator{}
+
+// NewMachineWebhook returns the admission webhook to serve at MachineWebhookPath.
+func NewMachineWebhook(scheme *runtime.Scheme, reader client.Reader) *admission.Webhook {
+	return admission.WithValidator[*kaironv1.Machine](scheme, &MachineValidator{Reader: reader})
+}
+
+// ValidateCreate checks the Machine's nodeName and the quotas of its namespace.
+func (v *MachineValidator) ValidateCreate(ctx context.Context, m *kaironv1.Machine) (admission.Warnings, error) {
+	if err := v.validateNodeName(ctx, m); err != nil {
+		return nil, err
+	}
+	return nil, v.validateQuota(ctx, m)
+}
+
+// ValidateUpdate checks a changed nodeName. Quotas are not checked again:
+// a Machine's size is charged when it is created.
+func (v *MachineValidator) ValidateUpdate(ctx context.Context, old, m *kaironv1.Machine) (admission.Warnings, error) {
+	if m.Spec.NodeName == old.Spec.NodeName {
+		return nil, nil
+	}
+	return nil, v.validateNodeName(ctx, m)
+}
+
+// ValidateDelete allows every deletion.
+func (v *MachineValidator) ValidateDelete(context.Context, *kaironv1.Machine) (admission.Warnings, error) {
+	return nil, nil
+}
+
+func (v *MachineValidator) validateNodeName(ctx context.Context, m *kaironv1.Machine) error {
+	if m.Spec.NodeName == "" {
+		return nil
+	}
+	var node corev1.Node
+	err := v.Reader.Get(ctx, client.ObjectKey{Name: m.Spec.NodeName}, &node)
+	switch {
+	case apierrors.IsNotFound(err):
+		return machineInvalid(m, field.Invalid(field.NewPath("spec", "nodeName"), m.Spec.NodeName,
+			fmt.Sprintf("no Node named %q exists; leave spec.nodeName empty to let the scheduler choose", m.Spec.NodeName)))
+	case err != nil:
+		return apierrors.NewInternalError(fmt.Errorf("looking up node %q: %w", m.Spec.NodeName, err))
+	}
+	if _, ok := node.Labels[kaironv1.LabelNode]; !ok {
+		return machineInvalid(m, field.Invalid(field.NewPath("spec", "nodeName"), m.Spec.NodeName,
+			fmt.Sprintf("node %q is not a Kairon node (it has no %s label), so nothing would run the Machine there", m.Spec.NodeName, kaironv1.LabelNode)))
+	}
+	return nil
+}
+
+func (v *MachineValidator) validateQuota(ctx context.Context, m *kaironv1.Machine) error {
+	var quotas kaironv1.MachineQuotaList
+	if err := v.Reader.List(ctx, &quotas, client.InNamespace(m.Namespace)); err != nil {
+		return apierrors.NewInternalError(fmt.Errorf("listing machine quotas: %w", err))
+	}
+	if len(quotas.Items) == 0 {
+		return nil
+	}
+	var machines kaironv1.MachineList
+	if err := v.Reader.List(ctx, &machines, client.InNamespace(m.Namespace)); err != nil {
+		return apierrors.NewInternalError(fmt.Errorf("listing machines: %w", err))
+	}
+	var refusals []string
+	for i := range quotas.Items {
+		q := &quotas.Items[i]
+		if q.DeletionTimestamp != nil {
+			continue
+		}
+		used, _ := quotaUsage(q, machines.Items, true)
+		if ok, message := QuotaAdmits(q, used, m); !ok {
+			refusals = append(refusals, message)
+		}
+	}
+	if len(refusals) == 0 {
+		return nil
+	}
+	return apierrors.NewForbidden(kaironv1.GroupVersion.WithResource("machines").GroupResource(), machineName(m),
+		fmt.Errorf("%s", strings.Join(refusals, "; ")))
+}
+
+func machineInvalid(m *kaironv1.Machine, errs ...*field.Error) error {
+	return apierrors.NewInvalid(kaironv1.GroupVersion.WithKind("Machine").GroupKind(), machineName(m), errs)
+}
+
+// machineName names a Machine in messages even when the API server has yet
+// to generate its name.
+func machineName(m *kaironv1.Machine) string {
+	if m.Name == "" && m.GenerateName != "" {
+		return m.GenerateName + "<generated>"
+	}
+	return m.Name
+}
