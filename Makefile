@@ -7,11 +7,11 @@ BIN        := $(CURDIR)/bin
 GO         ?= go
 GOFLAGS    ?=
 DATA_DIR   ?= $(CURDIR)/.kairon
-NODES      ?= 0
+NODES      ?= 2
 TEST_FLAGS ?= -timeout 20m
 CONTROLLER_GEN := $(BIN)/controller-gen
 
-.PHONY: all deps tools generate build up test unit bench vet fmt clean help
+.PHONY: all deps tools guest generate build up test bench fmt clean help
 
 all: build
 
@@ -24,6 +24,9 @@ deps: ## Install the Debian packages Kairon needs (idempotent, as root).
 tools: ## Build the pinned Kubernetes control plane, etcd, helm and controller-gen into bin/.
 	@hack/tools/build.sh $(BIN)
 
+guest: ## Build the guest image (kernel + initramfs from Debian packages) into bin/guest.
+	@hack/guest/build.sh $(BIN)/guest
+
 generate: tools ## Regenerate deepcopy code and CRDs from api/.
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
@@ -31,14 +34,14 @@ generate: tools ## Regenerate deepcopy code and CRDs from api/.
 build: ## Build Kairon's commands into bin/.
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-up: deps tools build ## Run a whole single-host Kairon with state in $(DATA_DIR).
+up: deps tools guest build ## Run a whole single-host Kairon with state in $(DATA_DIR).
 	$(BIN)/kairon-local up --data-dir $(DATA_DIR) --nodes $(NODES)
 
-test: deps tools build ## Install, build and run every test.
+test: deps tools guest build ## Install, build and run every test.
 	$(GO) vet ./...
 	KAIRON_BIN_DIR=$(BIN) $(GO) test $(TEST_FLAGS) ./...
 
-bench: deps tools build ## Run the benchmarks recorded in docs/benchmarks.md.
+bench: deps tools guest build ## Run the benchmarks recorded in docs/benchmarks.md.
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench . -benchmem ./...
 
 fmt:

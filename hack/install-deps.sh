@@ -3,7 +3,11 @@
 # Idempotent and quick when everything is there; needs root to install.
 set -euo pipefail
 
-packages=(ca-certificates git make gcc libc6-dev iproute2 procps)
+# Build and test: git, make, gcc (cgo). Guest image (hack/guest/build.sh):
+# apt, dpkg, cpio, gzip, xz-utils, zstd. Node agent: qemu-system-x86 (QEMU
+# 7.2), iproute2 (bridge, taps, network namespaces in tests).
+packages=(ca-certificates git make gcc libc6-dev iproute2 procps
+  cpio gzip xz-utils zstd qemu-system-x86)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -19,6 +23,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The guest build downloads the kernel and busybox packages with apt-get
+# download, which needs package lists; a fresh machine may have none.
+if ! apt-cache policy busybox-static 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: apt has no package lists; run 'sudo apt-get update'" >&2
+    exit 1
+  fi
+  apt-get update -qq
 fi
 
 go_bin=$(command -v go || echo /usr/local/go/bin/go)

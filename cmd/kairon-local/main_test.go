@@ -205,3 +205,51 @@ spec:
 	}
 	up.terminate(t, dataDir)
 }
+
+// With agents, kairon-local is a whole Kairon: a Machine applied with kubectl
+// is scheduled by kairon-controller and run by a node agent (the sim backend
+// here; test/e2e boots real VMs).
+func TestUpRunsControllerAndNodeAgents(t *testing.T) {
+	binDir := host.BinDir(t)
+	for _, bin := range []string{"kairon-controller", "kairon-node", "kaironctl"} {
+		if _, err := os.Stat(filepath.Join(binDir, bin)); err != nil {
+			t.Fatalf("%s missing in %s: run `make build`", bin, binDir)
+		}
+	}
+	exe := filepath.Join(t.TempDir(), "kairon-local")
+	if out, err := exec.Command("go", "build", "-o", exe, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	dataDir := t.TempDir()
+	kubeconfig := filepath.Join(dataDir, "kubeconfig")
+	up := startUp(t, exe, "--data-dir", dataDir, "--port", "0", "--bin-dir", binDir, "--nodes", "2", "--backend", "sim")
+
+	nodes, err := exec.Command(filepath.Join(binDir, "kaironctl"), "--kubeconfig", kubeconfig, "get", "nodes").CombinedOutput()
+	if err != nil {
+		t.Fatalf("kaironctl get nodes: %v\n%s", err, nodes)
+	}
+	for _, want := range []string{"node-1", "node-2", "sim"} {
+		if !strings.Contains(string(nodes), want) {
+			t.Errorf("kaironctl get nodes lacks %q:\n%s", want, nodes)
+		}
+	}
+
+	machine := filepath.Join(t.TempDir(), "machine.yaml")
+	if err := os.WriteFile(machine, []byte("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata: {name: hello, namespace: default}\nspec: {}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, binDir, kubeconfig, "apply", "-f", machine)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		phase := kubectl(t, binDir, kubeconfig, "get", "machine", "hello", "-o", "jsonpath={.status.phase} {.spec.nodeName}")
+		if strings.HasPrefix(phase, "Running node-") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("machine hello not Running on a node after a minute: %q\n%s", phase, up.output())
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	kubectl(t, binDir, kubeconfig, "delete", "machine", "hello", "--timeout=60s")
+	up.terminate(t, dataDir)
+}

@@ -173,7 +173,7 @@ func (a *Agent) vmSpec(machine *kaironv1.Machine, id string) (backend.Spec, erro
 		Name:       machine.Namespace + "/" + machine.Name,
 		CPU:        max(machine.Spec.CPU, 1),
 		MemoryMiB:  machine.Spec.Memory.Value() >> 20,
-		KernelArgs: append([]string{"kairon.hostname=" + machine.Name}, machine.Spec.KernelArgs...),
+		KernelArgs: machine.Spec.KernelArgs,
 	}
 	if spec.MemoryMiB == 0 { // objects written before defaulting existed
 		spec.MemoryMiB = 256

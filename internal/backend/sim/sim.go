@@ -1,8 +1,10 @@
 // Package sim is a hollow Backend: it runs no VM, only records what it was
 // told, so the control plane can be tested at a scale no node could boot.
-// An instance is Booting for BootDelay after Start, then Running. State lives
-// in StateDir/<id>/ like the qemu backend's, so a new Backend over the same
-// directory re-adopts every instance.
+// An instance is Booting for BootDelay after Start, then Running. Its record
+// is StateDir/<id>.json and its console StateDir/<id>.console.log, so a new
+// Backend over the same directory re-adopts every instance. Like the real
+// guest, the console gets the ready marker KAIRON-READY as its last line once
+// the instance is seen Running.
 package sim
 
 import (
@@ -21,9 +23,10 @@ import (
 )
 
 const (
-	instanceFile = "instance.json"
-	consoleFile  = "console.log"
-	saveFormat   = "kairon-sim-save/1"
+	recordSuffix  = ".json"
+	consoleSuffix = ".console.log"
+	saveFormat    = "kairon-sim-save/1"
+	readyMarker   = "KAIRON-READY"
 )
 
 // Options configure a sim Backend.
@@ -55,6 +58,8 @@ type record struct {
 	Paused     bool          `json:"paused,omitempty"`
 	// ExitReason, when set, makes the instance Exited (see Crash).
 	ExitReason string `json:"exitReason,omitempty"`
+	// Marked: the console has its ready marker.
+	Marked bool `json:"marked,omitempty"`
 }
 
 // saved is the file Save writes.
@@ -83,10 +88,12 @@ func (b *Backend) Acceleration() string { return "sim" }
 
 // ConsoleLog implements backend.Backend.
 func (b *Backend) ConsoleLog(id string) string {
-	return filepath.Join(b.opts.StateDir, id, consoleFile)
+	return filepath.Join(b.opts.StateDir, id+consoleSuffix)
 }
 
-func (b *Backend) dir(id string) string { return filepath.Join(b.opts.StateDir, id) }
+func (b *Backend) recordPath(id string) string {
+	return filepath.Join(b.opts.StateDir, id+recordSuffix)
+}
 
 func validID(id string) error {
 	if id == "" || id == "." || id == ".." || strings.HasPrefix(id, ".") || strings.ContainsAny(id, "/\x00") {
@@ -110,26 +117,19 @@ func (b *Backend) start(spec backend.Spec, r record) (backend.Instance, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if old, err := b.load(spec.ID); err == nil && old.ExitReason == "" {
-		return b.instance(spec.ID, old), nil
+		return b.instance(spec.ID, &old), nil
 	}
 	r.Spec, r.StartedAt, r.BootDelay = spec, time.Now(), b.opts.BootDelay
 	if r.Ready {
 		r.ReadyAfter = max(time.Since(r.StartedAt), time.Microsecond)
 	}
-	dir := b.dir(spec.ID)
-	if err := os.RemoveAll(dir); err != nil {
-		return backend.Instance{}, err
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return backend.Instance{}, err
-	}
-	if err := os.WriteFile(filepath.Join(dir, consoleFile), []byte("sim: "+spec.Name+" is a hollow VM, it prints nothing\n"), 0o644); err != nil {
+	if err := os.WriteFile(b.ConsoleLog(spec.ID), []byte("sim: "+spec.Name+" is a hollow VM\n"), 0o644); err != nil {
 		return backend.Instance{}, err
 	}
 	if err := b.save(spec.ID, r); err != nil {
 		return backend.Instance{}, err
 	}
-	return b.instance(spec.ID, r), nil
+	return b.instance(spec.ID, &r), nil
 }
 
 // Stop implements backend.Backend.
@@ -139,7 +139,12 @@ func (b *Backend) Stop(ctx context.Context, id string) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return os.RemoveAll(b.dir(id))
+	for _, p := range []string{b.recordPath(id), b.ConsoleLog(id)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
 }
 
 // Pause implements backend.Backend.
@@ -190,7 +195,7 @@ func (b *Backend) Save(ctx context.Context, id, path string) error {
 	if r.ExitReason != "" {
 		return fmt.Errorf("sim: %s has exited", id)
 	}
-	inst := b.instance(id, r)
+	inst := b.instance(id, &r)
 	data, err := json.Marshal(saved{Format: saveFormat, Spec: r.Spec, Ready: inst.Phase == backend.Running || (inst.Phase == backend.Paused && inst.ReadyAfter > 0)})
 	if err != nil {
 		return err
@@ -227,7 +232,7 @@ func (b *Backend) Get(ctx context.Context, id string) (backend.Instance, error) 
 	if err != nil {
 		return backend.Instance{}, err
 	}
-	return b.instance(id, r), nil
+	return b.instance(id, &r), nil
 }
 
 // List implements backend.Backend.
@@ -240,23 +245,26 @@ func (b *Backend) List(ctx context.Context) ([]backend.Instance, error) {
 	}
 	var out []backend.Instance
 	for _, e := range ents {
-		if !e.IsDir() || validID(e.Name()) != nil {
+		id, ok := strings.CutSuffix(e.Name(), recordSuffix)
+		if !ok || e.IsDir() || validID(id) != nil {
 			continue
 		}
-		r, err := b.load(e.Name())
+		r, err := b.load(id)
 		if errors.Is(err, backend.ErrNotFound) {
 			continue
 		}
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, b.instance(e.Name(), r))
+		out = append(out, b.instance(id, &r))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
 }
 
-func (b *Backend) instance(id string, r record) backend.Instance {
+// instance reports r; the first time it is Running, the console gets the
+// ready marker (callers hold b.mu).
+func (b *Backend) instance(id string, r *record) backend.Instance {
 	inst := backend.Instance{ID: id, Name: r.Spec.Name, StartedAt: r.StartedAt, Acceleration: "sim"}
 	ready := r.Ready || time.Since(r.StartedAt) >= r.BootDelay
 	if ready {
@@ -268,7 +276,8 @@ func (b *Backend) instance(id string, r record) backend.Instance {
 	switch {
 	case r.ExitReason != "":
 		inst.Phase, inst.Reason = backend.Exited, r.ExitReason
-		inst.ConsoleTail = "sim: " + r.Spec.Name + " is a hollow VM, it prints nothing"
+		console, _ := os.ReadFile(b.ConsoleLog(id))
+		inst.ConsoleTail = strings.TrimSpace(string(console))
 	case r.Paused:
 		inst.Phase = backend.Paused
 	case ready:
@@ -276,12 +285,21 @@ func (b *Backend) instance(id string, r record) backend.Instance {
 	default:
 		inst.Phase = backend.Booting
 	}
+	if ready && !r.Marked && r.ExitReason == "" {
+		if f, err := os.OpenFile(b.ConsoleLog(id), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
+			_, werr := f.WriteString(readyMarker + "\n")
+			if f.Close() == nil && werr == nil {
+				r.Marked = true
+				_ = b.save(id, *r)
+			}
+		}
+	}
 	return inst
 }
 
 func (b *Backend) load(id string) (record, error) {
 	var r record
-	data, err := os.ReadFile(filepath.Join(b.dir(id), instanceFile))
+	data, err := os.ReadFile(b.recordPath(id))
 	if errors.Is(err, os.ErrNotExist) {
 		return r, backend.ErrNotFound
 	}
@@ -297,7 +315,7 @@ func (b *Backend) save(id string, r record) error {
 	if err != nil {
 		return err
 	}
-	p := filepath.Join(b.dir(id), instanceFile)
+	p := b.recordPath(id)
 	if err := os.WriteFile(p+".tmp", data, 0o644); err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,6 +38,10 @@ func TestSimPhases(t *testing.T) {
 	time.Sleep(150 * time.Millisecond)
 	if in, _ = b.Get(ctx, "ns_vm"); in.Phase != backend.Running || in.ReadyAfter != 100*time.Millisecond {
 		t.Fatalf("after BootDelay: %+v", in)
+	}
+	b.Get(ctx, "ns_vm")
+	if console, _ := os.ReadFile(b.ConsoleLog("ns_vm")); !strings.HasSuffix(string(console), "\nKAIRON-READY\n") || strings.Count(string(console), "KAIRON-READY") != 1 {
+		t.Errorf("console once Running: %q, want the ready marker once, last", console)
 	}
 
 	// A restart of the agent: same instances, same phases.
@@ -72,6 +77,9 @@ func TestSimPhases(t *testing.T) {
 		t.Errorf("after Save: %+v", in)
 	}
 	slow.Stop(ctx, "ns_slow")
+	if left, _ := filepath.Glob(filepath.Join(dir, "ns_slow*")); len(left) != 0 {
+		t.Errorf("Stop left %v", left)
+	}
 	if in, _ := slow.Restore(ctx, backend.Spec{ID: "ns_slow"}, p); in.Phase != backend.Booting {
 		t.Errorf("restore of a booting instance: %+v", in)
 	}

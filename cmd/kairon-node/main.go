@@ -1,0 +1,137 @@
+// Command kairon-node is the node agent: it runs the Machines placed on its
+// Node as VMs and reports their status.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/zyvor/kairon/internal/backend"
+	"github.com/zyvor/kairon/internal/backend/qemu"
+	"github.com/zyvor/kairon/internal/backend/sim"
+	"github.com/zyvor/kairon/internal/node"
+)
+
+type flags struct {
+	kubeconfig   string
+	nodeName     string
+	register     bool
+	backend      string
+	acceleration string
+	simBootDelay time.Duration
+	stateDir     string
+	guestDir     string
+	cpu          int64
+	memory       string
+	networkCIDR  string
+	bridge       string
+	netns        string
+	noNetwork    bool
+	listen       string
+	clientCA     string
+	interval     time.Duration
+}
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "kairon-node:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	hostname, _ := os.Hostname()
+	var f flags
+	fs := flag.NewFlagSet("kairon-node", flag.ContinueOnError)
+	fs.StringVar(&f.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig to reach the API server (empty: in-cluster)")
+	fs.StringVar(&f.nodeName, "node-name", hostname, "name of the Node this agent serves")
+	fs.BoolVar(&f.register, "register", false, "create and own the Node object (kairon-local); otherwise label the existing Node")
+	fs.StringVar(&f.backend, "backend", "qemu", "VM backend: qemu, or sim for control-plane scale tests only")
+	fs.StringVar(&f.acceleration, "acceleration", "auto", "qemu acceleration: auto (probe KVM, fall back to TCG), kvm or tcg")
+	fs.DurationVar(&f.simBootDelay, "sim-boot-delay", 2*time.Second, "sim backend: time from start to Running")
+	fs.StringVar(&f.stateDir, "state-dir", "/var/lib/kairon-node", "state that survives restarts: VMs, addresses, TLS key")
+	fs.StringVar(&f.guestDir, "guest-dir", defaultGuestDir(), "directory of guest images (<image>/vmlinux, <image>/initramfs.cpio.gz)")
+	fs.Int64Var(&f.cpu, "cpu", int64(runtime.NumCPU()), "vCPUs to offer Machines on a registered Node")
+	fs.StringVar(&f.memory, "memory", "8Gi", "memory to offer Machines on a registered Node")
+	fs.StringVar(&f.networkCIDR, "network-cidr", "10.88.0.0/24", "IPv4 range for this node's guests; the first address is the bridge's")
+	fs.StringVar(&f.bridge, "bridge", "kairon0", "name of the node's bridge")
+	fs.StringVar(&f.netns, "netns", "", "keep the bridge, taps and VMs in this existing network namespace")
+	fs.BoolVar(&f.noNetwork, "no-network", false, "run VMs without a network interface")
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:10250", "address serving consoles to the API server's node proxy")
+	fs.StringVar(&f.clientCA, "client-ca-file", "", "accept console requests only with a client certificate signed by this CA")
+	fs.DurationVar(&f.interval, "interval", 5*time.Second, "reconcile tick")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	ctrl.SetLogger(zap.New(zap.UseDevMode(false)))
+
+	memory, err := resource.ParseQuantity(f.memory)
+	if err != nil {
+		return fmt.Errorf("--memory %q: %w", f.memory, err)
+	}
+	var network *node.NetworkOptions
+	if !f.noNetwork {
+		cidr, err := netip.ParsePrefix(f.networkCIDR)
+		if err != nil {
+			return fmt.Errorf("--network-cidr %q: %w", f.networkCIDR, err)
+		}
+		network = &node.NetworkOptions{CIDR: cidr, Bridge: f.bridge, NetNS: f.netns, NoLinks: f.backend == "sim"}
+	}
+	b, err := newBackend(f)
+	if err != nil {
+		return err
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", f.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("--kubeconfig: %w", err)
+	}
+	agent, err := node.New(cfg, node.Options{
+		NodeName: f.nodeName, Register: f.register, Backend: b, GuestDir: f.guestDir,
+		StateDir: f.stateDir, CPU: f.cpu, Memory: memory, Network: network,
+		ListenAddress: f.listen, ClientCAFile: f.clientCA, Interval: f.interval,
+	})
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return agent.Run(ctx)
+}
+
+func newBackend(f flags) (backend.Backend, error) {
+	dir := filepath.Join(f.stateDir, "instances")
+	switch f.backend {
+	case "qemu":
+		return qemu.New(qemu.Options{StateDir: dir, GuestDir: f.guestDir, Acceleration: f.acceleration, NetNS: f.netns})
+	case "sim":
+		return sim.New(sim.Options{StateDir: dir, BootDelay: f.simBootDelay})
+	default:
+		return nil, fmt.Errorf("--backend %q: must be qemu or sim", f.backend)
+	}
+}
+
+// defaultGuestDir is bin/guest beside the executable, where `make guest` puts it.
+func defaultGuestDir() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return "bin/guest"
+	}
+	return filepath.Join(filepath.Dir(exe), "guest")
+}

@@ -1,0 +1,359 @@
+package qemu
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/zyvor/kairon/internal/backend"
+)
+
+// bootTimeout is generous: the suite runs on two loaded cores under TCG.
+const bootTimeout = 90 * time.Second
+
+// vmPrereqs returns the guest directory and QEMU binary, failing the test
+// with what to run when either is missing (skipping only with
+// KAIRON_SKIP_VM_TESTS=1).
+func vmPrereqs(tb testing.TB) (guestDir, qemuPath string) {
+	tb.Helper()
+	missing := func(format string, args ...any) {
+		tb.Helper()
+		if os.Getenv("KAIRON_SKIP_VM_TESTS") == "1" {
+			tb.Skipf("KAIRON_SKIP_VM_TESTS=1: "+format, args...)
+		}
+		tb.Fatalf(format, args...)
+	}
+	qemuPath, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		missing("qemu-system-x86_64 not found: run `make deps` (Debian package qemu-system-x86)")
+	}
+	guestDir, ok := LocateGuestDir()
+	if !ok {
+		missing("guest image not found (%q): run `make guest`, or set KAIRON_GUEST_DIR", guestDir)
+	}
+	for _, f := range []string{"vmlinux", "initramfs.cpio.gz"} {
+		if _, err := os.Stat(filepath.Join(guestDir, DefaultImage, f)); err != nil {
+			missing("guest image incomplete: %v: run `make guest`", err)
+		}
+	}
+	return guestDir, qemuPath
+}
+
+// newTestBackend returns a Backend over a fresh state directory whose VMs
+// are all stopped, and killed by pidfile if need be, when the test ends.
+func newTestBackend(tb testing.TB, opts Options) *Backend {
+	tb.Helper()
+	guestDir, _ := vmPrereqs(tb)
+	if opts.StateDir == "" {
+		opts.StateDir = shortTempDir(tb)
+	}
+	if opts.GuestDir == "" {
+		opts.GuestDir = guestDir
+	}
+	b, err := New(opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { cleanupVMs(tb, b) })
+	return b
+}
+
+// testLogger sends the backend's log to the test's.
+func testLogger(tb testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tbWriter{tb}, nil))
+}
+
+type tbWriter struct{ tb testing.TB }
+
+func (w tbWriter) Write(p []byte) (int, error) {
+	w.tb.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// shortTempDir is a temporary directory with a short path (unix socket
+// paths are limited to 108 bytes, and test names are long).
+// It names the test process in .owner, so that a later run can kill the VMs
+// of a test binary that died before its cleanups ran (see TestMain).
+func shortTempDir(tb testing.TB) string {
+	tb.Helper()
+	d, err := os.MkdirTemp("", tempPrefix)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d, ".owner"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+const tempPrefix = "kairon-qemu-test-"
+
+func TestMain(m *testing.M) {
+	reapOrphans()
+	os.Exit(m.Run())
+}
+
+// reapOrphans kills QEMU processes left by earlier runs of these tests whose
+// test binary is gone (killed by a timeout, say), and removes their state.
+// VMs of a test binary that still runs, here or in another checkout, are left
+// alone.
+func reapOrphans() {
+	// Namespaces of dead test runs (named kairon-qt-<pid>-<n>).
+	if nss, err := os.ReadDir("/run/netns"); err == nil {
+		for _, e := range nss {
+			rest, ok := strings.CutPrefix(e.Name(), "kairon-qt-")
+			if !ok {
+				continue
+			}
+			pidStr, _, _ := strings.Cut(rest, "-")
+			if pid, err := strconv.Atoi(pidStr); err == nil && syscall.Kill(pid, 0) != nil {
+				_ = exec.Command("ip", "netns", "del", e.Name()).Run()
+			}
+		}
+	}
+	tmp := os.TempDir()
+	ents, _ := os.ReadDir(tmp)
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), tempPrefix) {
+			continue
+		}
+		root := filepath.Join(tmp, e.Name())
+		owner := readPIDFile(filepath.Join(root, ".owner"))
+		if owner > 0 && syscall.Kill(owner, 0) == nil {
+			continue
+		}
+		if fi, err := e.Info(); owner == 0 && (err != nil || time.Since(fi.ModTime()) < time.Minute) {
+			continue // just made, its owner not written yet
+		}
+		for _, pid := range qemuProcesses(root) {
+			fmt.Fprintf(os.Stderr, "killing qemu %d left by a dead test run in %s\n", pid, root)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		os.RemoveAll(root)
+	}
+}
+
+// cleanupVMs stops every VM under b's state directory, then kills whatever
+// a pidfile still names, so no QEMU outlives a test.
+func cleanupVMs(tb testing.TB, b *Backend) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ents, _ := os.ReadDir(b.opts.StateDir)
+	for _, e := range ents {
+		if !e.IsDir() || validID(e.Name()) != nil {
+			continue
+		}
+		dir := filepath.Join(b.opts.StateDir, e.Name())
+		pid := readPIDFile(filepath.Join(dir, pidFile))
+		if m, err := readMeta(dir); err == nil && m.PID != 0 {
+			pid = m.PID
+		}
+		if err := b.Stop(ctx, e.Name()); err != nil {
+			tb.Logf("cleanup: stop %s: %v", e.Name(), err)
+		}
+		if pid > 0 && processAlive(pid, dir) {
+			tb.Logf("cleanup: killing leftover qemu %d", pid)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// qemuProcesses counts live QEMU processes whose working directory lies
+// under stateDir.
+func qemuProcesses(stateDir string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscan(e.Name(), &pid); err != nil {
+			continue
+		}
+		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if !strings.Contains(exe, "qemu-system") {
+			continue
+		}
+		cwd, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+		if strings.HasPrefix(cwd, stateDir+"/") && processAlive(pid, cwd) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// waitPhase polls Get until the instance reaches phase.
+func waitPhase(tb testing.TB, b backend.Backend, id string, phase backend.Phase, timeout time.Duration) backend.Instance {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	var inst backend.Instance
+	var err error
+	for time.Now().Before(deadline) {
+		inst, err = b.Get(context.Background(), id)
+		if err == nil && inst.Phase == phase {
+			return inst
+		}
+		if err == nil && inst.Phase == backend.Exited && phase != backend.Exited {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tb.Fatalf("%s: want phase %s within %s, have %+v (err %v)\nconsole:\n%s", id, phase, timeout, inst, err,
+		lastLines(readTail(b.ConsoleLog(id), 8192), 30))
+	return inst
+}
+
+func qmpStatusOf(tb testing.TB, b *Backend, id string) string {
+	tb.Helper()
+	var st qmpStatus
+	err := qmpDo(context.Background(), b.QMPSocket(id), func(q *qmpConn) error {
+		var err error
+		st, err = q.status()
+		return err
+	})
+	if err != nil {
+		tb.Fatalf("query-status %s: %v", id, err)
+	}
+	return st.Status
+}
+
+// console is a client of a VM's serial console socket.
+type console struct {
+	c    net.Conn
+	mu   sync.Mutex
+	seen strings.Builder
+	done chan struct{}
+}
+
+func dialConsole(tb testing.TB, path string) *console {
+	tb.Helper()
+	c, err := dialUnix(path, 5*time.Second)
+	if err != nil {
+		tb.Fatalf("console %s: %v", path, err)
+	}
+	con := &console{c: c, done: make(chan struct{})}
+	go func() {
+		defer close(con.done)
+		r := bufio.NewReader(c)
+		buf := make([]byte, 4096)
+		for {
+			n, err := r.Read(buf)
+			con.mu.Lock()
+			con.seen.Write(buf[:n])
+			con.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	tb.Cleanup(func() { c.Close(); <-con.done })
+	return con
+}
+
+// run types line into the console and waits until want shows up in what
+// the console printed since.
+func (con *console) run(tb testing.TB, line, want string, timeout time.Duration) string {
+	tb.Helper()
+	con.mu.Lock()
+	start := con.seen.Len()
+	con.mu.Unlock()
+	if _, err := con.c.Write([]byte(line + "\n")); err != nil {
+		tb.Fatalf("console write: %v", err)
+	}
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		con.mu.Lock()
+		out := con.seen.String()[start:]
+		con.mu.Unlock()
+		if strings.Contains(out, want) {
+			return out
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	con.mu.Lock()
+	out := con.seen.String()[start:]
+	con.mu.Unlock()
+	tb.Fatalf("console: %q did not print %q within %s; printed %q", line, want, timeout, out)
+	return ""
+}
+
+// testNetns is a network namespace made by a test, deleted when it ends.
+type testNetns struct{ name string }
+
+func newTestNetns(tb testing.TB) *testNetns {
+	tb.Helper()
+	if _, err := exec.LookPath("ip"); err != nil {
+		tb.Fatalf("ip not found: run `make deps` (Debian package iproute2)")
+	}
+	ns := &testNetns{name: fmt.Sprintf("kairon-qt-%d-%d", os.Getpid(), time.Now().UnixNano()%100000)}
+	run(tb, "ip", "netns", "add", ns.name)
+	tb.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns.name).Run() })
+	ns.ip(tb, "link", "set", "lo", "up")
+	return ns
+}
+
+func (ns *testNetns) ip(tb testing.TB, args ...string) {
+	tb.Helper()
+	run(tb, "ip", append([]string{"-n", ns.name}, args...)...)
+}
+
+// do runs fn on an OS thread that has entered the namespace, so sockets fn
+// opens live there.
+func (ns *testNetns) do(tb testing.TB, fn func()) {
+	tb.Helper()
+	done := make(chan struct{})
+	var failure string
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		// Never unlocked: the thread is thrown away with the goroutine, so it
+		// never goes back to the pool inside the namespace.
+		f, err := os.Open("/run/netns/" + ns.name)
+		if err != nil {
+			failure = err.Error()
+			return
+		}
+		defer f.Close()
+		const sysSetns = 308 // x86_64
+		if _, _, errno := syscall.RawSyscall(sysSetns, f.Fd(), syscall.CLONE_NEWNET, 0); errno != 0 {
+			failure = "setns: " + errno.Error()
+			return
+		}
+		fn()
+	}()
+	<-done
+	if failure != "" {
+		tb.Fatal(failure)
+	}
+}
+
+// wrapper writes a script that runs qemu-system-x86_64 inside the namespace
+// (ip netns exec execs in place, so the PID stays QEMU's).
+func (ns *testNetns) wrapper(tb testing.TB, qemuPath string) string {
+	tb.Helper()
+	p := filepath.Join(tb.TempDir(), "qemu-in-netns")
+	script := fmt.Sprintf("#!/bin/sh\nexec ip netns exec %s %s \"$@\"\n", ns.name, qemuPath)
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	return p
+}
+
+func run(tb testing.TB, name string, args ...string) {
+	tb.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
+	}
+}

@@ -1,0 +1,282 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/zyvor/kairon/internal/backend"
+)
+
+// launchSpec is one QEMU process to start.
+type launchSpec struct {
+	dir     string // the VM's state directory, QEMU's working directory
+	name    string
+	accel   string
+	cpu     int32
+	memMiB  int64
+	kernel  string
+	initrd  string
+	cmdline string
+	net     *backend.Network
+	// incoming, if set, is a saved state positioned at the migration stream;
+	// QEMU loads it (-incoming fd:3) instead of booting.
+	incoming *os.File
+}
+
+// proc is a QEMU process this Backend started and reaps.
+type proc struct {
+	pid    int
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once reaped
+	state  *os.ProcessState
+	err    error
+}
+
+// exitDesc says how the process ended; call after exited is closed.
+func (p *proc) exitDesc() string {
+	select {
+	case <-p.exited:
+	default:
+		return "still running"
+	}
+	st := p.state
+	if st == nil {
+		return fmt.Sprintf("qemu ended: %v", p.err)
+	}
+	if ws, ok := st.Sys().(syscall.WaitStatus); ok {
+		switch {
+		case ws.Signaled():
+			return fmt.Sprintf("qemu killed by signal %d (%s)", int(ws.Signal()), signalName(ws.Signal()))
+		case ws.Exited() && ws.ExitStatus() == 0:
+			return "qemu exited with status 0: the guest powered off, rebooted or panicked, or QEMU was told to quit"
+		case ws.Exited():
+			return fmt.Sprintf("qemu exited with status %d", ws.ExitStatus())
+		}
+	}
+	return "qemu ended: " + st.String()
+}
+
+func signalName(s syscall.Signal) string {
+	switch s {
+	case syscall.SIGKILL:
+		return "SIGKILL"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGSEGV:
+		return "SIGSEGV"
+	case syscall.SIGABRT:
+		return "SIGABRT"
+	case syscall.SIGHUP:
+		return "SIGHUP"
+	}
+	return s.String()
+}
+
+// kill ends the process at once and waits until it is reaped.
+func (p *proc) kill() {
+	_ = syscall.Kill(p.pid, syscall.SIGKILL)
+	<-p.exited
+}
+
+// qemuOpt escapes a value inside a QEMU -option list (commas double).
+func qemuOpt(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+// args is QEMU's command line for ls. Paths of sockets and logs are relative:
+// QEMU runs in ls.dir.
+//
+// The machine is microvm: no PCI, no firmware, no option ROMs, virtio-mmio
+// devices described by ACPI — the fastest x86 machine QEMU boots, and the
+// guest needs nothing it lacks.
+func (b *Backend) args(ls launchSpec) []string {
+	a := []string{
+		"-name", qemuOpt(ls.name),
+		"-M", "microvm,x-option-roms=off",
+		"-accel", ls.accel,
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-smp", strconv.Itoa(int(ls.cpu)),
+		"-m", strconv.FormatInt(ls.memMiB, 10),
+		"-kernel", ls.kernel,
+		"-append", ls.cmdline,
+		// The serial console: a socket for an interactive shell that also
+		// logs everything the guest prints, client or not.
+		"-chardev", "socket,id=console,path=" + consoleSock + ",server=on,wait=off,logfile=" + consoleLogFile + ",logappend=on",
+		"-serial", "chardev:console",
+		"-chardev", "socket,id=qmp,path=" + qmpSock + ",server=on,wait=off",
+		"-mon", "chardev=qmp,mode=control",
+		"-pidfile", pidFile,
+	}
+	if ls.accel == "kvm" {
+		a = append(a, "-cpu", "host")
+	}
+	if ls.initrd != "" {
+		a = append(a, "-initrd", ls.initrd)
+	}
+	if n := ls.net; n != nil {
+		a = append(a,
+			"-netdev", "tap,id=net0,ifname="+qemuOpt(n.TapName)+",script=no,downscript=no",
+			"-device", "virtio-net-device,netdev=net0"+macOpt(n.MAC))
+	}
+	if ls.incoming != nil {
+		a = append(a, "-incoming", "fd:3")
+	}
+	return a
+}
+
+func macOpt(mac string) string {
+	if mac == "" {
+		return ""
+	}
+	return ",mac=" + qemuOpt(mac)
+}
+
+// launch starts QEMU for ls in its own session and returns once its QMP
+// socket answers.
+func (b *Backend) launch(ls launchSpec) (*proc, error) {
+	logf, err := os.OpenFile(filepath.Join(ls.dir, qemuLogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close() // the child keeps its own copy
+	args := b.args(ls)
+	fmt.Fprintf(logf, "==== %s %s %s\n", time.Now().Format(time.RFC3339Nano), b.qemu, strings.Join(args, " "))
+	cmd := exec.Command(b.qemu, args...)
+	if b.opts.NetNS != "" {
+		// The tap lives in that namespace, so QEMU must open it from there.
+		// `ip netns exec` execs QEMU, so the PID is QEMU's own.
+		cmd = exec.Command("ip", append([]string{"netns", "exec", b.opts.NetNS, b.qemu}, args...)...)
+	}
+	cmd.Dir = ls.dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	if ls.incoming != nil {
+		cmd.ExtraFiles = []*os.File{ls.incoming}
+	}
+	// Own session: no signal for the agent's terminal or process group
+	// reaches the VM, and it outlives the agent.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("qemu: start %s: %w", b.qemu, err)
+	}
+	p := &proc{pid: cmd.Process.Pid, cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		p.state = cmd.ProcessState
+		close(p.exited)
+	}()
+
+	deadline := time.Now().Add(startTimeout)
+	sock := filepath.Join(ls.dir, qmpSock)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := qmpDo(ctx, sock, func(*qmpConn) error { return nil })
+		cancel()
+		if err == nil {
+			return p, nil
+		}
+		select {
+		case <-p.exited:
+			return nil, fmt.Errorf("qemu: %s exited at start (%s): %s", ls.name, p.exitDesc(),
+				lastLines(readTail(filepath.Join(ls.dir, qemuLogFile), 4096), 5))
+		default:
+		}
+		if time.Now().After(deadline) {
+			p.kill()
+			return nil, fmt.Errorf("qemu: %s: QMP socket not answering after %s: %v", ls.name, startTimeout, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Saved state files: a fixed-size header, then QEMU's migration stream.
+const (
+	saveFormat     = "kairon-qemu-save/1"
+	saveHeaderSize = 4096
+)
+
+// saveHeader describes a saved VM, for Restore to check and to know whether
+// the guest had already been ready.
+type saveHeader struct {
+	Format       string    `json:"format"`
+	ID           string    `json:"id"`
+	Name         string    `json:"name"`
+	CPU          int32     `json:"cpu"`
+	MemoryMiB    int64     `json:"memoryMiB"`
+	NIC          bool      `json:"nic"`
+	Ready        bool      `json:"ready"`
+	Acceleration string    `json:"acceleration"`
+	SavedAt      time.Time `json:"savedAt"`
+}
+
+// compatible tells whether spec has the shape the saved VM had; QEMU can only
+// load a state into an identical machine.
+func (h saveHeader) compatible(spec backend.Spec) error {
+	var diffs []string
+	if h.CPU != spec.CPU {
+		diffs = append(diffs, fmt.Sprintf("%d vCPUs saved, %d asked", h.CPU, spec.CPU))
+	}
+	if h.MemoryMiB != spec.MemoryMiB {
+		diffs = append(diffs, fmt.Sprintf("%d MiB saved, %d asked", h.MemoryMiB, spec.MemoryMiB))
+	}
+	if h.NIC != (spec.Network != nil) {
+		diffs = append(diffs, fmt.Sprintf("NIC saved %v, asked %v", h.NIC, spec.Network != nil))
+	}
+	if len(diffs) > 0 {
+		return fmt.Errorf("qemu: restore %s: the saved VM has another shape: %s", spec.ID, strings.Join(diffs, "; "))
+	}
+	return nil
+}
+
+func createSaved(path string, h saveHeader) (*os.File, error) {
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, err
+	}
+	if len(b)+1 > saveHeaderSize {
+		return nil, errors.New("qemu: save header too large")
+	}
+	buf := make([]byte, saveHeaderSize)
+	copy(buf, b)
+	buf[len(b)] = '\n'
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.Write(buf); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// openSaved opens a saved state, checks its header and leaves the file
+// positioned at the migration stream.
+func openSaved(path string) (*os.File, saveHeader, error) {
+	var h saveHeader
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, h, fmt.Errorf("qemu: restore: %w", err)
+	}
+	buf := make([]byte, saveHeaderSize)
+	if _, err := io.ReadFull(f, buf); err != nil {
+		f.Close()
+		return nil, h, fmt.Errorf("qemu: restore %s: not a saved VM: %w", path, err)
+	}
+	line, _, _ := strings.Cut(string(buf), "\n")
+	if err := json.Unmarshal([]byte(line), &h); err != nil || h.Format != saveFormat {
+		f.Close()
+		return nil, h, fmt.Errorf("qemu: restore %s: not a Kairon saved VM (format %q)", path, h.Format)
+	}
+	return f, h, nil
+}

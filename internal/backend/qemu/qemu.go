@@ -1,0 +1,1081 @@
+// Package qemu is Kairon's default Backend: one qemu-system-x86_64 process
+// per Machine, a microvm booting the guest's uncompressed kernel directly.
+//
+// Everything about a VM lives in StateDir/<id>/ so that a new Backend (a
+// restarted node agent) re-adopts what still runs:
+//
+//	spec.json     what was started, when, with which acceleration, its PID
+//	qemu.pid      QEMU's own pidfile
+//	qmp.sock      QMP (control) socket
+//	console.sock  the serial console, interactive (one client at a time)
+//	console.log   everything the serial console printed
+//	qemu.log      QEMU's stdout and stderr
+//	ready.json    written once the guest printed its ready marker
+//	paused        present while the VM is paused through the backend
+//	exit.json     how the process ended, when this agent saw it end
+//
+// QEMU runs in its own session (setsid) with its working directory in
+// StateDir/<id>, so it survives the agent and its unix socket paths stay
+// short whatever StateDir is.
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/zyvor/kairon/internal/backend"
+)
+
+// DefaultImage is the guest image used when a Spec names no kernel.
+const DefaultImage = "default"
+
+// readyMarker is what the guest prints on its console once it is up.
+const readyMarker = "KAIRON-READY"
+
+const (
+	specFile       = "spec.json"
+	pidFile        = "qemu.pid"
+	qmpSock        = "qmp.sock"
+	consoleSock    = "console.sock"
+	consoleLogFile = "console.log"
+	qemuLogFile    = "qemu.log"
+	readyFile      = "ready.json"
+	pausedFile     = "paused"
+	exitFile       = "exit.json"
+
+	// consoleTailLines is how much of the console an Exited instance carries.
+	consoleTailLines = 20
+	// startTimeout bounds how long QEMU may take to open its QMP socket.
+	startTimeout = 30 * time.Second
+	// restoreTimeout bounds loading a saved VM.
+	restoreTimeout = 2 * time.Minute
+)
+
+// Options configure a Backend.
+type Options struct {
+	// StateDir holds one directory per VM. Required.
+	StateDir string
+	// GuestDir holds guest images as <image>/vmlinux and
+	// <image>/initramfs.cpio.gz; Specs without a kernel boot "default".
+	// Empty: LocateGuestDir().
+	GuestDir string
+	// Acceleration is "auto" (default), "kvm" or "tcg".
+	Acceleration string
+	// QEMUPath is the qemu-system-x86_64 binary; empty looks it up in PATH.
+	QEMUPath string
+	// NetNS runs every VM in this network namespace, where the node agent
+	// keeps the bridge and taps.
+	NetNS string
+	// Log receives the backend's decisions (acceleration) and anomalies.
+	Log *slog.Logger
+}
+
+// Backend runs each VM as its own QEMU process. See the package comment.
+type Backend struct {
+	opts        Options
+	qemu        string
+	accel       string
+	accelReason string
+	tscKHz      int64
+	log         *slog.Logger
+
+	mu  sync.Mutex
+	vms map[string]*vmState
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// vmState is what this Backend holds in memory about one VM ID; the truth is
+// on disk and in the process table.
+type vmState struct {
+	// op serializes lifecycle operations (Start, Stop, Pause, Resume, Save,
+	// Restore) on this ID.
+	op sync.Mutex
+	// busy is set while an operation runs, so that Get does not queue
+	// behind it on QEMU's single QMP session.
+	busy atomic.Bool
+
+	mu   sync.Mutex
+	proc *proc // set when this Backend started the process
+	gen  int   // bumped at every start and stop; stale watchers check it
+}
+
+// meta is spec.json.
+type meta struct {
+	Spec         backend.Spec `json:"spec"`
+	Acceleration string       `json:"acceleration"`
+	StartedAt    time.Time    `json:"startedAt"`
+	PID          int          `json:"pid,omitempty"`
+	// RestoredFrom is the state file a restored VM was loaded from.
+	RestoredFrom string `json:"restoredFrom,omitempty"`
+	// RestoredReady: the saved guest had been ready, so the restored VM is
+	// Running as soon as it runs.
+	RestoredReady bool `json:"restoredReady,omitempty"`
+}
+
+type readyRecord struct {
+	ReadyAfter time.Duration `json:"readyAfter"`
+	At         time.Time     `json:"at"`
+}
+
+type exitRecord struct {
+	PID    int       `json:"pid"`
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at"`
+}
+
+// New returns a Backend over opts.StateDir. It starts nothing: VMs already
+// running under StateDir are reported by Get and List as they are. With
+// Acceleration "auto" it decides once between kvm and tcg (see probeKVM).
+func New(opts Options) (*Backend, error) {
+	if opts.StateDir == "" {
+		return nil, errors.New("qemu: StateDir is required")
+	}
+	sd, err := filepath.Abs(opts.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	opts.StateDir = sd
+	if err := os.MkdirAll(opts.StateDir, 0o755); err != nil {
+		return nil, err
+	}
+	if opts.GuestDir == "" {
+		opts.GuestDir, _ = LocateGuestDir()
+	}
+	if opts.GuestDir != "" {
+		if opts.GuestDir, err = filepath.Abs(opts.GuestDir); err != nil {
+			return nil, err
+		}
+	}
+	b := &Backend{opts: opts, vms: map[string]*vmState{}, log: opts.Log}
+	if b.log == nil {
+		b.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	b.qemu = opts.QEMUPath
+	if b.qemu == "" {
+		if b.qemu, err = exec.LookPath("qemu-system-x86_64"); err != nil {
+			return nil, errors.New("qemu: qemu-system-x86_64 not found in PATH; install Debian's qemu-system-x86 (make deps)")
+		}
+	}
+	b.tscKHz = hostTSCkHz()
+	switch opts.Acceleration {
+	case "", "auto":
+		b.accel, b.accelReason = DecideAcceleration(b.probeKVM(context.Background()))
+	case "kvm":
+		if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err != nil {
+			return nil, fmt.Errorf("qemu: acceleration kvm requested: %w", err)
+		} else {
+			f.Close()
+		}
+		b.accel, b.accelReason = "kvm", "requested"
+	case "tcg":
+		b.accel, b.accelReason = "tcg", "requested"
+	default:
+		return nil, fmt.Errorf("qemu: unknown acceleration %q (auto, kvm or tcg)", opts.Acceleration)
+	}
+	b.log.Info("qemu backend", "acceleration", b.accel, "why", b.accelReason, "stateDir", opts.StateDir, "tscKHz", b.tscKHz)
+	return b, nil
+}
+
+// LocateGuestDir finds the built guest images: $KAIRON_GUEST_DIR, else
+// bin/guest in the repository (the nearest directory above the working
+// directory holding go.mod). It returns the path and whether it exists.
+func LocateGuestDir() (string, bool) {
+	if d := os.Getenv("KAIRON_GUEST_DIR"); d != "" {
+		_, err := os.Stat(d)
+		return d, err == nil
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", false
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			g := filepath.Join(d, "bin", "guest")
+			_, err := os.Stat(g)
+			return g, err == nil
+		}
+		if filepath.Dir(d) == d {
+			return "", false
+		}
+	}
+}
+
+// Name implements backend.Backend.
+func (b *Backend) Name() string { return "qemu" }
+
+// Acceleration implements backend.Backend.
+func (b *Backend) Acceleration() string { return b.accel }
+
+// AccelerationReason says why Acceleration is what it is.
+func (b *Backend) AccelerationReason() string { return b.accelReason }
+
+// ConsoleLog implements backend.Backend.
+func (b *Backend) ConsoleLog(id string) string {
+	return filepath.Join(b.opts.StateDir, id, consoleLogFile)
+}
+
+// ConsoleSocket is the unix socket of the VM's interactive serial console.
+func (b *Backend) ConsoleSocket(id string) string {
+	return filepath.Join(b.opts.StateDir, id, consoleSock)
+}
+
+// QMPSocket is the VM's QMP socket.
+func (b *Backend) QMPSocket(id string) string {
+	return filepath.Join(b.opts.StateDir, id, qmpSock)
+}
+
+func (b *Backend) dir(id string) string { return filepath.Join(b.opts.StateDir, id) }
+
+func (b *Backend) imagePaths(image string) (kernel, initrd string) {
+	d := filepath.Join(b.opts.GuestDir, image)
+	return filepath.Join(d, "vmlinux"), filepath.Join(d, "initramfs.cpio.gz")
+}
+
+func (b *Backend) vm(id string) *vmState {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	v := b.vms[id]
+	if v == nil {
+		v = &vmState{}
+		b.vms[id] = v
+	}
+	return v
+}
+
+func validID(id string) error {
+	if id == "" || id == "." || id == ".." || strings.HasPrefix(id, ".") || strings.ContainsAny(id, "/\x00") || len(id) > 255 {
+		return fmt.Errorf("qemu: invalid instance ID %q", id)
+	}
+	return nil
+}
+
+// cmdline is the guest kernel command line: the backend's own part, the
+// network keys the default guest's /init reads, then the Spec's extras.
+func (b *Backend) cmdline(accel, hostname string, n *backend.Network, extra []string) string {
+	args := []string{
+		"console=ttyS0", "reboot=t", "panic=-1",
+		// Quiet boot: each console byte costs an emulated UART write.
+		"quiet",
+		// Nothing to gain from these on a throwaway micro-VM, and they cost
+		// boot time under TCG.
+		"cryptomgr.notests", "random.trust_cpu=on", "8250.nr_uarts=1",
+		"i8042.noaux", "i8042.nomux", "i8042.dumbkbd", "i8042.nopnp",
+	}
+	if accel == "tcg" && b.tscKHz > 0 {
+		// TCG's guest TSC ticks at the host's rate; telling the kernel spares
+		// a calibration that can hang on microvm.
+		args = append(args, "tsc_early_khz="+strconv.FormatInt(b.tscKHz, 10), "tsc=reliable")
+	}
+	if hostname != "" {
+		args = append(args, "kairon.hostname="+hostname)
+	}
+	if n != nil {
+		if n.Address.IsValid() {
+			args = append(args, "kairon.ip="+n.Address.String())
+		}
+		if n.Gateway.IsValid() {
+			args = append(args, "kairon.gw="+n.Gateway.String())
+		}
+	}
+	return strings.Join(append(args, extra...), " ")
+}
+
+// hostnameFor turns "namespace/name" into a hostname: the name, restricted
+// to what a hostname may hold.
+func hostnameFor(name string) string {
+	if i := strings.LastIndexByte(name, '/'); i >= 0 {
+		name = name[i+1:]
+	}
+	var sb strings.Builder
+	for _, r := range strings.ToLower(name) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '.':
+			sb.WriteRune(r)
+		default:
+			sb.WriteByte('-')
+		}
+	}
+	h := strings.Trim(sb.String(), "-.")
+	if len(h) > 63 {
+		h = strings.Trim(h[:63], "-.")
+	}
+	if h == "" {
+		h = "kairon"
+	}
+	return h
+}
+
+// Start implements backend.Backend.
+func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Instance, error) {
+	return b.start(ctx, spec, "")
+}
+
+// Restore implements backend.Backend. The spec must have the saved VM's
+// shape (vCPUs, memory, with or without a NIC); its network may name another
+// tap. Restoring an ID that already runs returns the running instance.
+func (b *Backend) Restore(ctx context.Context, spec backend.Spec, path string) (backend.Instance, error) {
+	if path == "" {
+		return backend.Instance{}, errors.New("qemu: restore: no state file")
+	}
+	return b.start(ctx, spec, path)
+}
+
+func (b *Backend) start(ctx context.Context, spec backend.Spec, restoreFrom string) (backend.Instance, error) {
+	if err := validID(spec.ID); err != nil {
+		return backend.Instance{}, err
+	}
+	if spec.CPU <= 0 {
+		spec.CPU = 1
+	}
+	if spec.MemoryMiB <= 0 {
+		spec.MemoryMiB = 256
+	}
+	if spec.Name == "" {
+		spec.Name = spec.ID
+	}
+	if spec.Kernel == "" {
+		if b.opts.GuestDir == "" {
+			return backend.Instance{}, errors.New("qemu: no kernel in spec and no guest directory (run make guest, or set KAIRON_GUEST_DIR)")
+		}
+		spec.Kernel, spec.Initrd = b.imagePaths(DefaultImage)
+	}
+	if _, err := os.Stat(spec.Kernel); err != nil {
+		return backend.Instance{}, fmt.Errorf("qemu: kernel: %w (run make guest)", err)
+	}
+	if spec.Network != nil && spec.Network.TapName == "" {
+		return backend.Instance{}, errors.New("qemu: network without a tap name")
+	}
+
+	v := b.vm(spec.ID)
+	v.op.Lock()
+	defer v.op.Unlock()
+	v.busy.Store(true)
+	defer v.busy.Store(false)
+
+	if inst, err := b.get(ctx, spec.ID, v, false); err == nil {
+		if inst.Phase != backend.Exited {
+			return inst, nil
+		}
+		b.log.Info("replacing exited VM", "id", spec.ID, "reason", inst.Reason)
+	}
+
+	var (
+		incoming *os.File
+		hdr      saveHeader
+	)
+	if restoreFrom != "" {
+		var err error
+		if incoming, hdr, err = openSaved(restoreFrom); err != nil {
+			return backend.Instance{}, err
+		}
+		defer incoming.Close()
+		if err := hdr.compatible(spec); err != nil {
+			return backend.Instance{}, err
+		}
+	}
+
+	dir := b.dir(spec.ID)
+	if err := removeAll(dir); err != nil {
+		return backend.Instance{}, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return backend.Instance{}, err
+	}
+	m := meta{Spec: spec, Acceleration: b.accel, StartedAt: time.Now(), RestoredFrom: restoreFrom, RestoredReady: hdr.Ready}
+	if err := writeJSON(filepath.Join(dir, specFile), m); err != nil {
+		os.RemoveAll(dir)
+		return backend.Instance{}, err
+	}
+	ls := launchSpec{
+		dir: dir, name: spec.Name, accel: b.accel, cpu: spec.CPU, memMiB: spec.MemoryMiB,
+		kernel: spec.Kernel, initrd: spec.Initrd, net: spec.Network, incoming: incoming,
+		cmdline: b.cmdline(b.accel, hostnameFor(spec.Name), spec.Network, spec.KernelArgs),
+	}
+	m.StartedAt = time.Now()
+	p, err := b.launch(ls)
+	if err != nil {
+		os.RemoveAll(dir)
+		return backend.Instance{}, err
+	}
+	m.PID = p.pid
+	if err := writeJSON(filepath.Join(dir, specFile), m); err != nil {
+		p.kill()
+		os.RemoveAll(dir)
+		return backend.Instance{}, err
+	}
+	v.mu.Lock()
+	v.gen++
+	gen := v.gen
+	v.proc = p
+	v.mu.Unlock()
+	go b.reap(spec.ID, v, p)
+
+	if restoreFrom != "" {
+		if err := b.finishRestore(ctx, dir, p); err != nil {
+			p.kill()
+			os.RemoveAll(dir)
+			return backend.Instance{}, err
+		}
+		if hdr.Ready {
+			_ = writeJSON(filepath.Join(dir, readyFile), readyRecord{ReadyAfter: time.Since(m.StartedAt), At: time.Now()})
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, readyFile)); err != nil {
+		go b.watchReady(spec.ID, v, gen, p, m.StartedAt)
+	}
+	return b.get(ctx, spec.ID, v, false)
+}
+
+// finishRestore waits for the incoming migration to load and starts the vCPUs.
+func (b *Backend) finishRestore(ctx context.Context, dir string, p *proc) error {
+	ctx, cancel := context.WithTimeout(ctx, restoreTimeout)
+	defer cancel()
+	sock := filepath.Join(dir, qmpSock)
+	for {
+		var st qmpStatus
+		var mig qmpMigration
+		err := qmpDo(ctx, sock, func(q *qmpConn) error {
+			var err error
+			if st, err = q.status(); err != nil {
+				return err
+			}
+			mig, err = q.migration()
+			return err
+		})
+		select {
+		case <-p.exited:
+			return fmt.Errorf("qemu: restore: qemu exited (%s): %s", p.exitDesc(), lastLines(readTail(filepath.Join(dir, qemuLogFile), 4096), 5))
+		default:
+		}
+		if err != nil {
+			return fmt.Errorf("qemu: restore: %w", err)
+		}
+		if mig.Status == "failed" {
+			return fmt.Errorf("qemu: restore: migration failed: %s", mig.ErrorDesc)
+		}
+		if st.Status != "inmigrate" {
+			if !st.Running {
+				if err := qmpDo(ctx, sock, func(q *qmpConn) error { _, err := q.execute("cont", nil); return err }); err != nil {
+					return fmt.Errorf("qemu: restore: cont: %w", err)
+				}
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("qemu: restore: still loading: %w", ctx.Err())
+		case <-p.exited:
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// reap records how a process this Backend started ended.
+func (b *Backend) reap(id string, v *vmState, p *proc) {
+	<-p.exited
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.proc != p {
+		return
+	}
+	// exit.json carries the PID, so a stale record never describes a later VM.
+	_ = writeJSON(filepath.Join(b.dir(id), exitFile), exitRecord{PID: p.pid, Reason: p.exitDesc(), At: time.Now()})
+}
+
+// watchReady polls the console log for the ready marker and records when it
+// appeared. It ends with the process, or when the VM was stopped or replaced.
+func (b *Backend) watchReady(id string, v *vmState, gen int, p *proc, started time.Time) {
+	path := b.ConsoleLog(id)
+	var sc markerScanner
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		found, err := sc.scan(path)
+		if found {
+			at := time.Now()
+			v.mu.Lock()
+			if v.gen == gen {
+				_ = writeJSON(filepath.Join(b.dir(id), readyFile), readyRecord{ReadyAfter: at.Sub(started), At: at})
+			}
+			v.mu.Unlock()
+			return
+		}
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			b.log.Warn("watching console", "id", id, "err", err)
+		}
+		select {
+		case <-p.exited:
+			return
+		case <-t.C:
+		}
+		v.mu.Lock()
+		stale := v.gen != gen
+		v.mu.Unlock()
+		if stale {
+			return
+		}
+	}
+}
+
+// markerScanner finds the ready marker in a growing file, reading each byte once.
+type markerScanner struct {
+	off   int64
+	carry []byte
+	mtime time.Time
+}
+
+func (s *markerScanner) scan(path string) (bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil {
+		s.mtime = fi.ModTime()
+		if fi.Size() < s.off { // truncated: start over
+			s.off, s.carry = 0, nil
+		}
+	}
+	buf := make([]byte, 64*1024)
+	for {
+		n, err := f.ReadAt(buf, s.off)
+		if n > 0 {
+			s.off += int64(n)
+			data := append(s.carry, buf[:n]...)
+			if bytes.Contains(data, []byte(readyMarker)) {
+				return true, nil
+			}
+			keep := len(readyMarker) - 1
+			if len(data) > keep {
+				data = data[len(data)-keep:]
+			}
+			s.carry = append([]byte(nil), data...)
+		}
+		if err == io.EOF || n == 0 {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+	}
+}
+
+// Stop implements backend.Backend: QMP quit, then SIGTERM, then SIGKILL,
+// until the process is gone; then StateDir/<id> is removed.
+func (b *Backend) Stop(ctx context.Context, id string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	v := b.vm(id)
+	v.op.Lock()
+	defer v.op.Unlock()
+	v.busy.Store(true)
+	defer v.busy.Store(false)
+
+	dir := b.dir(id)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	m, _ := readMeta(dir)
+	pid := m.PID
+	if pid == 0 {
+		pid = readPIDFile(filepath.Join(dir, pidFile))
+	}
+	v.mu.Lock()
+	p := v.proc
+	v.mu.Unlock()
+	if p != nil && p.pid != pid {
+		p = nil
+	}
+	if pid > 0 && processAlive(pid, dir) {
+		gone := func(d time.Duration) bool { return waitGone(pid, dir, p, d) }
+		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := qmpDo(qctx, filepath.Join(dir, qmpSock), func(q *qmpConn) error { _, err := q.execute("quit", nil); return err })
+		cancel()
+		if err != nil {
+			b.log.Info("qmp quit failed, signalling", "id", id, "err", err)
+		}
+		if err != nil || !gone(5*time.Second) {
+			_ = syscall.Kill(pid, syscall.SIGTERM)
+			if !gone(3 * time.Second) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				if !gone(10 * time.Second) {
+					return fmt.Errorf("qemu: stop %s: process %d does not go away", id, pid)
+				}
+			}
+		}
+	}
+	v.mu.Lock()
+	v.gen++
+	v.proc = nil
+	v.mu.Unlock()
+	if err := removeAll(dir); err != nil {
+		return fmt.Errorf("qemu: stop %s: %w", id, err)
+	}
+	return nil
+}
+
+// removeAll removes dir, trying again for a moment if a file appears in it
+// meanwhile: another Backend over the same StateDir (a process that started
+// the VM) may be recording the exit it just saw.
+func removeAll(dir string) error {
+	var err error
+	for i := 0; i < 20; i++ {
+		if err = os.RemoveAll(dir); err == nil {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return err
+}
+
+// waitGone waits up to d for pid to be gone (reaped, when it is our child).
+func waitGone(pid int, dir string, p *proc, d time.Duration) bool {
+	if p != nil {
+		select {
+		case <-p.exited:
+			return true
+		case <-time.After(d):
+			return false
+		}
+	}
+	deadline := time.Now().Add(d)
+	for processAlive(pid, dir) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+// Pause implements backend.Backend (QMP stop).
+func (b *Backend) Pause(ctx context.Context, id string) error {
+	return b.vcpus(ctx, id, "stop")
+}
+
+// Resume implements backend.Backend (QMP cont).
+func (b *Backend) Resume(ctx context.Context, id string) error {
+	return b.vcpus(ctx, id, "cont")
+}
+
+func (b *Backend) vcpus(ctx context.Context, id, cmd string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	v := b.vm(id)
+	v.op.Lock()
+	defer v.op.Unlock()
+	v.busy.Store(true)
+	defer v.busy.Store(false)
+	dir, err := b.liveDir(id)
+	if err != nil {
+		return err
+	}
+	if err := qmpDo(ctx, filepath.Join(dir, qmpSock), func(q *qmpConn) error { _, err := q.execute(cmd, nil); return err }); err != nil {
+		return fmt.Errorf("qemu: %s %s: %w", cmd, id, err)
+	}
+	if cmd == "stop" {
+		return os.WriteFile(filepath.Join(dir, pausedFile), nil, 0o644)
+	}
+	if err := os.Remove(filepath.Join(dir, pausedFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// liveDir returns the VM's directory if its process runs.
+func (b *Backend) liveDir(id string) (string, error) {
+	dir := b.dir(id)
+	m, err := readMeta(dir)
+	if err != nil {
+		return "", err
+	}
+	if !processAlive(m.PID, dir) {
+		return "", fmt.Errorf("qemu: %s: VM process %d is not running", id, m.PID)
+	}
+	return dir, nil
+}
+
+// Save implements backend.Backend: the VM is paused, then QEMU migrates its
+// whole state into path through a file descriptor passed over QMP. path
+// begins with a small header (see saveHeader) that Restore checks.
+func (b *Backend) Save(ctx context.Context, id, path string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	v := b.vm(id)
+	v.op.Lock()
+	defer v.op.Unlock()
+	v.busy.Store(true)
+	defer v.busy.Store(false)
+	dir, err := b.liveDir(id)
+	if err != nil {
+		return err
+	}
+	m, err := readMeta(dir)
+	if err != nil {
+		return err
+	}
+	var rr readyRecord
+	ready := readJSON(filepath.Join(dir, readyFile), &rr) == nil
+	if !ready { // the watcher may not have looked yet
+		var sc markerScanner
+		ready, _ = sc.scan(filepath.Join(dir, consoleLogFile))
+	}
+	hdr := saveHeader{
+		Format: saveFormat, ID: id, Name: m.Spec.Name, CPU: m.Spec.CPU, MemoryMiB: m.Spec.MemoryMiB,
+		NIC: m.Spec.Network != nil, Ready: ready, Acceleration: m.Acceleration, SavedAt: time.Now(),
+	}
+	f, err := createSaved(path, hdr)
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		f.Close()
+		if !ok {
+			os.Remove(path)
+		}
+	}()
+	sock := filepath.Join(dir, qmpSock)
+	began := time.Now()
+	err = qmpDo(ctx, sock, func(q *qmpConn) error {
+		if _, err := q.execute("stop", nil); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, pausedFile), nil, 0o644); err != nil {
+			return err
+		}
+		// The default bandwidth cap (32 MiB/s) is for live migration over a
+		// shared network; saving a paused VM to a local file wants all of it.
+		if _, err := q.execute("migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}); err != nil {
+			return err
+		}
+		_, _ = q.execute("closefd", map[string]any{"fdname": "kairon-save"})
+		if _, err := q.executeWithFile("getfd", map[string]any{"fdname": "kairon-save"}, f); err != nil {
+			return err
+		}
+		_, err := q.execute("migrate", map[string]any{"uri": "fd:kairon-save"})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("qemu: save %s: %w", id, err)
+	}
+	for {
+		var mig qmpMigration
+		err := qmpDo(ctx, sock, func(q *qmpConn) error { var err error; mig, err = q.migration(); return err })
+		if err != nil {
+			return fmt.Errorf("qemu: save %s: %w", id, err)
+		}
+		switch mig.Status {
+		case "completed":
+			migrated := time.Since(began)
+			if err := f.Sync(); err != nil {
+				return err
+			}
+			ok = true
+			b.log.Info("saved", "id", id, "path", path, "migrate", migrated, "total", time.Since(began))
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("qemu: save %s: migration %s: %s", id, mig.Status, mig.ErrorDesc)
+		}
+		select {
+		case <-ctx.Done():
+			_ = qmpDo(context.Background(), sock, func(q *qmpConn) error { _, err := q.execute("migrate_cancel", nil); return err })
+			return fmt.Errorf("qemu: save %s: %w", id, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// Get implements backend.Backend.
+func (b *Backend) Get(ctx context.Context, id string) (backend.Instance, error) {
+	if err := validID(id); err != nil {
+		return backend.Instance{}, backend.ErrNotFound
+	}
+	return b.get(ctx, id, b.vm(id), true)
+}
+
+// List implements backend.Backend.
+func (b *Backend) List(ctx context.Context) ([]backend.Instance, error) {
+	ents, err := os.ReadDir(b.opts.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	var out []backend.Instance
+	for _, e := range ents {
+		if !e.IsDir() || validID(e.Name()) != nil {
+			continue
+		}
+		inst, err := b.get(ctx, e.Name(), b.vm(e.Name()), true)
+		if errors.Is(err, backend.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, inst)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// get builds the instance from disk and the process table. useQMP asks QEMU
+// for its run state unless an operation holds the VM.
+func (b *Backend) get(ctx context.Context, id string, v *vmState, useQMP bool) (backend.Instance, error) {
+	dir := b.dir(id)
+	m, err := readMeta(dir)
+	if err != nil {
+		return backend.Instance{}, err
+	}
+	inst := backend.Instance{
+		ID: id, Name: m.Spec.Name, PID: m.PID, StartedAt: m.StartedAt, Acceleration: m.Acceleration,
+	}
+	if inst.PID == 0 {
+		inst.PID = readPIDFile(filepath.Join(dir, pidFile))
+	}
+	v.mu.Lock()
+	p := v.proc
+	v.mu.Unlock()
+	if p != nil && p.pid != inst.PID {
+		p = nil
+	}
+	if inst.PID == 0 || !processAlive(inst.PID, dir) {
+		if p != nil { // our child: let reap record the exact status
+			select {
+			case <-p.exited:
+			case <-time.After(time.Second):
+			}
+		}
+		inst.Phase = backend.Exited
+		inst.Reason = exitReason(dir, inst.PID, p)
+		inst.ConsoleTail = lastLines(readTail(filepath.Join(dir, consoleLogFile), 16*1024), consoleTailLines)
+		return inst, nil
+	}
+
+	var rr readyRecord
+	ready := readJSON(filepath.Join(dir, readyFile), &rr) == nil
+	if !ready && p == nil {
+		// No watcher of ours (an adopted VM): look for the marker now and take
+		// the log's last write as the moment it appeared.
+		var sc markerScanner
+		if found, _ := sc.scan(filepath.Join(dir, consoleLogFile)); found {
+			rr = readyRecord{ReadyAfter: sc.mtime.Sub(m.StartedAt), At: sc.mtime}
+			_ = writeJSON(filepath.Join(dir, readyFile), rr)
+			ready = true
+		}
+	}
+	if ready {
+		inst.ReadyAfter = rr.ReadyAfter
+	}
+	running := true
+	_, err = os.Stat(filepath.Join(dir, pausedFile))
+	paused := err == nil
+	status := ""
+	if useQMP && !v.busy.Load() {
+		qctx, cancel := context.WithTimeout(ctx, time.Second)
+		var st qmpStatus
+		err := qmpDo(qctx, filepath.Join(dir, qmpSock), func(q *qmpConn) error { var err error; st, err = q.status(); return err })
+		cancel()
+		if err == nil {
+			status, running, paused = st.Status, st.Running, !st.Running
+		}
+	}
+	switch status {
+	case "internal-error", "guest-panicked", "shutdown", "io-error", "watchdog":
+		inst.Phase = backend.Exited
+		inst.Reason = "QEMU stopped the VM: status " + status + " (process still runs)"
+		inst.ConsoleTail = lastLines(readTail(filepath.Join(dir, consoleLogFile), 16*1024), consoleTailLines)
+		return inst, nil
+	}
+	switch {
+	case paused || !running:
+		inst.Phase = backend.Paused
+	case ready:
+		inst.Phase = backend.Running
+	default:
+		inst.Phase = backend.Booting
+	}
+	return inst, nil
+}
+
+// exitReason explains why a VM's process is gone.
+func exitReason(dir string, pid int, p *proc) string {
+	var er exitRecord
+	if readJSON(filepath.Join(dir, exitFile), &er) == nil && er.PID == pid {
+		return er.Reason
+	}
+	if p != nil {
+		select {
+		case <-p.exited:
+			return p.exitDesc()
+		default:
+		}
+	}
+	// Not our child (the agent restarted since): QEMU's own last words and
+	// the console are all there is.
+	qlog := readTail(filepath.Join(dir, qemuLogFile), 8192)
+	if m := kvmFailure.FindString(qlog); m != "" {
+		return "qemu stopped: " + strings.TrimSpace(m)
+	}
+	if i := strings.LastIndex(qlog, "terminating on signal"); i >= 0 {
+		line, _, _ := strings.Cut(qlog[i:], "\n")
+		return "qemu " + strings.TrimSpace(line)
+	}
+	console := readTail(filepath.Join(dir, consoleLogFile), 16*1024)
+	switch {
+	case strings.Contains(console, "Kernel panic"):
+		return "qemu exited after the guest kernel panicked"
+	case strings.Contains(console, "reboot: Power down"), strings.Contains(console, "reboot: System halted"):
+		return "qemu exited: the guest powered off"
+	case strings.Contains(console, "reboot: Restarting system"):
+		return "qemu exited: the guest rebooted (VMs run with -no-reboot)"
+	}
+	if l := lastLines(qlog, 1); l != "" {
+		return fmt.Sprintf("qemu process %d is gone (exit status unknown to this agent); its last output: %s", pid, l)
+	}
+	return fmt.Sprintf("qemu process %d is gone without a word: killed (SIGKILL or the OOM killer) or crashed; exit status unknown to this agent", pid)
+}
+
+// processAlive tells whether pid is a live (not zombie) process running in
+// dir — the identity check against PID reuse.
+func processAlive(pid int, dir string) bool {
+	if pid <= 0 {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the parenthesised command name.
+	if i := bytes.LastIndexByte(stat, ')'); i < 0 || i+2 >= len(stat) || stat[i+2] == 'Z' || stat[i+2] == 'X' {
+		return false
+	}
+	cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+	if err != nil {
+		return !errors.Is(err, os.ErrNotExist)
+	}
+	return cwd == dir
+}
+
+func readPIDFile(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n
+}
+
+func readMeta(dir string) (meta, error) {
+	var m meta
+	err := readJSON(filepath.Join(dir, specFile), &m)
+	if errors.Is(err, os.ErrNotExist) {
+		return m, backend.ErrNotFound
+	}
+	return m, err
+}
+
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+// writeJSON writes atomically (temporary file, then rename).
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// readTail returns up to the last n bytes of a file.
+func readTail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := fi.Size() - n
+	if off < 0 {
+		off = 0
+	}
+	buf := make([]byte, fi.Size()-off)
+	k, _ := f.ReadAt(buf, off)
+	return string(buf[:k])
+}
+
+// lastLines returns the last n non-empty lines of s, without carriage
+// returns or terminal escape sequences.
+func lastLines(s string, n int) string {
+	s = stripEscapes(strings.ReplaceAll(s, "\r", ""))
+	var keep []string
+	lines := strings.Split(s, "\n")
+	for i := len(lines) - 1; i >= 0 && len(keep) < n; i-- {
+		if strings.TrimSpace(lines[i]) != "" {
+			keep = append(keep, lines[i])
+		}
+	}
+	for i, j := 0, len(keep)-1; i < j; i, j = i+1, j-1 {
+		keep[i], keep[j] = keep[j], keep[i]
+	}
+	return strings.Join(keep, "\n")
+}
+
+// stripEscapes drops ANSI CSI sequences (the shell asks the terminal for its
+// cursor position, for one).
+func stripEscapes(s string) string {
+	if !strings.Contains(s, "\x1b") {
+		return s
+	}
+	var sb strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0x1b && i+1 < len(s) && s[i+1] == '[' {
+			j := i + 2
+			for j < len(s) && (s[j] < 0x40 || s[j] > 0x7e) {
+				j++
+			}
+			i = j
+			continue
+		}
+		sb.WriteByte(s[i])
+	}
+	return sb.String()
+}
+
+func fileContains(path, s string) (bool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false, err
+	}
+	return bytes.Contains(b, []byte(s)), nil
+}

@@ -1,0 +1,229 @@
+// Package e2e runs Kairon end to end: a real API server, the real
+// kairon-controller and kairon-node binaries, real QEMU VMs, and a network
+// namespace the test creates so guest traffic never leaves it.
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/testenv"
+)
+
+// httpGetEnv makes the test binary, re-run inside a network namespace, fetch
+// one URL and print the body (see TestMain).
+const httpGetEnv = "KAIRON_E2E_HTTP_GET"
+
+func TestMain(m *testing.M) {
+	if url := os.Getenv(httpGetEnv); url != "" {
+		os.Exit(httpGet(url))
+	}
+	os.Exit(testenv.Run(m))
+}
+
+func httpGet(url string) int {
+	c := &http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(os.Stdout, resp.Body)
+	return 0
+}
+
+// netns creates a network namespace for the test and removes it afterwards.
+func netns(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := "kairon-e2e-" + hex.EncodeToString(b)
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	return name
+}
+
+// getInNetNS fetches url from inside the namespace.
+func getInNetNS(ns, url string) (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("ip", "netns", "exec", ns, exe)
+	cmd.Env = append(os.Environ(), httpGetEnv+"="+url)
+	out, err := cmd.Output()
+	return string(out), err
+}
+
+// agent is one kairon-node process.
+type agent struct {
+	cmd      *exec.Cmd
+	stateDir string
+	log      string
+}
+
+// startAgent runs bin/kairon-node for nodeName, its network in ns.
+func startAgent(t *testing.T, env *testenv.Env, nodeName, stateDir, ns string) *agent {
+	t.Helper()
+	log := filepath.Join(stateDir, "agent.log")
+	f, err := os.OpenFile(log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(env.BinDir, "kairon-node"),
+		"--kubeconfig", env.Kubeconfig, "--node-name", nodeName, "--register",
+		"--state-dir", stateDir, "--guest-dir", filepath.Join(env.BinDir, "guest"),
+		"--cpu", "2", "--memory", "2Gi", "--netns", ns, "--network-cidr", "10.88.40.0/24",
+		"--listen", "127.0.0.1:0", "--interval", "2s")
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	a := &agent{cmd: cmd, stateDir: stateDir, log: log}
+	t.Cleanup(func() { a.kill() })
+	return a
+}
+
+func (a *agent) kill() {
+	if a.cmd.ProcessState == nil {
+		_ = a.cmd.Process.Kill()
+		_ = a.cmd.Wait()
+	}
+}
+
+// startController runs bin/kairon-controller against the test API server.
+func startController(t *testing.T, env *testenv.Env) {
+	t.Helper()
+	log, err := os.Create(filepath.Join(t.TempDir(), "controller.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(env.BinDir, "kairon-controller"),
+		"-kubeconfig", env.Kubeconfig, "-interval", "2s",
+		"-metrics-bind-address", "0", "-health-probe-bind-address", "0")
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		log.Close()
+		if t.Failed() {
+			out, _ := os.ReadFile(log.Name())
+			t.Logf("kairon-controller log:\n%s", tail(string(out), 40))
+		}
+	})
+}
+
+// vmProcesses finds the QEMU processes running in a directory below dir (the
+// backend runs each VM in its own state directory), keyed by their -name
+// (namespace/machine).
+func vmProcesses(t *testing.T, dir string) map[string]int {
+	t.Helper()
+	found := map[string]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd"))
+		if err != nil || !strings.HasPrefix(cwd, dir+"/") {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(raw), "\x00")
+		if !strings.Contains(args[0], "qemu-system") {
+			continue
+		}
+		for i, a := range args {
+			if a == "-name" && i+1 < len(args) {
+				found[strings.SplitN(args[i+1], ",", 2)[0]] = pid
+			}
+		}
+	}
+	return found
+}
+
+// killVMs is the last-resort cleanup: no VM may outlive a test.
+func killVMs(t *testing.T, dir string) {
+	for _, pid := range vmProcesses(t, dir) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+func eventually(t *testing.T, timeout time.Duration, what string, check func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, state := check()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s; last seen: %s", timeout, what, state)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func waitPhase(t *testing.T, env *testenv.Env, key client.ObjectKey, want kaironv1.MachinePhase) *kaironv1.Machine {
+	t.Helper()
+	m := &kaironv1.Machine{}
+	eventually(t, 3*time.Minute, key.String()+" "+string(want), func() (bool, string) {
+		if err := env.Client.Get(context.Background(), key, m); err != nil {
+			return false, err.Error()
+		}
+		return m.Status.Phase == want, fmt.Sprintf("%s: %s", m.Status.Phase, m.Status.Message)
+	})
+	return m
+}
+
+func kubectl(t *testing.T, env *testenv.Env, stdin string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(env.BinDir, "kubectl"), append([]string{"--kubeconfig", env.Kubeconfig}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func tail(s string, n int) string {
+	var lines []string
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
