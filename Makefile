@@ -42,7 +42,8 @@ test: deps tools guest build ## Install, build and run every test.
 	KAIRON_BIN_DIR=$(BIN) $(GO) test $(TEST_FLAGS) ./...
 
 bench: deps tools guest build ## Run the benchmarks recorded in docs/benchmarks.md.
-	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench . -benchmem ./...
+	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench MachineColdBoot -benchtime 10x ./test/e2e/
+	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench ColdBoot -benchtime 3x ./internal/backend/qemu/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

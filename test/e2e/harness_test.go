@@ -50,7 +50,7 @@ func httpGet(url string) int {
 }
 
 // netns creates a network namespace for the test and removes it afterwards.
-func netns(t *testing.T) string {
+func netns(t testing.TB) string {
 	t.Helper()
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -82,7 +82,7 @@ type agent struct {
 }
 
 // startAgent runs bin/kairon-node for nodeName, its network in ns.
-func startAgent(t *testing.T, env *testenv.Env, nodeName, stateDir, ns string) *agent {
+func startAgent(t testing.TB, env *testenv.Env, nodeName, stateDir, ns string) *agent {
 	t.Helper()
 	log := filepath.Join(stateDir, "agent.log")
 	f, err := os.OpenFile(log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
@@ -113,7 +113,7 @@ func (a *agent) kill() {
 }
 
 // startController runs bin/kairon-controller against the test API server.
-func startController(t *testing.T, env *testenv.Env) {
+func startController(t testing.TB, env *testenv.Env) {
 	t.Helper()
 	log, err := os.Create(filepath.Join(t.TempDir(), "controller.log"))
 	if err != nil {
@@ -141,7 +141,7 @@ func startController(t *testing.T, env *testenv.Env) {
 // vmProcesses finds the QEMU processes running in a directory below dir (the
 // backend runs each VM in its own state directory), keyed by their -name
 // (namespace/machine).
-func vmProcesses(t *testing.T, dir string) map[string]int {
+func vmProcesses(t testing.TB, dir string) map[string]int {
 	t.Helper()
 	found := map[string]int{}
 	entries, _ := os.ReadDir("/proc")
@@ -172,13 +172,13 @@ func vmProcesses(t *testing.T, dir string) map[string]int {
 }
 
 // killVMs is the last-resort cleanup: no VM may outlive a test.
-func killVMs(t *testing.T, dir string) {
+func killVMs(t testing.TB, dir string) {
 	for _, pid := range vmProcesses(t, dir) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 }
 
-func eventually(t *testing.T, timeout time.Duration, what string, check func() (bool, string)) {
+func eventually(t testing.TB, timeout time.Duration, what string, check func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -193,7 +193,7 @@ func eventually(t *testing.T, timeout time.Duration, what string, check func() (
 	}
 }
 
-func waitPhase(t *testing.T, env *testenv.Env, key client.ObjectKey, want kaironv1.MachinePhase) *kaironv1.Machine {
+func waitPhase(t testing.TB, env *testenv.Env, key client.ObjectKey, want kaironv1.MachinePhase) *kaironv1.Machine {
 	t.Helper()
 	m := &kaironv1.Machine{}
 	eventually(t, 3*time.Minute, key.String()+" "+string(want), func() (bool, string) {
@@ -205,7 +205,7 @@ func waitPhase(t *testing.T, env *testenv.Env, key client.ObjectKey, want kairon
 	return m
 }
 
-func kubectl(t *testing.T, env *testenv.Env, stdin string, args ...string) string {
+func kubectl(t testing.TB, env *testenv.Env, stdin string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(env.BinDir, "kubectl"), append([]string{"--kubeconfig", env.Kubeconfig}, args...)...)
 	cmd.Stdin = strings.NewReader(stdin)

@@ -21,7 +21,7 @@ import (
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
-func deleteNodeAtEnd(t *testing.T, env *testenv.Env, name string) {
+func deleteNodeAtEnd(t testing.TB, env *testenv.Env, name string) {
 	t.Cleanup(func() {
 		_ = env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	})
