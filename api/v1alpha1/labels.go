@@ -18,6 +18,9 @@ const (
 	// AnnotationCordonEvacuateAttemptedAt records when cordon-triggered
 	// evacuation last tried to move a Machine (RFC 3339).
 	AnnotationCordonEvacuateAttemptedAt = "kairon.zyvor.dev/cordon-evacuate-attempted-at"
+	// LabelEvacuatedNode is on a MachineMigration that evacuation (kaironctl
+	// evacuate or cordon evacuation) created: the node it moves the Machine off.
+	LabelEvacuatedNode = "kairon.zyvor.dev/evacuated-node"
 )
 
 // Values of LabelPoolState.
@@ -48,3 +51,7 @@ const (
 // FinalizerMachineVM keeps a Machine until its node agent stopped the VM and
 // removed its tap and state.
 const FinalizerMachineVM = "kairon.zyvor.dev/vm"
+
+// FinalizerMachineClaim keeps a bound MachineClaim until kairon-controller
+// deleted its egress policy and then deleted or handed back its Machine.
+const FinalizerMachineClaim = "kairon.zyvor.dev/machineclaim"

@@ -39,13 +39,22 @@ func run() error {
 		probeAddr        = flag.String("health-probe-bind-address", ":8081", `address of /healthz and /readyz; "0" turns them off`)
 		leaderElect      = flag.Bool("leader-elect", false, "run only while holding the leader lease, so several replicas can stand by")
 		leaderElectionNS = flag.String("leader-election-namespace", "kube-system", "namespace of the leader election lease when not running in a Pod")
-		webhookOn        = flag.Bool("webhook", false, "serve the Machine validating webhook at "+controller.MachineWebhookPath)
+		webhookOn        = flag.Bool("webhook", false, "serve the Machine validating webhook at "+controller.MachineWebhookPath+" and the MachineMigration one at "+controller.MachineMigrationWebhookPath)
 		webhookPort      = flag.Int("webhook-port", webhook.DefaultPort, "port of the webhook server")
 		webhookCertDir   = flag.String("webhook-cert-dir", "", "directory with the webhook's tls.crt and tls.key (default: the system temp dir's k8s-webhook-server/serving-certs)")
+		cordonEvacuate   = flag.Bool("cordon-evacuate", false, "give every Machine on a cordoned Kairon node a MachineMigration, within the MachineDisruptionBudgets")
+		cordonStrategy   = flag.String("cordon-evacuate-strategy", controller.CordonEvacuateCold, "strategy of the migrations -cordon-evacuate creates: cold or auto (auto is cold for now; live is refused)")
+		cordonRetry      = flag.Duration("cordon-evacuate-min-retry-interval", controller.DefaultCordonEvacuateMinRetryInterval, "least time between two -cordon-evacuate attempts at one Machine")
 	)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
+	if _, err := controller.CordonEvacuationStrategy(*cordonStrategy); err != nil {
+		return err
+	}
+	if *cordonRetry <= 0 {
+		return fmt.Errorf("-cordon-evacuate-min-retry-interval must be positive, got %s", *cordonRetry)
+	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
 	log := ctrl.Log.WithName("kairon-controller")
 
@@ -80,7 +89,13 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("creating the controller manager: %w", err)
 	}
-	if err := controller.SetupWithManager(mgr, controller.Options{Interval: *interval, Webhook: *webhookOn}); err != nil {
+	if err := controller.SetupWithManager(mgr, controller.Options{
+		Interval:                       *interval,
+		Webhook:                        *webhookOn,
+		CordonEvacuate:                 *cordonEvacuate,
+		CordonEvacuateStrategy:         *cordonStrategy,
+		CordonEvacuateMinRetryInterval: *cordonRetry,
+	}); err != nil {
 		return fmt.Errorf("setting up controllers: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
@@ -94,7 +109,7 @@ func run() error {
 		return err
 	}
 
-	log.Info("Starting controllers", "apiServer", cfg.Host, "interval", interval.String(), "webhook", *webhookOn, "leaderElection", *leaderElect)
+	log.Info("Starting controllers", "apiServer", cfg.Host, "interval", interval.String(), "webhook", *webhookOn, "cordonEvacuate", *cordonEvacuate, "leaderElection", *leaderElect)
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
 		return fmt.Errorf("running controllers: %w", err)
 	}

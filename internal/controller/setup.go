@@ -24,8 +24,19 @@ type Options struct {
 	// Webhook serves the Machine validating webhook at MachineWebhookPath on
 	// the manager's webhook server. Registering the
 	// ValidatingWebhookConfiguration that points the API server at it is
-	// up to the installer.
+	// up to the installer. It also serves the MachineMigration webhook at
+	// MachineMigrationWebhookPath.
 	Webhook bool
+
+	// CordonEvacuate runs cordon-triggered evacuation: the Machines on a
+	// cordoned Kairon node get budget-throttled MachineMigrations.
+	CordonEvacuate bool
+	// CordonEvacuateStrategy is cold (empty means cold) or auto; live is
+	// refused (see CordonEvacuationStrategy).
+	CordonEvacuateStrategy string
+	// CordonEvacuateMinRetryInterval is the least time between two
+	// attempts at one Machine. Zero means DefaultCordonEvacuateMinRetryInterval.
+	CordonEvacuateMinRetryInterval time.Duration
 }
 
 // SetupWithManager registers every Kairon controller, and the webhook when
@@ -34,7 +45,15 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultInterval
 	}
-	err := errors.Join(
+	// Checked before anything is registered: a refused strategy sets up nothing.
+	cordonStrategy, err := CordonEvacuationStrategy(opts.CordonEvacuateStrategy)
+	if opts.CordonEvacuate && err != nil {
+		return err
+	}
+	// The binder and the claim reconciler share what this process knows of
+	// binds its cache has yet to show.
+	binds := newBindTracker()
+	err = errors.Join(
 		(&SchedulerReconciler{
 			Client:    mgr.GetClient(),
 			APIReader: mgr.GetAPIReader(),
@@ -50,12 +69,48 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 			Client:   mgr.GetClient(),
 			Interval: opts.Interval,
 		}).SetupWithManager(mgr),
+		(&MachinePoolReconciler{
+			Client:   mgr.GetClient(),
+			Recorder: mgr.GetEventRecorder("kairon-machinepool-controller"),
+			Interval: opts.Interval,
+		}).SetupWithManager(mgr),
+		(&MachineClaimBinder{
+			Client:    mgr.GetClient(),
+			APIReader: mgr.GetAPIReader(),
+			Recorder:  mgr.GetEventRecorder("kairon-machineclaim-binder"),
+			Interval:  opts.Interval,
+			tracker:   binds,
+		}).SetupWithManager(mgr),
+		(&MachineClaimReconciler{
+			Client:    mgr.GetClient(),
+			APIReader: mgr.GetAPIReader(),
+			Recorder:  mgr.GetEventRecorder("kairon-machineclaim-controller"),
+			Interval:  opts.Interval,
+			tracker:   binds,
+		}).SetupWithManager(mgr),
+		(&MachineDisruptionBudgetReconciler{
+			Client:   mgr.GetClient(),
+			Interval: opts.Interval,
+		}).SetupWithManager(mgr),
 	)
 	if err != nil {
 		return err
 	}
+	if opts.CordonEvacuate {
+		if err := (&CordonEvacuationReconciler{
+			Client:           mgr.GetClient(),
+			APIReader:        mgr.GetAPIReader(),
+			Recorder:         mgr.GetEventRecorder("kairon-cordon-evacuation"),
+			Strategy:         cordonStrategy,
+			MinRetryInterval: opts.CordonEvacuateMinRetryInterval,
+			Interval:         opts.Interval,
+		}).SetupWithManager(mgr); err != nil {
+			return err
+		}
+	}
 	if opts.Webhook {
 		mgr.GetWebhookServer().Register(MachineWebhookPath, NewMachineWebhook(mgr.GetScheme(), mgr.GetAPIReader()))
+		mgr.GetWebhookServer().Register(MachineMigrationWebhookPath, NewMachineMigrationWebhook(mgr.GetScheme(), mgr.GetAPIReader()))
 	}
 	return nil
 }

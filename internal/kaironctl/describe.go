@@ -24,10 +24,13 @@ func newDescribeCommand(o *Options) *cobra.Command {
 		Long: `Print one object exactly as the API server returns it: indented JSON, with
 apiVersion and kind, and nothing else.
 
-One exception: describe quota adds, after a blank line, the Machines the quota
-counts and why, recomputed from the namespace's Machines now.`,
+Two exceptions add text after a blank line, recomputed now rather than read
+from the status: describe quota lists the Machines the quota counts and why,
+and describe budget the budget's numbers and every Machine it matches, in any
+namespace, as healthy or not and why.`,
 		Example: `  kaironctl describe machine web-1
-  kaironctl describe quota team-a -n team-a`,
+  kaironctl describe quota team-a -n team-a
+  kaironctl describe budget web-tier`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			switch {
 			case len(args) == 0:

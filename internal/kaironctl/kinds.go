@@ -174,6 +174,7 @@ var kinds = []*Kind{
 				itoa(int64(b.Status.DesiredHealthy)), itoa(int64(b.Status.DisruptionsAllowed)),
 			}
 		}),
+		Describe: describeBudget,
 	},
 	{
 		Resource: "machinemigrations", Singular: "machinemigration", Aliases: []string{"mmig", "migrations", "migration"},

@@ -29,8 +29,13 @@ import (
 var verbs = []func(*Options) *cobra.Command{
 	newGetCommand,
 	newDescribeCommand,
+	newCreateCommand,
+	newEditCommand,
 	newDeleteCommand,
 	newScaleCommand,
+	newClaimCommand,
+	newReleaseCommand,
+	newEvacuateCommand,
 	newLogsCommand,
 	newVersionCommand,
 }

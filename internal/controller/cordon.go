@@ -1,0 +1,285 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+)
+
+// DefaultCordonEvacuateMinRetryInterval is how long cordon evacuation waits
+// before it tries a Machine again.
+const DefaultCordonEvacuateMinRetryInterval = 2 * time.Minute
+
+// Values of -cordon-evacuate-strategy.
+const (
+	CordonEvacuateCold = "cold"
+	CordonEvacuateAuto = "auto"
+)
+
+// Reasons of the events cordon evacuation records on Machines.
+const (
+	ReasonEvacuationMigrationCreated = "EvacuationMigrationCreated"
+	ReasonEvacuationBlocked          = "EvacuationBlocked"
+	ReasonEvacuationFailed           = "EvacuationFailed"
+)
+
+// CordonEvacuationStrategy turns a -cordon-evacuate-strategy value into the
+// strategy of the migrations cordon evacuation creates. Empty means cold.
+// live is refused: a live migration started by a controller with nobody
+// watching is a bigger step than a cold one, and cordon evacuation does not
+// take it on its own.
+func CordonEvacuationStrategy(s string) (kaironv1.MigrationStrategy, error) {
+	switch s {
+	case "", CordonEvacuateCold:
+		return kaironv1.MigrationCold, nil
+	case CordonEvacuateAuto:
+		// auto is to mean "live where the Machine and both nodes can
+		// migrate live, else cold". The node agents do not carry out
+		// migrations yet, so nothing can tell whether live would work:
+		// until they do, auto creates cold migrations.
+		return kaironv1.MigrationCold, nil
+	case string(kaironv1.MigrationLive):
+		return "", errors.New(`-cordon-evacuate-strategy "live" is not allowed: cordon evacuation never starts live migrations on its own; use cold or auto, or move Machines live yourself with kaironctl evacuate NODE --strategy live`)
+	}
+	return "", fmt.Errorf("-cordon-evacuate-strategy %q is not valid; use cold or auto", s)
+}
+
+// cordonPassKey is the only request the cordon evacuation queue holds:
+// budgets span nodes, so one pass decides for every cordoned node at once,
+// spending allowances across all of them, and passes never overlap.
+var cordonPassKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: "cordon-evacuation-pass"}}
+
+// attemptStampPrecision is the resolution of the attempted-at annotation
+// (RFC 3339 in whole seconds). The recorded time may be up to this much
+// earlier than the attempt, so a retry waits this much longer to be sure
+// a Machine is never tried twice within the interval.
+const attemptStampPrecision = time.Second
+
+// CordonEvacuationReconciler moves the Machines off cordoned Kairon nodes
+// (spec.unschedulable true): each one gets the MachineMigration `kaironctl
+// evacuate` would create for it, within the MachineDisruptionBudgets
+// (PlanEvacuation decides). Every attempt, created or blocked, is stamped on
+// the Machine in the AnnotationCordonEvacuateAttemptedAt annotation, and a
+// Machine is not tried again before MinRetryInterval has passed since. A
+// Machine that already has a non-terminal migration is never given another.
+type CordonEvacuationReconciler struct {
+	// Client reads Nodes from the manager's cache, and writes.
+	Client client.Client
+	// APIReader reads Machines, migrations and budgets from the API
+	// server for each decision, so a pass always sees the migrations the
+	// previous one created.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	// Strategy is the migrations' spec.strategy; see
+	// CordonEvacuationStrategy. It is never live.
+	Strategy kaironv1.MigrationStrategy
+	// MinRetryInterval is the least time between two attempts at one Machine.
+	MinRetryInterval time.Duration
+	// Interval is how often a pass runs without any event.
+	Interval time.Duration
+
+	now func() time.Time
+}
+
+// SetupWithManager registers the reconciler with mgr.
+func (r *CordonEvacuationReconciler) SetupWithManager(mgr manager.Manager) error {
+	if r.Strategy == kaironv1.MigrationLive {
+		return errors.New("cordon evacuation never creates live migrations")
+	}
+	if r.Strategy == "" {
+		r.Strategy = kaironv1.MigrationCold
+	}
+	if r.MinRetryInterval <= 0 {
+		r.MinRetryInterval = DefaultCordonEvacuateMinRetryInterval
+	}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	enqueuePass := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{cordonPassKey}
+	})
+	return builder.ControllerManagedBy(mgr).
+		Named("cordonevacuation").
+		Watches(&corev1.Node{}, enqueuePass, builder.WithPredicates(nodeCordonChanged())).
+		// A migration that ends frees its budget, or (Failed) leaves its
+		// Machine to be tried again. Machines are deliberately not
+		// watched: their status changes all the time, each pass reads
+		// every Machine from the API server, and the Machines of a
+		// cordoned node were all tried by the first pass; the rest waits
+		// for the retry interval or the tick anyway.
+		Watches(&kaironv1.MachineMigration{}, enqueuePass, builder.WithPredicates(migrationPhaseChanged())).
+		Watches(&kaironv1.MachineDisruptionBudget{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		WithLogConstructor(func(*reconcile.Request) logr.Logger {
+			return mgr.GetLogger().WithValues("controller", "cordonevacuation")
+		}).
+		Complete(r)
+}
+
+// nodeCordonChanged passes Kairon nodes that are created cordoned or whose
+// spec.unschedulable changes.
+func nodeCordonChanged() predicate.Funcs {
+	isKaironNode := func(o client.Object) bool {
+		_, ok := o.GetLabels()[kaironv1.LabelNode]
+		return ok
+	}
+	cordoned := func(o client.Object) bool {
+		n, ok := o.(*corev1.Node)
+		return ok && n.Spec.Unschedulable
+	}
+	return predicate.Funcs{
+		CreateFunc:  func(e event.CreateEvent) bool { return isKaironNode(e.Object) && cordoned(e.Object) },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(e event.GenericEvent) bool { return isKaironNode(e.Object) },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			if !isKaironNode(e.ObjectNew) {
+				return false
+			}
+			return cordoned(e.ObjectOld) != cordoned(e.ObjectNew) || !isKaironNode(e.ObjectOld)
+		},
+	}
+}
+
+// Reconcile runs one pass over every cordoned Kairon node.
+func (r *CordonEvacuationReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	logger := log.FromContext(ctx)
+	var nodes corev1.NodeList
+	if err := r.Client.List(ctx, &nodes, client.HasLabels{kaironv1.LabelNode}); err != nil {
+		return reconcile.Result{}, fmt.Errorf("listing nodes: %w", err)
+	}
+	var cordoned []string
+	for i := range nodes.Items {
+		if n := &nodes.Items[i]; n.Spec.Unschedulable && n.DeletionTimestamp == nil {
+			cordoned = append(cordoned, n.Name)
+		}
+	}
+	if len(cordoned) == 0 {
+		return reconcile.Result{RequeueAfter: r.Interval}, nil
+	}
+	sort.Strings(cordoned)
+
+	snap, err := LoadEvacuationSnapshot(ctx, r.APIReader)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	now := r.now()
+	next := now.Add(r.Interval) // when the next pass is due
+	// The Machines to try now, each with its node, and in node order.
+	var candidates []*kaironv1.Machine
+	nodeOf := map[*kaironv1.Machine]string{}
+	for _, node := range cordoned {
+		for _, m := range snap.MachinesOn(node) {
+			if retryAt, throttled := r.retryAt(m, now); throttled {
+				logger.V(1).Info("Cordon evacuation tried this machine recently; waiting", "machine", m.Namespace+"/"+m.Name, "node", node, "retryAt", retryAt)
+				if retryAt.Before(next) {
+					next = retryAt
+				}
+				continue
+			}
+			candidates = append(candidates, m)
+			nodeOf[m] = node
+		}
+	}
+
+	attempted := false
+	for _, d := range snap.Plan(candidates) {
+		m, node := d.Machine, nodeOf[d.Machine]
+		switch d.Verdict {
+		case EvacuationDeleting:
+			continue
+		case EvacuationInFlight:
+			logger.V(1).Info("Machine is already being migrated", "machine", m.Namespace+"/"+m.Name, "node", node, "migration", d.Migration.Name)
+			continue
+		case EvacuationBlocked:
+			attempted = true
+			message := fmt.Sprintf("Node %s is cordoned, but the machine was not migrated: %s; trying again in %s", node, d.Reason, r.MinRetryInterval)
+			logger.Info("Cordon evacuation blocked by disruption budget", "machine", m.Namespace+"/"+m.Name, "node", node, "reason", d.Reason)
+			r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, ReasonEvacuationBlocked, "Evacuate", "%s", message)
+		case EvacuationMigrate:
+			attempted = true
+			r.migrate(ctx, m, node)
+		}
+		r.stampAttempt(ctx, m, now)
+	}
+	if attempted {
+		if retry := now.Add(r.MinRetryInterval + attemptStampPrecision); retry.Before(next) {
+			next = retry
+		}
+	}
+	return reconcile.Result{RequeueAfter: max(next.Sub(r.now()), time.Second)}, nil
+}
+
+// migrate creates m's migration off node, and says how it went in an
+// event. A refusal (by the MachineMigration webhook, which may have seen a
+// budget spent by someone else since the pass read the cluster) counts as
+// a blocked attempt.
+func (r *CordonEvacuationReconciler) migrate(ctx context.Context, m *kaironv1.Machine, node string) {
+	logger := log.FromContext(ctx).WithValues("machine", m.Namespace+"/"+m.Name, "node", node)
+	mig := NewEvacuationMigration(m, node, r.Strategy)
+	err := r.Client.Create(ctx, mig)
+	switch {
+	case err == nil:
+		logger.Info("Created evacuation migration", "migration", mig.Name, "strategy", mig.Spec.Strategy)
+		r.Recorder.Eventf(m, mig, corev1.EventTypeNormal, ReasonEvacuationMigrationCreated, "Evacuate",
+			"Node %s is cordoned: created MachineMigration %s (%s) to move the machine off it", node, mig.Name, mig.Spec.Strategy)
+	case strings.Contains(err.Error(), "admission webhook") && strings.Contains(err.Error(), "denied the request"):
+		logger.Info("Evacuation migration refused by admission", "reason", err.Error())
+		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, ReasonEvacuationBlocked, "Evacuate",
+			"Node %s is cordoned, but creating the machine's migration was refused: %v; trying again in %s", node, err, r.MinRetryInterval)
+	default:
+		logger.Error(err, "Creating evacuation migration")
+		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, ReasonEvacuationFailed, "Evacuate",
+			"Node %s is cordoned, but creating the machine's migration failed: %v; trying again in %s", node, err, r.MinRetryInterval)
+	}
+}
+
+// retryAt is when m may be tried again, and whether that is still to come.
+// A missing or unreadable annotation means now.
+func (r *CordonEvacuationReconciler) retryAt(m *kaironv1.Machine, now time.Time) (time.Time, bool) {
+	stamp, ok := m.Annotations[kaironv1.AnnotationCordonEvacuateAttemptedAt]
+	if !ok {
+		return now, false
+	}
+	at, err := time.Parse(time.RFC3339, stamp)
+	if err != nil {
+		return now, false
+	}
+	retry := at.Add(r.MinRetryInterval + attemptStampPrecision)
+	return retry, now.Before(retry)
+}
+
+// stampAttempt records the attempt at m in its annotation. A Machine gone
+// meanwhile needs none; a failed write is logged, and the Machine may then
+// be tried again on the next pass.
+func (r *CordonEvacuationReconciler) stampAttempt(ctx context.Context, m *kaironv1.Machine, at time.Time) {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		kaironv1.AnnotationCordonEvacuateAttemptedAt: at.UTC().Format(time.RFC3339),
+	}}})
+	if err != nil {
+		return
+	}
+	if err := r.Client.Patch(ctx, m.DeepCopy(), client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
+		log.FromContext(ctx).Error(err, "Recording the cordon evacuation attempt", "machine", m.Namespace+"/"+m.Name)
+	}
+}

@@ -1,0 +1,361 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/testenv"
+)
+
+// cordonRetryInterval is the test's -cordon-evacuate-min-retry-interval:
+// short, so retries happen within the test, and long enough to see that
+// nothing is retried sooner.
+const cordonRetryInterval = 2 * time.Second
+
+// Cordoning a node with cordon evacuation on gives its Machines migrations
+// within their budget; a blocked Machine is stamped and not tried again
+// before the interval; a Machine with a migration in flight never gets a
+// second one; an uncordoned node is left alone.
+func TestCordonEvacuation(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	nodeA := createNode(t, env, ns, "a", 16, "16Gi")
+	nodeB := createNode(t, env, ns, "b", 16, "16Gi")
+
+	web := map[string]string{"app": ns}
+	for _, name := range []string{"web-1", "web-2", "web-3"} {
+		m := createMachine(t, env, ns, name, 1, "256Mi", func(m *kaironv1.Machine) {
+			m.Labels = web
+			m.Spec.NodeName = nodeA.Name
+		})
+		setMachinePhase(t, env, m, kaironv1.MachineRunning)
+	}
+	other := createMachine(t, env, ns, "other", 1, "256Mi", func(m *kaironv1.Machine) { m.Spec.NodeName = nodeB.Name })
+	setMachinePhase(t, env, other, kaironv1.MachineRunning)
+	if err := env.Client.Create(ctx, &kaironv1.MachineDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web-tier"},
+		Spec:       kaironv1.MachineDisruptionBudgetSpec{Selector: web, MinAvailable: ptr.To(intstr.FromInt32(2))},
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	startControllers(t, env, ns, Options{
+		CordonEvacuate: true,
+		// auto is cold until node agents can tell whether live would work.
+		CordonEvacuateStrategy:         CordonEvacuateAuto,
+		CordonEvacuateMinRetryInterval: cordonRetryInterval,
+	})
+
+	// Nothing is cordoned yet: nothing happens.
+	time.Sleep(time.Second)
+	if migs := listMigrations(t, env, ns); len(migs) != 0 {
+		t.Fatalf("migrations before any cordon: %s", describeMigrations(migs))
+	}
+
+	cordon(t, env, nodeA.Name, true)
+
+	var first kaironv1.MachineMigration
+	eventually(t, "one migration, for web-1, and every Machine on the node stamped", func() (bool, string) {
+		migs := listMigrations(t, env, ns)
+		stamped := 0
+		for _, name := range []string{"web-1", "web-2", "web-3"} {
+			if attemptedAt(t, env, ns, name) != "" {
+				stamped++
+			}
+		}
+		if len(migs) == 1 {
+			first = migs[0]
+		}
+		return len(migs) == 1 && stamped == 3, fmt.Sprintf("%d stamped; migrations %s", stamped, describeMigrations(migs))
+	})
+	if first.Spec.MachineName != "web-1" || first.Spec.Strategy != kaironv1.MigrationCold ||
+		!strings.HasPrefix(first.Name, "web-1-evac-") || first.Labels[kaironv1.LabelEvacuatedNode] != nodeA.Name {
+		t.Errorf("migration %s: machine %s strategy %s labels %v", first.Name, first.Spec.MachineName, first.Spec.Strategy, first.Labels)
+	}
+	stamp := attemptedAt(t, env, ns, "web-2")
+	if _, err := time.Parse(time.RFC3339, stamp); err != nil {
+		t.Errorf("attempted-at %q is not RFC 3339: %v", stamp, err)
+	}
+	wantBlocked := "budget " + ns + "/web-tier allows no more disruptions (3 healthy, 2 desired, 0 allowed; 1 already spent in this pass)"
+	eventually(t, "events about the created and the blocked migrations", func() (bool, string) {
+		created := machineEvents(t, env, ns, "web-1", ReasonEvacuationMigrationCreated)
+		blocked := machineEvents(t, env, ns, "web-2", ReasonEvacuationBlocked)
+		ok := len(created) > 0 && strings.Contains(created[0], first.Name) &&
+			len(blocked) > 0 && strings.Contains(blocked[0], "Node "+nodeA.Name+" is cordoned") && strings.Contains(blocked[0], wantBlocked)
+		return ok, fmt.Sprintf("created %q, blocked %q", created, blocked)
+	})
+
+	// While web-1's migration is in flight, web-2 and web-3 stay blocked
+	// (2 healthy, 2 desired), are retried no more than once per interval,
+	// and web-1 gets no second migration.
+	stamps := map[string][]string{}
+	deadline := time.Now().Add(3*cordonRetryInterval + time.Second)
+	for time.Now().Before(deadline) {
+		for _, name := range []string{"web-1", "web-2", "web-3"} {
+			s := attemptedAt(t, env, ns, name)
+			if l := stamps[name]; len(l) == 0 || l[len(l)-1] != s {
+				stamps[name] = append(stamps[name], s)
+			}
+		}
+		if migs := listMigrations(t, env, ns); len(migs) != 1 {
+			t.Fatalf("while web-1's migration is in flight: %s", describeMigrations(migs))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for name, l := range stamps {
+		for i := 1; i < len(l); i++ {
+			prev, _ := time.Parse(time.RFC3339, l[i-1])
+			cur, _ := time.Parse(time.RFC3339, l[i])
+			if gap := cur.Sub(prev); gap < cordonRetryInterval {
+				t.Errorf("%s tried again after %s, less than the interval %s: %v", name, gap, cordonRetryInterval, l)
+			}
+		}
+	}
+	if len(stamps["web-2"]) < 2 {
+		t.Errorf("web-2 was not tried again in %s: %v", 3*cordonRetryInterval, stamps["web-2"])
+	}
+	if len(stamps["web-1"]) != 1 {
+		t.Errorf("web-1, whose migration is in flight, was tried again: %v", stamps["web-1"])
+	}
+	if blocked := machineEvents(t, env, ns, "web-2", ReasonEvacuationBlocked); !strings.Contains(strings.Join(blocked, "\n"), "(2 healthy, 2 desired, 0 allowed)") {
+		t.Errorf("no blocked event naming the in-flight numbers: %q", blocked)
+	}
+
+	// Now play the node agents: carry out every migration, one at a time
+	// as the budget lets them come. The node empties, and never more than
+	// one web Machine is disrupted at once.
+	stop := executeMigrations(t, env, ns, nodeB.Name)
+	eventuallyWithin(t, 90*time.Second, "node "+nodeA.Name+" to empty", func() (bool, string) {
+		var on []string
+		for _, m := range listMachines(t, env, ns) {
+			if m.Spec.NodeName == nodeA.Name {
+				on = append(on, m.Name)
+			}
+		}
+		return len(on) == 0, fmt.Sprintf("still on it: %v; migrations %s", on, describeMigrations(listMigrations(t, env, ns)))
+	})
+	if peak := stop(); peak > 1 {
+		t.Errorf("%d web Machines were being migrated at once; the budget allows 1", peak)
+	}
+
+	// Node b was never cordoned: nothing there was touched, not even the
+	// web Machines that arrived on it.
+	time.Sleep(cordonRetryInterval + 2*time.Second)
+	migs := listMigrations(t, env, ns)
+	if len(migs) != 3 {
+		t.Errorf("want one migration per web Machine, got %s", describeMigrations(migs))
+	}
+	for _, mig := range migs {
+		if mig.Spec.MachineName == "other" || mig.Spec.Strategy != kaironv1.MigrationCold {
+			t.Errorf("migration %s of %s (%s)", mig.Name, mig.Spec.MachineName, mig.Spec.Strategy)
+		}
+	}
+	if s := attemptedAt(t, env, ns, "other"); s != "" {
+		t.Errorf("machine on the uncordoned node was stamped %q", s)
+	}
+}
+
+// Uncordoning stops the evacuation: the Machines still there stay.
+func TestCordonEvacuationUncordon(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	nodeA := createNode(t, env, ns, "a", 16, "16Gi")
+	m := createMachine(t, env, ns, "lone", 1, "256Mi", func(m *kaironv1.Machine) { m.Spec.NodeName = nodeA.Name })
+	setMachinePhase(t, env, m, kaironv1.MachineRunning)
+	startControllers(t, env, ns, Options{CordonEvacuate: true, CordonEvacuateMinRetryInterval: cordonRetryInterval})
+
+	cordon(t, env, nodeA.Name, true)
+	eventually(t, "a migration for the lone Machine", func() (bool, string) {
+		migs := listMigrations(t, env, ns)
+		return len(migs) == 1, describeMigrations(migs)
+	})
+	// The migration fails; uncordoned, the node keeps its Machine and no
+	// new migration comes, however long the interval has passed.
+	cordon(t, env, nodeA.Name, false)
+	mig := listMigrations(t, env, ns)[0]
+	mig.Status.Phase = kaironv1.MigrationFailed
+	if err := env.Client.Status().Update(context.Background(), &mig); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2*cordonRetryInterval + time.Second)
+	if migs := listMigrations(t, env, ns); len(migs) != 1 {
+		t.Errorf("after uncordoning: %s", describeMigrations(migs))
+	}
+}
+
+// kairon-controller refuses -cordon-evacuate-strategy live.
+func TestCordonEvacuationNeverLive(t *testing.T) {
+	env := testenv.Get(t)
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:                 env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = SetupWithManager(mgr, Options{CordonEvacuate: true, CordonEvacuateStrategy: "live"})
+	if err == nil || !strings.Contains(err.Error(), "never starts live migrations") {
+		t.Errorf("SetupWithManager with strategy live: %v", err)
+	}
+}
+
+func cordon(t *testing.T, env *testenv.Env, node string, on bool) {
+	t.Helper()
+	var n corev1.Node
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Name: node}, &n); err != nil {
+		t.Fatal(err)
+	}
+	orig := n.DeepCopy()
+	n.Spec.Unschedulable = on
+	if err := env.Client.Patch(context.Background(), &n, client.MergeFrom(orig)); err != nil {
+		t.Fatalf("cordoning %s: %v", node, err)
+	}
+}
+
+func listMigrations(t *testing.T, env *testenv.Env, ns string) []kaironv1.MachineMigration {
+	t.Helper()
+	var l kaironv1.MachineMigrationList
+	if err := env.Client.List(context.Background(), &l, client.InNamespace(ns)); err != nil {
+		t.Fatalf("listing migrations: %v", err)
+	}
+	sort.Slice(l.Items, func(i, j int) bool { return l.Items[i].Name < l.Items[j].Name })
+	return l.Items
+}
+
+func describeMigrations(migs []kaironv1.MachineMigration) string {
+	parts := make([]string, len(migs))
+	for i, m := range migs {
+		parts[i] = fmt.Sprintf("%s(%s,%q)", m.Name, m.Spec.MachineName, m.Status.Phase)
+	}
+	return "[" + strings.Join(parts, " ") + "]"
+}
+
+func attemptedAt(t *testing.T, env *testenv.Env, ns, name string) string {
+	t.Helper()
+	return getMachine(t, env, ns, name).Annotations[kaironv1.AnnotationCordonEvacuateAttemptedAt]
+}
+
+// machineEvents returns the notes of the events with reason about Machine
+// name, oldest first.
+func machineEvents(t *testing.T, env *testenv.Env, ns, name, reason string) []string {
+	t.Helper()
+	var l eventsv1.EventList
+	if err := env.Client.List(context.Background(), &l, client.InNamespace(ns)); err != nil {
+		t.Fatalf("listing events: %v", err)
+	}
+	sort.Slice(l.Items, func(i, j int) bool { return l.Items[i].EventTime.Before(&l.Items[j].EventTime) })
+	var notes []string
+	for _, e := range l.Items {
+		if e.Regarding.Kind == "Machine" && e.Regarding.Name == name && e.Reason == reason {
+			notes = append(notes, e.Note)
+		}
+	}
+	return notes
+}
+
+// executeMigrations stands in for the node agents until the returned
+// function is called: every non-terminal migration in ns moves its Machine
+// to target and then Succeeds. The function returns the most migrations it
+// ever saw in flight at once.
+func executeMigrations(t *testing.T, env *testenv.Env, ns, target string) (stop func() int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var (
+		wg   sync.WaitGroup
+		peak int
+		errs []error
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			var l kaironv1.MachineMigrationList
+			if err := env.Client.List(ctx, &l, client.InNamespace(ns)); err != nil {
+				continue
+			}
+			var inFlight []*kaironv1.MachineMigration
+			for i := range l.Items {
+				if MigrationInFlight(&l.Items[i]) {
+					inFlight = append(inFlight, &l.Items[i])
+				}
+			}
+			peak = max(peak, len(inFlight))
+			// Take a moment, as a real move does, so a pass can see it.
+			time.Sleep(300 * time.Millisecond)
+			for _, mig := range inFlight {
+				if err := finishMigration(ctx, env, mig, target); err != nil && ctx.Err() == nil {
+					errs = append(errs, err)
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	return func() int {
+		cancel()
+		wg.Wait()
+		for _, err := range errs {
+			t.Errorf("executing migrations: %v", err)
+		}
+		return peak
+	}
+}
+
+// finishMigration moves mig's Machine to target and marks mig Succeeded, as
+// a node agent will.
+func finishMigration(ctx context.Context, env *testenv.Env, mig *kaironv1.MachineMigration, target string) error {
+	var m kaironv1.Machine
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: mig.Namespace, Name: mig.Spec.MachineName}, &m); err != nil {
+		return err
+	}
+	source := m.Spec.NodeName
+	orig := m.DeepCopy()
+	m.Spec.NodeName = target
+	if err := env.Client.Patch(ctx, &m, client.MergeFrom(orig)); err != nil {
+		return fmt.Errorf("moving %s: %w", m.Name, err)
+	}
+	origMig := mig.DeepCopy()
+	now := metav1.Now()
+	mig.Status = kaironv1.MachineMigrationStatus{
+		Phase: kaironv1.MigrationSucceeded, SourceNode: source, TargetNode: target,
+		StartTime: &now, CompletionTime: &now,
+	}
+	if err := env.Client.Status().Patch(ctx, mig, client.MergeFrom(origMig)); err != nil {
+		return fmt.Errorf("finishing %s: %w", mig.Name, err)
+	}
+	return nil
+}
+
+// eventuallyWithin is eventually with its own timeout.
+func eventuallyWithin(t *testing.T, timeout time.Duration, what string, check func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		done, saw := check()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s; last saw: %s", timeout, what, saw)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,748 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+)
+
+// Reasons of the MachineClaim Ready condition.
+const (
+	ReasonClaimBound            = "Bound"
+	ReasonWaitingForWarmMachine = "WaitingForWarmMachine"
+	ReasonPoolNotFound          = "PoolNotFound"
+	ReasonPoolDeleting          = "PoolDeleting"
+	ReasonInvalidClaimLabels    = "InvalidLabels"
+	ReasonEgressPolicyFailed    = "EgressPolicyFailed"
+	ReasonMachineLost           = "MachineLost"
+)
+
+// claimPoolIndex indexes MachineClaims by spec.poolName in the cache.
+const claimPoolIndex = "spec.poolName"
+
+// pendingRefreshInterval limits how often the waiting claims of a pool with
+// more than pendingRefreshBurst of them are rewritten only because the number
+// of warming members in their message changed. During a burst of claims
+// against a booting pool that number moves with every member's phase, and
+// rewriting hundreds of claims each time would cost more than the binds. A
+// new reason is always written at once, and so is every change for a few
+// waiting claims.
+const (
+	pendingRefreshInterval = 2 * time.Second
+	pendingRefreshBurst    = 10
+)
+
+// pendingWriters bounds the concurrent status writes of one pass.
+const pendingWriters = 8
+
+// bindWorkers bounds the concurrent binds of one pass.
+const bindWorkers = 16
+
+var machineClaimKind = kaironv1.GroupVersion.WithKind("MachineClaim")
+
+// MachineClaimBinder binds Pending MachineClaims to Running warm members of
+// their pool. A pass works on one pool at a time (the request names the
+// pool, not a claim) because binds depend on each other: claims are served
+// oldest first, each from the oldest Running warm member left.
+//
+// The bind itself is a patch of the member's labels and owner that carries
+// the resourceVersion the pass listed, so two binders (two kairon-controller
+// replicas, or one with a stale cache) can never both take a member: the
+// loser gets 409 Conflict and tries the next member. The claim's status is
+// then written with its own resourceVersion, so a claim is never recorded as
+// bound twice either; a binder that loses that race hands its member back.
+type MachineClaimBinder struct {
+	// Client reads from the manager's cache and writes to the API server.
+	Client client.Client
+	// APIReader reads from the API server when the cache may be behind.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	Interval  time.Duration
+
+	tracker *bindTracker
+
+	mu               sync.Mutex
+	pendingRefreshed map[types.NamespacedName]time.Time
+}
+
+// SetupWithManager registers the binder with mgr.
+func (b *MachineClaimBinder) SetupWithManager(mgr manager.Manager) error {
+	if b.tracker == nil {
+		b.tracker = newBindTracker()
+	}
+	b.pendingRefreshed = map[types.NamespacedName]time.Time{}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName); err != nil {
+		return fmt.Errorf("indexing machine claims by pool: %w", err)
+	}
+	return builder.ControllerManagedBy(mgr).
+		Named("machineclaim-binder").
+		Watches(&kaironv1.MachineClaim{}, b.claimEvents()).
+		Watches(&kaironv1.Machine{}, b.memberEvents()).
+		Watches(&kaironv1.MachinePool{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			return []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(o)}}
+		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// Passes over different pools are independent; the workqueue never
+		// runs two over the same pool at once.
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		Complete(b)
+}
+
+func claimPoolName(o client.Object) []string {
+	return []string{o.(*kaironv1.MachineClaim).Spec.PoolName}
+}
+
+// claimEvents asks for a pass over the claim's pool when a claim arrives,
+// changes its spec or goes, and records arrivals for createdAt. Status
+// writes (the binder's own) ask for nothing.
+func (b *MachineClaimBinder) claimEvents() handler.Funcs {
+	enqueue := func(o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		if c, ok := o.(*kaironv1.MachineClaim); ok && c.Spec.PoolName != "" {
+			q.Add(reconcile.Request{NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Spec.PoolName}})
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(_ context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			b.tracker.arrived(e.Object.GetUID())
+			enqueue(e.Object, q)
+		},
+		UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			if e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() ||
+				(e.ObjectOld.GetDeletionTimestamp() == nil) != (e.ObjectNew.GetDeletionTimestamp() == nil) {
+				enqueue(e.ObjectNew, q)
+			}
+		},
+		DeleteFunc: func(_ context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			b.tracker.departed(e.Object.GetUID())
+			enqueue(e.Object, q)
+		},
+		GenericFunc: func(_ context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(e.Object, q)
+		},
+	}
+}
+
+// memberEvents asks for a pass over a member's pool when it may have become
+// bindable: created, Running, labelled warm again, deleted. This is what
+// binds a waiting claim the moment a member finishes booting.
+func (b *MachineClaimBinder) memberEvents() handler.Funcs {
+	enqueue := func(o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		for _, req := range poolOfMachine(context.Background(), o) {
+			q.Add(req)
+		}
+	}
+	changed := poolMemberChanged()
+	return handler.Funcs{
+		CreateFunc: func(_ context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			b.tracker.arrived(e.Object.GetUID())
+			enqueue(e.Object, q)
+		},
+		UpdateFunc: func(_ context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			if changed.Update(e) {
+				enqueue(e.ObjectNew, q)
+				enqueue(e.ObjectOld, q)
+			}
+		},
+		DeleteFunc: func(_ context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			b.tracker.departed(e.Object.GetUID())
+			enqueue(e.Object, q)
+		},
+		GenericFunc: func(_ context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(e.Object, q)
+		},
+	}
+}
+
+// bindingPass is one pool as a pass sees it.
+type bindingPass struct {
+	key  types.NamespacedName
+	pool *kaironv1.MachinePool // nil when there is no such pool
+	hash string
+	// pending claims, oldest first.
+	pending []*kaironv1.MachineClaim
+	// candidates: Running warm members from the current template, oldest
+	// first; the pass consumes them as it binds or finds them taken.
+	candidates []*kaironv1.Machine
+	// warming: warm members from the current template still on their way up.
+	warming int
+}
+
+// Reconcile runs one binding pass over the pool named by req.
+func (b *MachineClaimBinder) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	pass, err := b.snapshot(ctx, req.NamespacedName)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	waiting, retrySoon, bindErr := b.bindPending(ctx, pass)
+	refreshIn, err := b.explainWaiting(ctx, pass, waiting)
+	if err := errors.Join(bindErr, err); err != nil {
+		return reconcile.Result{}, err
+	}
+	result := reconcile.Result{RequeueAfter: b.Interval}
+	if retrySoon && conflictRetryDelay < result.RequeueAfter {
+		result.RequeueAfter = conflictRetryDelay
+	}
+	if refreshIn > 0 && refreshIn < result.RequeueAfter {
+		result.RequeueAfter = refreshIn
+	}
+	return result, nil
+}
+
+// bindPending binds the pass's pending claims in rounds. Each round pairs
+// the claims still needing a Machine, oldest first, with the candidates
+// left, oldest first, and runs the binds of the round concurrently: a bind
+// is three round trips to the API server, and a burst of claims must not
+// queue behind them one by one. A claim that lost its member to a conflict
+// goes into the next round, ahead of the claims that got none; a member
+// whose claim could not be bound goes back among the candidates. It returns
+// the claims left waiting for a member.
+func (b *MachineClaimBinder) bindPending(ctx context.Context, pass *bindingPass) (waiting []*kaironv1.MachineClaim, retrySoon bool, err error) {
+	needy := pass.pending
+	candidates := pass.candidates
+	var errs []error
+	for len(needy) > 0 && len(candidates) > 0 {
+		n := min(len(needy), len(candidates))
+		results := make([]bindResult, n)
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, bindWorkers)
+		for i := range n {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				results[i] = b.bindClaim(ctx, pass, needy[i], candidates[i])
+			}()
+		}
+		wg.Wait()
+
+		var again []*kaironv1.MachineClaim
+		var unused []*kaironv1.Machine
+		for i, r := range results {
+			switch r.outcome {
+			case bindMemberTaken:
+				again = append(again, needy[i])
+			case bindRetry:
+				retrySoon = true
+				if !r.memberUsed {
+					unused = append(unused, candidates[i])
+				}
+			case bindRefused:
+				if !r.memberUsed {
+					unused = append(unused, candidates[i])
+				}
+			}
+			if r.err != nil {
+				errs = append(errs, fmt.Errorf("claim %s/%s: %w", needy[i].Namespace, needy[i].Name, r.err))
+			}
+		}
+		candidates = append(unused, candidates[n:]...)
+		sortOldestFirst(b.tracker, candidates)
+		needy = append(again, needy[n:]...)
+	}
+	return needy, retrySoon, errors.Join(errs...)
+}
+
+func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedName) (*bindingPass, error) {
+	pass := &bindingPass{key: key}
+	var pool kaironv1.MachinePool
+	switch err := b.Client.Get(ctx, key, &pool); {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return nil, fmt.Errorf("getting pool: %w", err)
+	default:
+		pass.pool = &pool
+		pass.hash = templateHash(&pool.Spec.Template)
+	}
+
+	var claims kaironv1.MachineClaimList
+	if err := b.Client.List(ctx, &claims, client.InNamespace(key.Namespace), client.MatchingFields{claimPoolIndex: key.Name}); err != nil {
+		return nil, fmt.Errorf("listing claims: %w", err)
+	}
+	var machines kaironv1.MachineList
+	if err := b.Client.List(ctx, &machines, client.InNamespace(key.Namespace), client.MatchingLabels{kaironv1.LabelMachinePool: key.Name}); err != nil {
+		return nil, fmt.Errorf("listing members: %w", err)
+	}
+
+	// A claim that already has a Machine labelled for it is being, or was,
+	// bound (its status write is in flight or failed); the claim reconciler
+	// settles it, and binding it again would take a second Machine.
+	labelled := map[string]bool{}
+	for i := range machines.Items {
+		m := &machines.Items[i]
+		if isClaimedMember(m) {
+			if m.DeletionTimestamp == nil {
+				labelled[m.Labels[kaironv1.LabelMachineClaim]] = true
+			}
+			continue
+		}
+		if pass.pool == nil || pass.pool.DeletionTimestamp != nil || m.DeletionTimestamp != nil ||
+			!isWarmMemberOf(pass.pool, m) || m.Labels[kaironv1.LabelMachinePoolTemplateHash] != pass.hash {
+			// Members from an older template are about to be replaced: a
+			// claim made after the change gets the new template.
+			continue
+		}
+		switch {
+		case b.tracker.machineTaken(m):
+		case m.Status.Phase == kaironv1.MachineRunning:
+			pass.candidates = append(pass.candidates, m)
+		case machineWarming(m):
+			pass.warming++
+		}
+	}
+	for i := range claims.Items {
+		c := &claims.Items[i]
+		if c.DeletionTimestamp == nil && claimPending(c) && !labelled[c.Name] && !b.tracker.claimInFlight(c) {
+			pass.pending = append(pass.pending, c)
+		}
+	}
+	sortOldestFirst(b.tracker, pass.pending)
+	sortOldestFirst(b.tracker, pass.candidates)
+	return pass, nil
+}
+
+// machineWarming: on its way to Running.
+func machineWarming(m *kaironv1.Machine) bool {
+	switch m.Status.Phase {
+	case "", kaironv1.MachinePending, kaironv1.MachineScheduled, kaironv1.MachineBooting:
+		return true
+	}
+	return false
+}
+
+type bindOutcome int
+
+const (
+	bindDone        bindOutcome = iota
+	bindMemberTaken             // the member changed since listed (409): the claim needs another
+	bindRetry                   // the claim changed meanwhile: the next pass looks again
+	bindRefused                 // the claim cannot be bound as it is; its status says why
+)
+
+type bindResult struct {
+	outcome bindOutcome
+	// memberUsed: the member was taken and handed back, so it is no
+	// candidate for the rest of the pass.
+	memberUsed bool
+	err        error
+}
+
+// bindClaim tries to bind claim to member m.
+func (b *MachineClaimBinder) bindClaim(ctx context.Context, pass *bindingPass, claim *kaironv1.MachineClaim, m *kaironv1.Machine) bindResult {
+	b.tracker.startBind(claim.UID)
+	r := b.tryBind(ctx, pass, claim, m)
+	if r.outcome != bindDone {
+		b.tracker.abandonBind(claim.UID)
+	}
+	return r
+}
+
+func (b *MachineClaimBinder) tryBind(ctx context.Context, pass *bindingPass, claim *kaironv1.MachineClaim, m *kaironv1.Machine) bindResult {
+	if msg := invalidClaimLabels(claim.Spec.Labels); msg != "" {
+		return bindResult{outcome: bindRefused, err: ignoreStale(b.writePending(ctx, claim, ReasonInvalidClaimLabels, msg))}
+	}
+	// The finalizer must be there before the claim holds a Machine: it is
+	// what deletes the egress policy before the Machine goes, and what keeps
+	// a Retain Machine from following its deleted claim.
+	claim, err := b.ensureFinalizer(ctx, claim)
+	switch {
+	case apierrors.IsConflict(err), apierrors.IsNotFound(err):
+		return bindResult{outcome: bindRetry}
+	case err != nil:
+		return bindResult{outcome: bindRetry, err: err}
+	}
+	claimed, err := b.takeMachine(ctx, m, claim)
+	switch {
+	case apierrors.IsConflict(err):
+		// Changed since listed: bound by someone else, or its status moved
+		// on. Either way not this pass's to take.
+		claimBindConflicts.Inc()
+		log.FromContext(ctx).V(1).Info("Warm machine changed since listed; trying the next", "machine", m.Name, "claim", claim.Name)
+		return bindResult{outcome: bindMemberTaken}
+	case apierrors.IsNotFound(err):
+		return bindResult{outcome: bindMemberTaken}
+	case apierrors.IsInvalid(err):
+		// The Machine refused the claim's labels; every member would
+		// refuse them alike, so this one stays for the next claim.
+		return bindResult{outcome: bindRefused, err: ignoreStale(b.writePending(ctx, claim, ReasonInvalidClaimLabels,
+			"spec.labels cannot be put on a Machine: "+err.Error()))}
+	case err != nil:
+		return bindResult{outcome: bindRetry, err: err}
+	}
+	b.tracker.tookMachine(m.UID)
+	return b.recordBind(ctx, pass, claim, claimed)
+}
+
+// ensureFinalizer adds the claim finalizer. A conflict is most often this
+// binder's own Pending write that the cache has yet to show, so the claim
+// is read again and, still Pending, tried once more rather than left for a
+// later pass.
+func (b *MachineClaimBinder) ensureFinalizer(ctx context.Context, claim *kaironv1.MachineClaim) (*kaironv1.MachineClaim, error) {
+	updated, err := ensureClaimFinalizer(ctx, b.Client, claim)
+	if !apierrors.IsConflict(err) {
+		return updated, err
+	}
+	fresh := &kaironv1.MachineClaim{}
+	if getErr := b.APIReader.Get(ctx, client.ObjectKeyFromObject(claim), fresh); getErr != nil {
+		return nil, getErr
+	}
+	if fresh.UID != claim.UID || fresh.DeletionTimestamp != nil || !claimPending(fresh) {
+		return nil, err
+	}
+	return ensureClaimFinalizer(ctx, b.Client, fresh)
+}
+
+// takeMachine is the bind: the member's labels say it is claimed, by
+// whom, with the claim's spec.labels, and the claim becomes its owner in
+// place of the pool, so that deleting the pool leaves it alone. The patch
+// carries the resourceVersion the pass listed.
+func (b *MachineClaimBinder) takeMachine(ctx context.Context, m *kaironv1.Machine, claim *kaironv1.MachineClaim) (*kaironv1.Machine, error) {
+	claimed := m.DeepCopy()
+	if claimed.Labels == nil {
+		claimed.Labels = map[string]string{}
+	}
+	for k, v := range claim.Spec.Labels {
+		if !reservedLabel(k) {
+			claimed.Labels[k] = v
+		}
+	}
+	claimed.Labels[kaironv1.LabelPoolState] = kaironv1.PoolStateClaimed
+	claimed.Labels[kaironv1.LabelMachineClaim] = claim.Name
+	claimed.OwnerReferences = append(withoutControllerRef(m.OwnerReferences), *metav1.NewControllerRef(claim, machineClaimKind))
+	if err := b.Client.Patch(ctx, claimed, client.MergeFromWithOptions(m, client.MergeFromWithOptimisticLock{})); err != nil {
+		return nil, err
+	}
+	return claimed, nil
+}
+
+// reservedLabel: Kairon's own labels, which a claim's spec.labels may not
+// set on its Machine (a claim could otherwise make its Machine look warm).
+func reservedLabel(key string) bool {
+	return strings.HasPrefix(key, "kairon.zyvor.dev/")
+}
+
+func withoutControllerRef(refs []metav1.OwnerReference) []metav1.OwnerReference {
+	var out []metav1.OwnerReference
+	for _, ref := range refs {
+		if !ptr.Deref(ref.Controller, false) {
+			out = append(out, ref)
+		}
+	}
+	return out
+}
+
+// recordBind finishes a bind whose Machine patch succeeded: the egress
+// policy first, so the claim never reads Bound without it, then the claim's
+// status, guarded by the claim's resourceVersion.
+func (b *MachineClaimBinder) recordBind(ctx context.Context, pass *bindingPass, claim *kaironv1.MachineClaim, m *kaironv1.Machine) bindResult {
+	logger := log.FromContext(ctx).WithValues("claim", claim.Name, "machine", m.Name)
+	policy := ""
+	if claim.Spec.Egress != nil {
+		name, err := ensureEgressPolicy(ctx, b.Client, b.APIReader, claim, m.Name)
+		if err != nil {
+			// A Machine without its egress policy would be unconfined:
+			// hand it back rather than report the claim Bound.
+			logger.Error(err, "Creating the claim's egress policy; handing the machine back")
+			b.handBack(ctx, pass.pool, claim, m)
+			return bindResult{outcome: bindRefused, memberUsed: true,
+				err: ignoreStale(b.writePending(ctx, claim, ReasonEgressPolicyFailed, "creating egress policy: "+err.Error()))}
+		}
+		policy = name
+	}
+
+	boundAt := time.Now()
+	bindTime := boundAt.Sub(b.tracker.createdAt(claim))
+	desired := boundStatus(claim, m.Name, policy, boundAt, bindTime)
+	for range 3 {
+		err := patchClaimStatus(ctx, b.Client, claim, desired)
+		if err == nil {
+			claimBindDuration.Observe(bindTime.Seconds())
+			logger.Info("Bound claim", "bindMillis", desired.BindMillis)
+			b.Recorder.Eventf(claim, m, corev1.EventTypeNormal, ReasonClaimBound, "Bind",
+				"Bound to machine %s in %dms", m.Name, desired.BindMillis)
+			return bindResult{outcome: bindDone}
+		}
+		if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			// Unknown outcome: the claim reconciler settles a claim with
+			// a Machine labelled for it, so leave the Machine as it is.
+			return bindResult{outcome: bindRetry, memberUsed: true, err: err}
+		}
+		fresh := &kaironv1.MachineClaim{}
+		getErr := b.APIReader.Get(ctx, client.ObjectKeyFromObject(claim), fresh)
+		switch {
+		case getErr != nil && !apierrors.IsNotFound(getErr):
+			return bindResult{outcome: bindRetry, memberUsed: true, err: getErr}
+		case getErr == nil && fresh.Status.Phase == kaironv1.ClaimBound && fresh.Status.MachineName == m.Name:
+			// Another controller recorded this very bind.
+			return bindResult{outcome: bindDone}
+		case getErr == nil && fresh.UID == claim.UID && fresh.DeletionTimestamp == nil && claimPending(fresh):
+			// Someone wrote the claim meanwhile (a Pending message) but
+			// nobody bound it.
+			claim = fresh
+			desired = boundStatus(claim, m.Name, policy, boundAt, bindTime)
+			continue
+		}
+		// Gone, being deleted, or bound to another Machine by another
+		// controller: this Machine was never the claim's. Hand it back.
+		logger.Info("Claim was bound elsewhere or went away meanwhile; handing the machine back", "boundTo", fresh.Status.MachineName)
+		b.handBack(ctx, pass.pool, claim, m)
+		if getErr == nil && fresh.UID == claim.UID && fresh.Spec.Egress != nil && fresh.Status.Phase == kaironv1.ClaimBound {
+			// The policy may have been pointed at this Machine; point it
+			// back at the claim's.
+			_, _ = ensureEgressPolicy(ctx, b.Client, b.APIReader, fresh, fresh.Status.MachineName)
+		}
+		return bindResult{outcome: bindRetry, memberUsed: true}
+	}
+	return bindResult{outcome: bindRetry, memberUsed: true}
+}
+
+// handBack returns a Machine this binder took for nothing to the pool.
+func (b *MachineClaimBinder) handBack(ctx context.Context, pool *kaironv1.MachinePool, claim *kaironv1.MachineClaim, m *kaironv1.Machine) {
+	if err := returnToPool(ctx, b.Client, b.APIReader, b.Recorder, pool, claim, m.Name); err != nil {
+		// The claim reconciler finds the stray label and tries again.
+		log.FromContext(ctx).Error(err, "Handing a machine back to its pool", "machine", m.Name, "claim", claim.Name)
+	}
+	b.tracker.gaveBackMachine(m.UID)
+}
+
+// boundStatus is a claim's status once bound to machine.
+func boundStatus(claim *kaironv1.MachineClaim, machine, policy string, boundAt time.Time, bindTime time.Duration) *kaironv1.MachineClaimStatus {
+	status := claim.Status.DeepCopy()
+	status.Phase = kaironv1.ClaimBound
+	status.MachineName = machine
+	status.BoundAt = ptr.To(metav1.NewTime(boundAt))
+	status.BindMillis = max(bindTime.Milliseconds(), 0)
+	status.EgressPolicy = policy
+	status.Message = ""
+	status.ObservedGeneration = claim.Generation
+	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
+		Type: kaironv1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonClaimBound,
+		Message: "Bound to machine " + machine, ObservedGeneration: claim.Generation,
+	})
+	return status
+}
+
+// explainWaiting writes why each waiting claim is still Pending. It returns
+// how soon to look again when it held back a refresh.
+func (b *MachineClaimBinder) explainWaiting(ctx context.Context, pass *bindingPass, waiting []*kaironv1.MachineClaim) (time.Duration, error) {
+	if len(waiting) == 0 {
+		b.mu.Lock()
+		delete(b.pendingRefreshed, pass.key)
+		b.mu.Unlock()
+		return 0, nil
+	}
+	reason, message := waitReason(pass)
+	now := time.Now()
+	b.mu.Lock()
+	sinceRefresh := now.Sub(b.pendingRefreshed[pass.key])
+	b.mu.Unlock()
+
+	var toWrite []*kaironv1.MachineClaim
+	var heldBack bool
+	for _, c := range waiting {
+		if c.Status.Phase == kaironv1.ClaimPending && c.Status.Message == message {
+			continue
+		}
+		cond := meta.FindStatusCondition(c.Status.Conditions, kaironv1.ConditionReady)
+		if len(waiting) > pendingRefreshBurst && c.Status.Phase == kaironv1.ClaimPending && cond != nil && cond.Reason == reason &&
+			sinceRefresh < pendingRefreshInterval {
+			heldBack = true // only the count changed; it was refreshed a moment ago
+			continue
+		}
+		toWrite = append(toWrite, c)
+	}
+	if len(toWrite) > 0 {
+		b.mu.Lock()
+		b.pendingRefreshed[pass.key] = now
+		b.mu.Unlock()
+	}
+
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, pendingWriters)
+	for _, c := range toWrite {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := ignoreStale(b.writePending(ctx, c, reason, message)); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if heldBack {
+		return pendingRefreshInterval - sinceRefresh, errors.Join(errs...)
+	}
+	return 0, errors.Join(errs...)
+}
+
+// waitReason says why the pool's claims wait, with the counts users need.
+func waitReason(pass *bindingPass) (reason, message string) {
+	switch {
+	case pass.pool == nil:
+		return ReasonPoolNotFound, fmt.Sprintf("MachinePool %q not found in namespace %q", pass.key.Name, pass.key.Namespace)
+	case pass.pool.DeletionTimestamp != nil:
+		return ReasonPoolDeleting, fmt.Sprintf("MachinePool %q is being deleted", pass.key.Name)
+	}
+	return ReasonWaitingForWarmMachine, fmt.Sprintf("no Running warm machine in pool %q (%d warming)", pass.key.Name, pass.warming)
+}
+
+// writePending records that a claim waits, and why. A conflict means the
+// claim moved on (bound by another controller, or edited); the event that
+// moved it brings a new pass.
+func (b *MachineClaimBinder) writePending(ctx context.Context, claim *kaironv1.MachineClaim, reason, message string) error {
+	status := claim.Status.DeepCopy()
+	status.Phase = kaironv1.ClaimPending
+	status.Message = message
+	status.ObservedGeneration = claim.Generation
+	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
+		Type: kaironv1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
+		Message: message, ObservedGeneration: claim.Generation,
+	})
+	if equality.Semantic.DeepEqual(&claim.Status, status) {
+		return nil
+	}
+	err := patchClaimStatus(ctx, b.Client, claim, status)
+	if err == nil && reason != ReasonWaitingForWarmMachine {
+		b.Recorder.Eventf(claim, nil, corev1.EventTypeWarning, reason, "Bind", "%s", message)
+	}
+	return err
+}
+
+// ignoreStale drops the errors of a write from a copy that is out of date:
+// whatever changed or deleted the object brings a new pass.
+func ignoreStale(err error) error {
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// invalidClaimLabels says what is wrong with a claim's spec.labels as
+// Machine labels, or "" when nothing is.
+func invalidClaimLabels(labels map[string]string) string {
+	var problems []string
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		if reservedLabel(k) {
+			problems = append(problems, fmt.Sprintf("%s: the kairon.zyvor.dev/ labels are Kairon's own", k))
+			continue
+		}
+		for _, msg := range validation.IsQualifiedName(k) {
+			problems = append(problems, fmt.Sprintf("%s: %s", k, msg))
+		}
+		for _, msg := range validation.IsValidLabelValue(labels[k]) {
+			problems = append(problems, fmt.Sprintf("%s=%s: %s", k, labels[k], msg))
+		}
+	}
+	if len(problems) == 0 {
+		return ""
+	}
+	return "spec.labels cannot be put on a Machine: " + strings.Join(problems, "; ")
+}
+
+// patchClaimStatus writes a claim's status as a merge patch that carries
+// the claim's resourceVersion. Several writers share a claim's status (the
+// binders of every kairon-controller replica, the claim reconciler), and a
+// write from a stale copy must fail rather than, say, turn Bound back into
+// Pending.
+func patchClaimStatus(ctx context.Context, c client.Client, claim *kaironv1.MachineClaim, status *kaironv1.MachineClaimStatus) error {
+	desired := claim.DeepCopy()
+	desired.Status = *status
+	if err := c.Status().Patch(ctx, desired, client.MergeFromWithOptions(claim, client.MergeFromWithOptimisticLock{})); err != nil {
+		return err
+	}
+	*claim = *desired
+	return nil
+}
+
+// ensureClaimFinalizer adds the claim finalizer, returning the claim as
+// written.
+func ensureClaimFinalizer(ctx context.Context, c client.Client, claim *kaironv1.MachineClaim) (*kaironv1.MachineClaim, error) {
+	if controllerutil.ContainsFinalizer(claim, kaironv1.FinalizerMachineClaim) {
+		return claim, nil
+	}
+	updated := claim.DeepCopy()
+	controllerutil.AddFinalizer(updated, kaironv1.FinalizerMachineClaim)
+	if err := c.Patch(ctx, updated, client.MergeFromWithOptions(claim, client.MergeFromWithOptimisticLock{})); err != nil {
+		return nil, err
+	}
+	return updated, nil
+}
+
+// returnToPool hands a Machine labelled for claim back to pool as a warm
+// member, undoing the bind: it was never the claim's to use (the claim's
+// status names another Machine, or the claim went away before it recorded
+// the bind). A Machine of a pool that is gone is deleted instead.
+func returnToPool(ctx context.Context, c client.Client, live client.Reader, recorder events.EventRecorder,
+	pool *kaironv1.MachinePool, claim *kaironv1.MachineClaim, machine string) error {
+	for range 5 {
+		var m kaironv1.Machine
+		if err := live.Get(ctx, client.ObjectKey{Namespace: claim.Namespace, Name: machine}, &m); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		if m.Labels[kaironv1.LabelMachineClaim] != claim.Name || m.Labels[kaironv1.LabelPoolState] != kaironv1.PoolStateClaimed || m.DeletionTimestamp != nil {
+			return nil // not (or no longer) held for this claim
+		}
+		if pool == nil || pool.DeletionTimestamp != nil || pool.Name != m.Labels[kaironv1.LabelMachinePool] {
+			err := c.Delete(ctx, &m, client.Preconditions{UID: ptr.To(m.UID), ResourceVersion: ptr.To(m.ResourceVersion)})
+			if apierrors.IsConflict(err) {
+				continue
+			}
+			return client.IgnoreNotFound(err)
+		}
+		warm := m.DeepCopy()
+		for k, v := range claim.Spec.Labels {
+			if reservedLabel(k) || warm.Labels[k] != v {
+				continue
+			}
+			if tv, ok := pool.Spec.Template.Metadata.Labels[k]; ok {
+				warm.Labels[k] = tv
+			} else {
+				delete(warm.Labels, k)
+			}
+		}
+		delete(warm.Labels, kaironv1.LabelMachineClaim)
+		warm.Labels[kaironv1.LabelPoolState] = kaironv1.PoolStateWarm
+		warm.OwnerReferences = append(withoutControllerRef(m.OwnerReferences), *metav1.NewControllerRef(pool, machinePoolKind))
+		err := c.Patch(ctx, warm, client.MergeFromWithOptions(&m, client.MergeFromWithOptimisticLock{}))
+		if apierrors.IsConflict(err) {
+			continue
+		}
+		if err == nil {
+			recorder.Eventf(warm, claim, corev1.EventTypeNormal, "ReturnedToPool", "Release",
+				"Returned to pool %s: claim %s did not keep it", pool.Name, claim.Name)
+		}
+		return client.IgnoreNotFound(err)
+	}
+	return fmt.Errorf("machine %s kept changing while being returned to its pool", machine)
+}

@@ -1,0 +1,213 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+)
+
+// Reasons of a MachineDisruptionBudget's Ready condition.
+const (
+	ReasonBudgetComputed = "StatusComputed"
+	ReasonInvalidBudget  = "InvalidBudget"
+)
+
+// Values of the field label of kairon_disruption_budget_status.
+const (
+	BudgetFieldExpectedMachines   = "expected_machines"
+	BudgetFieldCurrentHealthy     = "current_healthy"
+	BudgetFieldDesiredHealthy     = "desired_healthy"
+	BudgetFieldDisruptionsAllowed = "disruptions_allowed"
+)
+
+// DisruptionBudgetStatus is the gauge kairon_disruption_budget_status
+// {namespace, budget, field}: each budget's status numbers, set in the same
+// pass that patches the status. It is registered with controller-runtime's
+// metrics.Registry, which the manager serves on its metrics endpoint.
+var DisruptionBudgetStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "kairon_disruption_budget_status",
+	Help: "Status of a MachineDisruptionBudget as kairon-controller last computed it; " +
+		"field is expected_machines, current_healthy, desired_healthy or disruptions_allowed.",
+}, []string{"namespace", "budget", "field"})
+
+func init() {
+	metrics.Registry.MustRegister(DisruptionBudgetStatus)
+}
+
+// budgetPassKey is the only request the budget reconciler's queue holds:
+// LoadBudgetStates reads the whole cluster at once, so every event asks for
+// one pass over all budgets and the workqueue folds bursts into one.
+var budgetPassKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: "disruption-budget-pass"}}
+
+// MachineDisruptionBudgetReconciler keeps every budget's status and the
+// kairon_disruption_budget_status gauge up to date. It only observes: the
+// decisions (evacuate, the webhook, cordon evacuation) recompute their
+// numbers with LoadBudgetStates when they decide.
+type MachineDisruptionBudgetReconciler struct {
+	// Client reads from the manager's cache, which must see every
+	// namespace whose Machines budgets should count, and writes statuses.
+	Client client.Client
+	// Interval is how often a pass runs without any event.
+	Interval time.Duration
+
+	mu sync.Mutex
+	// recorded are the budgets this reconciler has gauge series for, so
+	// it deletes the series of budgets that disappeared (and only its own).
+	recorded map[types.NamespacedName]bool
+}
+
+// SetupWithManager registers the reconciler with mgr.
+func (r *MachineDisruptionBudgetReconciler) SetupWithManager(mgr manager.Manager) error {
+	enqueuePass := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{budgetPassKey}
+	})
+	return builder.ControllerManagedBy(mgr).
+		Named("machinedisruptionbudget").
+		Watches(&kaironv1.MachineDisruptionBudget{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&kaironv1.Machine{}, enqueuePass, builder.WithPredicates(machineBudgetHealthChanged())).
+		Watches(&kaironv1.MachineMigration{}, enqueuePass, builder.WithPredicates(migrationPhaseChanged())).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		// The request names no object, so leave it out of every log line.
+		WithLogConstructor(func(*reconcile.Request) logr.Logger {
+			return mgr.GetLogger().WithValues("controller", "machinedisruptionbudget")
+		}).
+		Complete(r)
+}
+
+// machineBudgetHealthChanged passes Machine events that can change a
+// budget's numbers: creation, deletion, label and phase changes.
+func machineBudgetHealthChanged() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		old, okOld := e.ObjectOld.(*kaironv1.Machine)
+		cur, okNew := e.ObjectNew.(*kaironv1.Machine)
+		if !okOld || !okNew {
+			return true
+		}
+		return old.Status.Phase != cur.Status.Phase || !equality.Semantic.DeepEqual(old.Labels, cur.Labels)
+	}}
+}
+
+// migrationPhaseChanged passes MachineMigration creation, deletion and
+// phase changes: a migration stops counting once it is terminal.
+func migrationPhaseChanged() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		old, okOld := e.ObjectOld.(*kaironv1.MachineMigration)
+		cur, okNew := e.ObjectNew.(*kaironv1.MachineMigration)
+		if !okOld || !okNew {
+			return true
+		}
+		return old.Status.Phase != cur.Status.Phase
+	}}
+}
+
+// Reconcile runs one pass: it evaluates every budget, patches the statuses
+// that changed and sets the gauge. A failed patch is logged and tried again
+// on the next tick.
+func (r *MachineDisruptionBudgetReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	logger := log.FromContext(ctx)
+	states, err := LoadBudgetStates(ctx, r.Client)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	seen := make(map[types.NamespacedName]bool, len(states))
+	for i := range states {
+		s := &states[i]
+		key := types.NamespacedName{Namespace: s.Namespace, Name: s.Name}
+		seen[key] = true
+		recordBudgetStatus(s)
+		b := s.Budget
+		if b.DeletionTimestamp != nil {
+			continue
+		}
+		desired := b.DeepCopy()
+		setBudgetStatus(&desired.Status, s)
+		if equality.Semantic.DeepEqual(b.Status, desired.Status) {
+			continue
+		}
+		if err := r.Client.Status().Patch(ctx, desired, client.MergeFrom(b)); err != nil {
+			if !apierrors.IsNotFound(err) {
+				logger.Error(err, "Patching disruption budget status; trying again next tick", "budget", key.String())
+			}
+			continue
+		}
+		logger.V(1).Info("Updated disruption budget status", "budget", key.String(),
+			"expected", s.ExpectedMachines, "healthy", s.CurrentHealthy, "desired", s.DesiredHealthy, "allowed", s.DisruptionsAllowed)
+	}
+	r.forgetDeleted(seen)
+	return reconcile.Result{RequeueAfter: r.Interval}, nil
+}
+
+// setBudgetStatus writes s into status, with a Ready condition that is
+// False for an invalid budget.
+func setBudgetStatus(status *kaironv1.MachineDisruptionBudgetStatus, s *BudgetState) {
+	status.ExpectedMachines = s.ExpectedMachines
+	status.CurrentHealthy = s.CurrentHealthy
+	status.DesiredHealthy = s.DesiredHealthy
+	status.DisruptionsAllowed = s.DisruptionsAllowed
+	status.ObservedGeneration = s.Generation
+	cond := metav1.Condition{
+		Type:               kaironv1.ConditionReady,
+		Status:             metav1.ConditionTrue,
+		Reason:             ReasonBudgetComputed,
+		Message:            BudgetSummary(s),
+		ObservedGeneration: s.Generation,
+	}
+	if s.Err != nil {
+		cond.Status = metav1.ConditionFalse
+		cond.Reason = ReasonInvalidBudget
+		cond.Message = s.Err.Error() + "; until fixed, the budget blocks every disruption of the Machines it matches"
+	}
+	meta.SetStatusCondition(&status.Conditions, cond)
+}
+
+// BudgetSummary is "3 matching, 2 healthy, 2 desired healthy, 0
+// disruptions allowed".
+func BudgetSummary(s *BudgetState) string {
+	return fmt.Sprintf("%d matching, %d healthy, %d desired healthy, %d disruptions allowed",
+		s.ExpectedMachines, s.CurrentHealthy, s.DesiredHealthy, s.DisruptionsAllowed)
+}
+
+func recordBudgetStatus(s *BudgetState) {
+	for field, v := range map[string]int32{
+		BudgetFieldExpectedMachines:   s.ExpectedMachines,
+		BudgetFieldCurrentHealthy:     s.CurrentHealthy,
+		BudgetFieldDesiredHealthy:     s.DesiredHealthy,
+		BudgetFieldDisruptionsAllowed: s.DisruptionsAllowed,
+	} {
+		DisruptionBudgetStatus.WithLabelValues(s.Namespace, s.Name, field).Set(float64(v))
+	}
+}
+
+// forgetDeleted deletes the gauge series of budgets this reconciler
+// recorded before but did not see in this pass.
+func (r *MachineDisruptionBudgetReconciler) forgetDeleted(seen map[types.NamespacedName]bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for key := range r.recorded {
+		if !seen[key] {
+			DisruptionBudgetStatus.DeletePartialMatch(prometheus.Labels{"namespace": key.Namespace, "budget": key.Name})
+		}
+	}
+	r.recorded = seen
+}

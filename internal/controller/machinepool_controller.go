@@ -1,0 +1,400 @@
+package controller
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"maps"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	utilrand "k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+)
+
+// Reasons of the MachinePool Ready condition.
+const (
+	ReasonWarmMachinesReady    = "WarmMachinesReady"
+	ReasonWarmMachinesNotReady = "WarmMachinesNotReady"
+)
+
+var machinePoolKind = kaironv1.GroupVersion.WithKind("MachinePool")
+
+// MachinePoolReconciler keeps spec.replicas warm (booted, unclaimed) members
+// in every MachinePool. Binding members to claims is MachineClaimBinder's
+// job; this controller only reacts to it: a bound member stops counting as
+// warm, so the next reconcile, which the member's label change triggers,
+// creates its replacement.
+type MachinePoolReconciler struct {
+	Client   client.Client
+	Recorder events.EventRecorder
+	Interval time.Duration
+
+	expectations *replicaExpectations
+}
+
+// SetupWithManager registers the reconciler with mgr.
+func (r *MachinePoolReconciler) SetupWithManager(mgr manager.Manager) error {
+	if r.expectations == nil {
+		r.expectations = newReplicaExpectations()
+	}
+	return builder.ControllerManagedBy(mgr).
+		For(&kaironv1.MachinePool{}).
+		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(poolOfMachine),
+			builder.WithPredicates(poolMemberChanged())).
+		Complete(r)
+}
+
+// poolOfMachine maps a member, warm or claimed, to its pool. Claimed members
+// belong to their claims, but the pool still counts them.
+func poolOfMachine(_ context.Context, o client.Object) []reconcile.Request {
+	pool := o.GetLabels()[kaironv1.LabelMachinePool]
+	if pool == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: pool}}}
+}
+
+// poolMemberChanged passes the Machine events that change a pool's counts:
+// membership and state (labels, owner), readiness (phase) and deletion.
+// Status chatter that leaves the phase alone does not.
+func poolMemberChanged() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		old, okOld := e.ObjectOld.(*kaironv1.Machine)
+		cur, okNew := e.ObjectNew.(*kaironv1.Machine)
+		if !okOld || !okNew {
+			return true
+		}
+		return old.Status.Phase != cur.Status.Phase ||
+			!maps.Equal(old.Labels, cur.Labels) ||
+			!equality.Semantic.DeepEqual(old.OwnerReferences, cur.OwnerReferences) ||
+			(old.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil)
+	}}
+}
+
+// Reconcile brings one pool to spec.replicas warm members built from its
+// current template.
+func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var pool kaironv1.MachinePool
+	if err := r.Client.Get(ctx, req.NamespacedName, &pool); err != nil {
+		if apierrors.IsNotFound(err) {
+			forgetPoolMembers(req.Namespace, req.Name)
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	if pool.DeletionTimestamp != nil {
+		// The garbage collector deletes the warm members, which the pool
+		// controls; claimed ones belong to their claims and stay.
+		r.expectations.forget(pool.UID)
+		forgetPoolMembers(pool.Namespace, pool.Name)
+		return reconcile.Result{}, nil
+	}
+
+	hash := templateHash(&pool.Spec.Template)
+	tracked, err := r.listMembers(ctx, &pool)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	live, createsInFlight := r.expectations.reconcile(pool.UID, tracked)
+	members := classifyMembers(&pool, live)
+	current, stale := splitByTemplate(members.warm, hash)
+
+	warm, syncErr := r.syncMembers(ctx, &pool, hash, current, stale, createsInFlight)
+	status := computePoolStatus(&pool, warm, members.claimed, syncErr)
+	if err := r.patchStatus(ctx, &pool, status); err != nil {
+		return reconcile.Result{}, errors.Join(syncErr, err)
+	}
+	if syncErr != nil {
+		return reconcile.Result{}, syncErr
+	}
+	return reconcile.Result{RequeueAfter: r.Interval}, nil
+}
+
+// listMembers returns the Machines the pool counts, terminating ones
+// included (the expectations need to see those): warm members it controls
+// and members claimed from it. A warm-labelled Machine controlled by
+// something else, such as a member of an earlier pool of the same name that
+// the garbage collector has yet to delete, is not the pool's.
+func (r *MachinePoolReconciler) listMembers(ctx context.Context, pool *kaironv1.MachinePool) ([]*kaironv1.Machine, error) {
+	var list kaironv1.MachineList
+	if err := r.Client.List(ctx, &list, client.InNamespace(pool.Namespace),
+		client.MatchingLabels{kaironv1.LabelMachinePool: pool.Name}); err != nil {
+		return nil, fmt.Errorf("listing members: %w", err)
+	}
+	var tracked []*kaironv1.Machine
+	for i := range list.Items {
+		m := &list.Items[i]
+		if isWarmMemberOf(pool, m) || isClaimedMember(m) {
+			tracked = append(tracked, m)
+		}
+	}
+	return tracked, nil
+}
+
+// poolMemberSet is a pool's live members, split by state.
+type poolMemberSet struct {
+	warm    []*kaironv1.Machine
+	claimed []*kaironv1.Machine
+}
+
+func classifyMembers(pool *kaironv1.MachinePool, live []*kaironv1.Machine) poolMemberSet {
+	var s poolMemberSet
+	for _, m := range live {
+		switch {
+		case m.DeletionTimestamp != nil:
+		case isClaimedMember(m):
+			s.claimed = append(s.claimed, m)
+		case isWarmMemberOf(pool, m):
+			s.warm = append(s.warm, m)
+		}
+	}
+	return s
+}
+
+func isWarmMemberOf(pool *kaironv1.MachinePool, m *kaironv1.Machine) bool {
+	if m.Labels[kaironv1.LabelMachinePool] != pool.Name || m.Labels[kaironv1.LabelPoolState] != kaironv1.PoolStateWarm {
+		return false
+	}
+	ref := metav1.GetControllerOf(m)
+	return ref != nil && ref.UID == pool.UID
+}
+
+func isClaimedMember(m *kaironv1.Machine) bool {
+	return m.Labels[kaironv1.LabelMachinePool] != "" && m.Labels[kaironv1.LabelPoolState] == kaironv1.PoolStateClaimed
+}
+
+// splitByTemplate separates warm members built from the current template
+// from those built from an older one.
+func splitByTemplate(warm []*kaironv1.Machine, hash string) (current, stale []*kaironv1.Machine) {
+	for _, m := range warm {
+		if m.Labels[kaironv1.LabelMachinePoolTemplateHash] == hash {
+			current = append(current, m)
+		} else {
+			stale = append(stale, m)
+		}
+	}
+	return current, stale
+}
+
+// syncMembers deletes stale and surplus warm members and creates missing
+// ones. It returns the warm members left afterwards (creations not
+// included: they are counted once the cache shows them).
+func (r *MachinePoolReconciler) syncMembers(ctx context.Context, pool *kaironv1.MachinePool, hash string,
+	current, stale []*kaironv1.Machine, createsInFlight int) ([]*kaironv1.Machine, error) {
+	var errs []error
+	// Nobody uses a warm member, so one built from an older template is
+	// replaced at once rather than rolled: its replacement is created in
+	// this same pass, below.
+	for _, m := range stale {
+		errs = append(errs, r.deleteMember(ctx, pool, m, "its template is out of date"))
+	}
+
+	warm := current
+	diff := int(ptr.Deref(pool.Spec.Replicas, 1)) - len(current) - createsInFlight
+	switch {
+	case diff > 0:
+		errs = append(errs, r.createMembers(ctx, pool, hash, diff))
+	case diff < 0 && createsInFlight == 0:
+		// Deleting while creations are unconfirmed could leave one too few
+		// once they show up.
+		victims := surplusMachines(current, -diff)
+		gone := map[types.UID]bool{}
+		for _, m := range victims {
+			err := r.deleteMember(ctx, pool, m, "the pool has more warm members than spec.replicas")
+			if err == nil {
+				gone[m.UID] = true
+			}
+			errs = append(errs, err)
+		}
+		warm = nil
+		for _, m := range current {
+			if !gone[m.UID] {
+				warm = append(warm, m)
+			}
+		}
+	}
+	return warm, errors.Join(errs...)
+}
+
+// createMembers stops at the first failure: whatever refused one (a quota,
+// the webhook) refuses the rest, and the next reconcile tries again.
+func (r *MachinePoolReconciler) createMembers(ctx context.Context, pool *kaironv1.MachinePool, hash string, n int) error {
+	for range n {
+		m, err := r.createMember(ctx, pool, hash)
+		if err != nil {
+			r.Recorder.Eventf(pool, nil, corev1.EventTypeWarning, ReasonFailedCreate, "Create", "Creating a warm machine: %v", err)
+			return fmt.Errorf("creating a warm machine: %w", err)
+		}
+		r.expectations.created(pool.UID, m.Name)
+		log.FromContext(ctx).Info("Created warm machine", "machine", m.Name, "templateHash", hash)
+		r.Recorder.Eventf(pool, m, corev1.EventTypeNormal, "SuccessfulCreate", "Create", "Created warm machine %s", m.Name)
+	}
+	return nil
+}
+
+// createMember names members <pool>-<8 hex digits>, as users see them in
+// kaironctl claim's output, retrying the rare name collision.
+func (r *MachinePoolReconciler) createMember(ctx context.Context, pool *kaironv1.MachinePool, hash string) (*kaironv1.Machine, error) {
+	var err error
+	for range 3 {
+		m := newPoolMember(pool, hash)
+		if err = r.Client.Create(ctx, m); err == nil {
+			return m, nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return nil, err
+		}
+	}
+	return nil, err
+}
+
+// deleteMember deletes a warm member only if it is still the version the
+// pass looked at: a claim may have bound it since, and a claimed Machine is
+// never the pool's to delete.
+func (r *MachinePoolReconciler) deleteMember(ctx context.Context, pool *kaironv1.MachinePool, m *kaironv1.Machine, why string) error {
+	err := r.Client.Delete(ctx, m, client.Preconditions{UID: ptr.To(m.UID), ResourceVersion: ptr.To(m.ResourceVersion)})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case apierrors.IsConflict(err):
+		// It changed (bound, or its status moved on); the event that
+		// changed it brings the pool back here with the new version.
+		log.FromContext(ctx).V(1).Info("Warm machine changed since listed; not deleting it", "machine", m.Name)
+		return nil
+	case err != nil:
+		r.Recorder.Eventf(pool, m, corev1.EventTypeWarning, ReasonFailedDelete, "Delete", "Deleting warm machine %s: %v", m.Name, err)
+		return fmt.Errorf("deleting warm machine %s: %w", m.Name, err)
+	}
+	r.expectations.deleted(pool.UID, m.UID)
+	log.FromContext(ctx).Info("Deleted warm machine", "machine", m.Name, "phase", m.Status.Phase, "why", why)
+	r.Recorder.Eventf(pool, m, corev1.EventTypeNormal, "SuccessfulDelete", "Delete", "Deleted warm machine %s: %s", m.Name, why)
+	return nil
+}
+
+// newPoolMember builds one warm member from the pool's template. The pool
+// controls it (and the garbage collector deletes it with the pool) only
+// while it is warm: a bind hands it to the claim.
+func newPoolMember(pool *kaironv1.MachinePool, hash string) *kaironv1.Machine {
+	labels := maps.Clone(pool.Spec.Template.Metadata.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	delete(labels, kaironv1.LabelMachineClaim)
+	labels[kaironv1.LabelMachinePool] = pool.Name
+	labels[kaironv1.LabelMachinePoolTemplateHash] = hash
+	labels[kaironv1.LabelPoolState] = kaironv1.PoolStateWarm
+	return &kaironv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace:       pool.Namespace,
+			Name:            memberName(pool.Name),
+			Labels:          labels,
+			Annotations:     maps.Clone(pool.Spec.Template.Metadata.Annotations),
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(pool, machinePoolKind)},
+		},
+		Spec: *pool.Spec.Template.Spec.DeepCopy(),
+	}
+}
+
+func memberName(pool string) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	const suffix = 9 // "-" and 8 hex digits
+	if len(pool) > 253-suffix {
+		pool = strings.TrimRight(pool[:253-suffix], "-.")
+	}
+	return pool + "-" + hex.EncodeToString(b[:])
+}
+
+// templateHash is a short, stable digest of a pool's template. The API
+// server stores the template with its defaults applied, so the same
+// template always serialises, and hashes, the same.
+func templateHash(t *kaironv1.MachineTemplateSpec) string {
+	b, err := json.Marshal(t)
+	if err != nil {
+		// A struct of strings, maps and quantities always marshals.
+		panic(fmt.Sprintf("marshalling a machine template: %v", err))
+	}
+	h := fnv.New32a()
+	_, _ = h.Write(b)
+	return utilrand.SafeEncodeString(strconv.FormatUint(uint64(h.Sum32()), 10))
+}
+
+func computePoolStatus(pool *kaironv1.MachinePool, warm, claimed []*kaironv1.Machine, syncErr error) *kaironv1.MachinePoolStatus {
+	status := pool.Status.DeepCopy()
+	status.ObservedGeneration = pool.Generation
+	status.Selector = kaironv1.LabelMachinePool + "=" + pool.Name
+	status.Replicas = int32(len(warm))
+	status.Warm = int32(len(warm))
+	status.ReadyWarm = 0
+	for _, m := range warm {
+		if m.Status.Phase == kaironv1.MachineRunning {
+			status.ReadyWarm++
+		}
+	}
+	status.Claimed = int32(len(claimed))
+	recordPoolMembers(pool.Namespace, pool.Name, int(status.ReadyWarm), int(status.Warm-status.ReadyWarm), len(claimed))
+
+	desired := ptr.Deref(pool.Spec.Replicas, 1)
+	ready := metav1.Condition{
+		Type: kaironv1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonWarmMachinesReady,
+		Message:            fmt.Sprintf("%d/%d warm machines Running", status.ReadyWarm, desired),
+		ObservedGeneration: pool.Generation,
+	}
+	if status.ReadyWarm != desired || status.Warm != desired {
+		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonWarmMachinesNotReady
+		if booting := status.Warm - status.ReadyWarm; booting > 0 {
+			ready.Message += fmt.Sprintf(", %d booting", booting)
+		}
+	}
+	meta.SetStatusCondition(&status.Conditions, ready)
+
+	if syncErr == nil {
+		meta.RemoveStatusCondition(&status.Conditions, ConditionReplicaFailure)
+		return status
+	}
+	reason := ReasonFailedDelete
+	if status.Warm < desired {
+		reason = ReasonFailedCreate
+	}
+	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
+		Type: ConditionReplicaFailure, Status: metav1.ConditionTrue, Reason: reason,
+		Message: syncErr.Error(), ObservedGeneration: pool.Generation,
+	})
+	return status
+}
+
+// patchStatus sends the whole status when it changed: this controller owns
+// it, and a diff would leave out zero counts that kubectl then prints blank.
+func (r *MachinePoolReconciler) patchStatus(ctx context.Context, pool *kaironv1.MachinePool, status *kaironv1.MachinePoolStatus) error {
+	if equality.Semantic.DeepEqual(&pool.Status, status) {
+		return nil
+	}
+	body, err := json.Marshal(map[string]any{"status": status})
+	if err != nil {
+		return err
+	}
+	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, pool.DeepCopy(), client.RawPatch(types.MergePatchType, body)))
+}

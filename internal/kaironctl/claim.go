@@ -1,0 +1,512 @@
+package kaironctl
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+)
+
+// claimFlags are kaironctl claim's flags, as typed.
+type claimFlags struct {
+	labels    []string
+	ttl       time.Duration
+	wait      time.Duration
+	fqdns     []string
+	snis      []string
+	cidrs     []string
+	ports     []string
+	dns       []string
+	icmp      bool
+	retain    bool
+	name      string
+	output    string
+	nameGiven bool
+}
+
+// claimFlagOfField names the flag that set a spec field, so a refusal by the
+// API server can point at what the user typed.
+var claimFlagOfField = []struct{ field, flag string }{
+	{"spec.egress.allowFqdns", "--allow-fqdn"},
+	{"spec.egress.allowSNI", "--allow-sni"},
+	{"spec.egress.allowCidrs", "--allow-cidr"},
+	{"spec.egress.allowPorts", "--allow-port"},
+	{"spec.egress.allowDNS", "--allow-dns"},
+	{"spec.egress.allowIcmp", "--allow-icmp"},
+	{"spec.labels", "--label"},
+	{"spec.ttlSeconds", "--ttl"},
+	{"spec.reclaimPolicy", "--retain"},
+	{"spec.poolName", "POOL"},
+	{"metadata.name", "--name"},
+}
+
+// maxClaimName is the longest claim name a bind can work with: the name
+// becomes the value of the kairon.zyvor.dev/machineclaim label on the
+// Machine, and label values are at most 63 characters.
+const maxClaimName = validation.LabelValueMaxLength
+
+func newClaimCommand(o *Options) *cobra.Command {
+	f := &claimFlags{}
+	cmd := &cobra.Command{
+		Use:   "claim POOL",
+		Short: "Take a warm Machine from a MachinePool",
+		Long: `Create a MachineClaim on the pool POOL and wait until kairon-controller binds
+it to one of the pool's Running warm Machines, then print
+
+  machineclaim/CLAIM bound to machine/MACHINE in Nms
+
+where N is the claim's status.bindMillis (creation to bind).
+
+If the claim has not bound after --wait, kaironctl exits with an error that
+quotes the claim's status.message. The claim is left in place and still binds
+once a warm Machine is ready; release it with 'kaironctl release CLAIM'.
+--wait 0 creates the claim and returns at once.
+
+--allow-* confine the claimed Machine's egress to what they list
+(spec.egress); every one of them may be repeated.`,
+		Example: `  kaironctl claim agents
+  kaironctl claim agents --label team=ml --ttl 1h
+  kaironctl claim agents --allow-fqdn pypi.org --allow-fqdn files.pythonhosted.org --allow-port 443
+  kaironctl claim agents --name job-43 --retain --wait 0`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError(cmd, "claim needs exactly one POOL, got %d arguments", len(args))
+			}
+			f.nameGiven = cmd.Flags().Changed("name")
+			return o.runClaim(cmd, args[0], f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringArrayVar(&f.labels, "label", nil, "Label KEY=VALUE to put on the Machine when the claim binds (repeatable)")
+	fl.DurationVar(&f.ttl, "ttl", 0, "Release the claim this long after it binds, e.g. 1h (whole seconds; 0 keeps it until released)")
+	fl.DurationVar(&f.wait, "wait", 60*time.Second, "How long to wait for the bind; 0 creates the claim and returns")
+	fl.StringArrayVar(&f.fqdns, "allow-fqdn", nil, "Host name the Machine may resolve and reach (repeatable)")
+	fl.StringArrayVar(&f.snis, "allow-sni", nil, "TLS server name allowed, exact or *.suffix (repeatable)")
+	fl.StringArrayVar(&f.cidrs, "allow-cidr", nil, "Destination CIDR allowed, e.g. 10.0.0.0/8 (repeatable)")
+	fl.StringArrayVar(&f.ports, "allow-port", nil, "Destination port or range allowed, e.g. 443 or 8000-8100 (repeatable)")
+	fl.StringArrayVar(&f.dns, "allow-dns", nil, "DNS query name allowed, exact or *.suffix (repeatable; default: the --allow-fqdn names)")
+	fl.BoolVar(&f.icmp, "allow-icmp", false, "Allow ICMP")
+	fl.BoolVar(&f.retain, "retain", false, "Keep the Machine as a plain Machine when the claim is released (reclaimPolicy Retain)")
+	fl.StringVar(&f.name, "name", "", "Name of the claim (default POOL-claim-<6 hex digits>)")
+	fl.StringVarP(&f.output, "output", "o", "", "Print the claim as json or yaml instead of the bound line")
+	fl.Lookup("wait").DefValue = "60s" // not pflag's "1m0s"
+	return cmd
+}
+
+// claimSpec turns the flags into a MachineClaim spec, or explains which flag
+// is wrong. It talks to nobody, so a bad flag creates nothing.
+func claimSpec(cmd *cobra.Command, pool string, f *claimFlags) (*kaironv1.MachineClaimSpec, error) {
+	spec := &kaironv1.MachineClaimSpec{PoolName: pool}
+	if pool == "" {
+		return nil, usageError(cmd, "POOL must not be empty")
+	}
+	for _, kv := range f.labels {
+		key, value, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, usageError(cmd, "--label %q is not KEY=VALUE", kv)
+		}
+		if errs := validation.IsQualifiedName(key); len(errs) > 0 {
+			return nil, usageError(cmd, "--label %q: invalid key %q: %s", kv, key, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsValidLabelValue(value); len(errs) > 0 {
+			return nil, usageError(cmd, "--label %q: invalid value %q: %s", kv, value, strings.Join(errs, "; "))
+		}
+		if prefix, _, ok := strings.Cut(key, "/"); ok && (prefix == kaironv1.GroupVersion.Group || strings.HasSuffix(prefix, "."+kaironv1.GroupVersion.Group)) {
+			return nil, usageError(cmd, "--label %q: the %s/ prefix is reserved for Kairon's own labels", kv, prefix)
+		}
+		if old, dup := spec.Labels[key]; dup && old != value {
+			return nil, usageError(cmd, "--label %s is given twice, as %q and %q", key, old, value)
+		}
+		if spec.Labels == nil {
+			spec.Labels = map[string]string{}
+		}
+		spec.Labels[key] = value
+	}
+	switch {
+	case f.ttl < 0:
+		return nil, usageError(cmd, "--ttl must not be negative, got %s", f.ttl)
+	case f.ttl%time.Second != 0:
+		return nil, usageError(cmd, "--ttl must be a whole number of seconds, got %s", f.ttl)
+	case f.ttl > 0:
+		spec.TTLSeconds = new(int64(f.ttl / time.Second))
+	}
+	if f.wait < 0 {
+		return nil, usageError(cmd, "--wait must not be negative, got %s", f.wait)
+	}
+	if f.retain {
+		spec.ReclaimPolicy = kaironv1.ReclaimRetain
+	}
+	egress := &kaironv1.EgressRules{
+		AllowFqdns: uniqueAs[kaironv1.Hostname](f.fqdns),
+		AllowSNI:   uniqueAs[kaironv1.ServerName](f.snis),
+		AllowCidrs: uniqueAs[kaironv1.CIDR](f.cidrs),
+		AllowPorts: uniqueAs[kaironv1.PortRange](f.ports),
+		AllowDNS:   uniqueAs[kaironv1.ServerName](f.dns),
+		AllowIcmp:  f.icmp,
+	}
+	if len(egress.AllowFqdns)+len(egress.AllowSNI)+len(egress.AllowCidrs)+len(egress.AllowPorts)+len(egress.AllowDNS) > 0 || egress.AllowIcmp {
+		spec.Egress = egress
+	}
+	if f.nameGiven {
+		if f.name == "" {
+			return nil, usageError(cmd, "--name must not be empty")
+		}
+		if errs := validation.IsDNS1123Subdomain(f.name); len(errs) > 0 {
+			return nil, usageError(cmd, "--name %q is not a valid object name: %s", f.name, strings.Join(errs, "; "))
+		}
+		if len(f.name) > maxClaimName {
+			return nil, usageError(cmd, "--name %q is longer than %d characters (a claim's name becomes the value of the %s label on its Machine)", f.name, maxClaimName, kaironv1.LabelMachineClaim)
+		}
+	}
+	switch f.output {
+	case "", outputJSON, outputYAML:
+	default:
+		return nil, usageError(cmd, "unknown output format %q for -o/--output; claim prints json or yaml (or, without -o, the bound line)", f.output)
+	}
+	return spec, nil
+}
+
+// uniqueAs converts flag values to an API list type, dropping repeats
+// (the API's lists are sets and refuse duplicates).
+func uniqueAs[T ~string](values []string) []T {
+	var out []T
+	seen := map[string]bool{}
+	for _, v := range values {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, T(v))
+		}
+	}
+	return out
+}
+
+// generatedClaimName is POOL-claim-<6 hex digits>, with the pool's part cut
+// short when the whole would not fit in a label value.
+func generatedClaimName(pool string) string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	suffix := "-claim-" + hex.EncodeToString(b)
+	if max := maxClaimName - len(suffix); len(pool) > max {
+		pool = strings.TrimRight(pool[:max], ".-")
+	}
+	return pool + suffix
+}
+
+func (o *Options) runClaim(cmd *cobra.Command, pool string, f *claimFlags) error {
+	spec, err := claimSpec(cmd, pool, f)
+	if err != nil {
+		return err
+	}
+	ns, err := o.Namespace()
+	if err != nil {
+		return err
+	}
+	ctx := cmd.Context()
+	claimKind, _ := lookupKind("machineclaims")
+	poolKind, _ := lookupKind("machinepools")
+
+	// A claim on a pool that does not exist would wait for nothing. Only a
+	// definite "not found" stops here: someone allowed to create claims but
+	// not to read pools still gets to try.
+	pri, err := o.resource(poolKind, ns)
+	if err != nil {
+		return err
+	}
+	if _, err := pri.Get(ctx, pool, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+		return o.objectError(poolKind, ns, pool, err)
+	}
+
+	ri, err := o.resource(claimKind, ns)
+	if err != nil {
+		return err
+	}
+	specMap, err := runtime.DefaultUnstructuredConverter.ToUnstructured(spec)
+	if err != nil {
+		return err
+	}
+	var created *unstructured.Unstructured
+	// A generated name that happens to be taken is drawn again.
+	for attempt := 0; ; attempt++ {
+		name := f.name
+		if !f.nameGiven {
+			name = generatedClaimName(pool)
+		}
+		obj := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": kaironv1.GroupVersion.String(),
+			"kind":       claimKind.GoKind,
+			"metadata":   map[string]any{"name": name, "namespace": ns},
+			"spec":       specMap,
+		}}
+		created, err = ri.Create(ctx, obj, metav1.CreateOptions{})
+		if err == nil {
+			break
+		}
+		if apierrors.IsAlreadyExists(err) && !f.nameGiven && attempt < 5 {
+			continue
+		}
+		return claimCreateError(claimKind, ns, name, err)
+	}
+	name := created.GetName()
+
+	if f.wait == 0 {
+		if f.output != "" {
+			return o.printClaim(created, f.output)
+		}
+		fmt.Fprintf(o.Out, "%s created\n", claimKind.ref(name))
+		return nil
+	}
+
+	bound, err := o.waitForBind(ctx, ri, created, f.wait)
+	if err != nil {
+		return claimWaitError(claimKind, ns, name, f.wait, bound, err)
+	}
+	if f.output != "" {
+		return o.printClaim(bound, f.output)
+	}
+	var c kaironv1.MachineClaim
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(bound.Object, &c); err != nil {
+		return fmt.Errorf("reading %s: %w", claimKind.ref(name), err)
+	}
+	fmt.Fprintf(o.Out, "%s bound to machine/%s in %dms\n", claimKind.ref(name), c.Status.MachineName, c.Status.BindMillis)
+	return nil
+}
+
+func (o *Options) printClaim(obj *unstructured.Unstructured, format string) error {
+	obj = obj.DeepCopy()
+	obj.SetManagedFields(nil)
+	if obj.GetAPIVersion() == "" || obj.GetKind() == "" {
+		obj.SetAPIVersion(kaironv1.GroupVersion.String())
+		obj.SetKind("MachineClaim")
+	}
+	if format == outputJSON {
+		return printJSON(o.Out, obj.Object)
+	}
+	return printYAML(o.Out, obj.Object)
+}
+
+// claimStatus reads a claim's status; nil reads as an empty one.
+func claimStatus(obj *unstructured.Unstructured) kaironv1.MachineClaimStatus {
+	var c kaironv1.MachineClaim
+	if obj != nil {
+		_ = runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &c)
+	}
+	return c.Status
+}
+
+// Errors that end a wait for a bind early.
+var (
+	errClaimLost    = errors.New("claim is Lost")
+	errClaimDeleted = errors.New("claim was deleted")
+)
+
+// waitForBind watches the claim until it is Bound (returning it), Lost or
+// deleted, or until timeout. It always returns the claim as last seen, so
+// a timeout can say why the claim is still Pending. The watch starts at the
+// created object's resourceVersion and is resumed from the last version seen
+// when the server closes it, so no change is missed between attempts.
+func (o *Options) waitForBind(ctx context.Context, ri dynamic.ResourceInterface, created *unstructured.Unstructured, timeout time.Duration) (*unstructured.Unstructured, error) {
+	name := created.GetName()
+	last := created
+	check := func(obj *unstructured.Unstructured) error {
+		last = obj
+		st := claimStatus(obj)
+		switch {
+		case st.Phase == kaironv1.ClaimBound && st.MachineName != "":
+			return nil
+		case st.Phase == kaironv1.ClaimLost:
+			return errClaimLost
+		}
+		return errPending
+	}
+
+	waitCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	rv := created.GetResourceVersion()
+	err := func() error {
+		if err := check(created); err != errPending {
+			return err
+		}
+		for {
+			w, err := ri.Watch(waitCtx, metav1.ListOptions{
+				FieldSelector:       "metadata.name=" + name,
+				ResourceVersion:     rv,
+				AllowWatchBookmarks: true,
+			})
+			if err != nil {
+				if waitCtx.Err() != nil {
+					return waitCtx.Err()
+				}
+				if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
+					return fmt.Errorf("watching the claim: %w", err)
+				}
+				// Passing trouble (the server restarting): look again.
+				if rv, err = relist(waitCtx, ri, name, rv, check); err != errPending {
+					return err
+				}
+				continue
+			}
+			err = func() error {
+				defer w.Stop()
+				for ev := range w.ResultChan() {
+					switch ev.Type {
+					case watch.Added, watch.Modified:
+						obj, ok := ev.Object.(*unstructured.Unstructured)
+						if !ok {
+							continue
+						}
+						rv = obj.GetResourceVersion()
+						if err := check(obj); err != errPending {
+							return err
+						}
+					case watch.Deleted:
+						return errClaimDeleted
+					case watch.Bookmark:
+						if obj, ok := ev.Object.(*unstructured.Unstructured); ok {
+							rv = obj.GetResourceVersion()
+						}
+					case watch.Error:
+						// Typically 410 Gone: our version is too old to
+						// resume from. Read the claim afresh instead.
+						var err error
+						if rv, err = relist(waitCtx, ri, name, rv, check); err != errPending {
+							return err
+						}
+						return errPending
+					}
+				}
+				return errPending
+			}()
+			if err != errPending {
+				return err
+			}
+			if waitCtx.Err() != nil {
+				return waitCtx.Err()
+			}
+		}
+	}()
+	if err == nil || errors.Is(err, errClaimLost) || errors.Is(err, errClaimDeleted) {
+		return last, err
+	}
+	if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		// The deadline passed. Read the claim once more: a bind that raced
+		// the deadline still counts, and the error should quote the
+		// newest status message.
+		getCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if obj, gerr := ri.Get(getCtx, name, metav1.GetOptions{}); gerr == nil {
+			if cerr := check(obj); cerr != errPending {
+				return last, cerr
+			}
+		}
+	}
+	return last, err
+}
+
+// errPending means "not bound yet, keep waiting".
+var errPending = errors.New("pending")
+
+// relist reads the claim directly and checks it, returning the version to
+// resume watching from: the one read, or rv when the read failed (after a
+// short pause, so a server that is away is not hammered).
+func relist(ctx context.Context, ri dynamic.ResourceInterface, name, rv string, check func(*unstructured.Unstructured) error) (string, error) {
+	obj, err := ri.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return rv, errClaimDeleted
+	case err != nil:
+		select {
+		case <-ctx.Done():
+			return rv, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+		return rv, errPending
+	}
+	return obj.GetResourceVersion(), check(obj)
+}
+
+// claimWaitError explains why kaironctl stopped waiting for a bind, in one
+// line that quotes the claim's own status message and says how to get rid
+// of the claim, which is left in place.
+func claimWaitError(k *Kind, ns, name string, timeout time.Duration, last *unstructured.Unstructured, err error) error {
+	st := claimStatus(last)
+	release := "kaironctl release " + name
+	if ns != metav1.NamespaceDefault {
+		release += " -n " + ns
+	}
+	switch {
+	case errors.Is(err, errClaimDeleted):
+		return fmt.Errorf("%s was deleted before it bound", k.ref(name))
+	case errors.Is(err, errClaimLost):
+		msg := fmt.Sprintf("%s is Lost", k.ref(name))
+		if st.MachineName != "" {
+			msg += fmt.Sprintf(" (machine/%s)", st.MachineName)
+		}
+		if st.Message != "" {
+			msg += ": " + st.Message
+		}
+		return fmt.Errorf("%s; release it with '%s'", msg, release)
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+		var why string
+		switch {
+		case st.Phase == "":
+			why = "it has no status yet (is kairon-controller running?)"
+		case st.Message != "":
+			why = st.Message
+		default:
+			why = "kairon-controller gave no reason"
+		}
+		phase := string(st.Phase)
+		if phase == "" {
+			phase = "not bound"
+		}
+		after := fmt.Sprintf("after %gs", timeout.Seconds())
+		if errors.Is(err, context.Canceled) {
+			after = "when kaironctl was interrupted"
+		}
+		return fmt.Errorf("%s still %s %s: %s; the claim is left in place and binds as soon as a warm machine is Running: release it with '%s'",
+			k.ref(name), phase, after, why, release)
+	}
+	return fmt.Errorf("waiting for %s%s to bind (the claim is left in place: release it with '%s'): %w", k.ref(name), k.where(ns), release, err)
+}
+
+// claimCreateError rewrites a refused create. A validation error becomes one
+// line naming each offending field and, where one set it, the flag.
+func claimCreateError(k *Kind, ns, name string, err error) error {
+	var status apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &status) || status.Status().Details == nil || len(status.Status().Details.Causes) == 0 {
+		if apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("%s %q already exists%s (pick another --name)", k.Singular, name, k.where(ns))
+		}
+		return fmt.Errorf("creating %s %q%s: %w", k.Singular, name, k.where(ns), err)
+	}
+	var parts []string
+	for _, c := range status.Status().Details.Causes {
+		part := c.Message
+		if c.Field != "" {
+			field := c.Field
+			for _, m := range claimFlagOfField {
+				if field == m.field || strings.HasPrefix(field, m.field+"[") || strings.HasPrefix(field, m.field+".") {
+					field += " (" + m.flag + ")"
+					break
+				}
+			}
+			part = field + ": " + c.Message
+		}
+		parts = append(parts, part)
+	}
+	return fmt.Errorf("%s %q is invalid: %s", k.Singular, name, strings.Join(parts, "; "))
+}
