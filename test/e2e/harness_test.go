@@ -81,8 +81,15 @@ type agent struct {
 	log      string
 }
 
-// startAgent runs bin/kairon-node for nodeName, its network in ns.
+// startAgent runs bin/kairon-node for nodeName with 2 vCPUs and 2Gi, its
+// network in ns.
 func startAgent(t testing.TB, env *testenv.Env, nodeName, stateDir, ns string) *agent {
+	t.Helper()
+	return startAgentWithCapacity(t, env, nodeName, stateDir, ns, 2, "2Gi")
+}
+
+// startAgentWithCapacity runs bin/kairon-node offering cpu vCPUs and memory.
+func startAgentWithCapacity(t testing.TB, env *testenv.Env, nodeName, stateDir, ns string, cpu int, memory string) *agent {
 	t.Helper()
 	log := filepath.Join(stateDir, "agent.log")
 	f, err := os.OpenFile(log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
@@ -92,7 +99,7 @@ func startAgent(t testing.TB, env *testenv.Env, nodeName, stateDir, ns string) *
 	cmd := exec.Command(filepath.Join(env.BinDir, "kairon-node"),
 		"--kubeconfig", env.Kubeconfig, "--node-name", nodeName, "--register",
 		"--state-dir", stateDir, "--guest-dir", filepath.Join(env.BinDir, "guest"),
-		"--cpu", "2", "--memory", "2Gi", "--netns", ns, "--network-cidr", "10.88.40.0/24",
+		"--cpu", strconv.Itoa(cpu), "--memory", memory, "--netns", ns, "--network-cidr", "10.88.40.0/24",
 		"--listen", "127.0.0.1:0", "--interval", "2s")
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

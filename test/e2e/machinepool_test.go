@@ -11,7 +11,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -165,31 +164,6 @@ func TestPoolClaimGetsARunningVM(t *testing.T) {
 	if vms := vmProcesses(t, state); len(vms) != 0 {
 		t.Errorf("VMs left after deleting the pool and claims: %v", vms)
 	}
-}
-
-// startAgentWithCapacity is startAgent offering cpu vCPUs and memory, for
-// tests that run more VMs at once than startAgent's node holds.
-func startAgentWithCapacity(t testing.TB, env *testenv.Env, nodeName, stateDir, ns string, cpu int, memory string) *agent {
-	t.Helper()
-	log := filepath.Join(stateDir, "agent.log")
-	f, err := os.OpenFile(log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(env.BinDir, "kairon-node"),
-		"--kubeconfig", env.Kubeconfig, "--node-name", nodeName, "--register",
-		"--state-dir", stateDir, "--guest-dir", filepath.Join(env.BinDir, "guest"),
-		"--cpu", strconv.Itoa(cpu), "--memory", memory, "--netns", ns, "--network-cidr", "10.88.41.0/24",
-		"--listen", "127.0.0.1:0", "--interval", "2s")
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	a := &agent{cmd: cmd, stateDir: stateDir, log: log}
-	t.Cleanup(func() { a.kill() })
-	return a
 }
 
 // kubectlQuiet runs kubectl for diagnostics, returning whatever it printed.

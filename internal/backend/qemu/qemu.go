@@ -676,18 +676,11 @@ func (b *Backend) Resume(ctx context.Context, id string) error {
 }
 
 func (b *Backend) vcpus(ctx context.Context, id, cmd string) error {
-	if err := validID(id); err != nil {
-		return err
-	}
-	v := b.vm(id)
-	v.op.Lock()
-	defer v.op.Unlock()
-	v.busy.Store(true)
-	defer v.busy.Store(false)
-	dir, err := b.liveDir(id)
+	dir, done, err := b.beginLiveOp(id)
 	if err != nil {
 		return err
 	}
+	defer done()
 	if err := qmpDo(ctx, filepath.Join(dir, qmpSock), func(q *qmpConn) error { _, err := q.execute(cmd, nil); return err }); err != nil {
 		return fmt.Errorf("qemu: %s %s: %w", cmd, id, err)
 	}
@@ -698,6 +691,27 @@ func (b *Backend) vcpus(ctx context.Context, id, cmd string) error {
 		return err
 	}
 	return nil
+}
+
+// beginLiveOp starts an operation on a running VM: it takes the VM's
+// operation lock, marks it busy and returns its directory. Call done when the
+// operation is over.
+func (b *Backend) beginLiveOp(id string) (dir string, done func(), err error) {
+	if err := validID(id); err != nil {
+		return "", nil, err
+	}
+	v := b.vm(id)
+	v.op.Lock()
+	v.busy.Store(true)
+	done = func() {
+		v.busy.Store(false)
+		v.op.Unlock()
+	}
+	if dir, err = b.liveDir(id); err != nil {
+		done()
+		return "", nil, err
+	}
+	return dir, done, nil
 }
 
 // liveDir returns the VM's directory if its process runs.
@@ -717,18 +731,11 @@ func (b *Backend) liveDir(id string) (string, error) {
 // whole state into path through a file descriptor passed over QMP. path
 // begins with a small header (see saveHeader) that Restore checks.
 func (b *Backend) Save(ctx context.Context, id, path string) error {
-	if err := validID(id); err != nil {
-		return err
-	}
-	v := b.vm(id)
-	v.op.Lock()
-	defer v.op.Unlock()
-	v.busy.Store(true)
-	defer v.busy.Store(false)
-	dir, err := b.liveDir(id)
+	dir, done, err := b.beginLiveOp(id)
 	if err != nil {
 		return err
 	}
+	defer done()
 	m, err := readMeta(dir)
 	if err != nil {
 		return err
