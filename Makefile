@@ -8,7 +8,7 @@ GO         ?= go
 GOFLAGS    ?=
 DATA_DIR   ?= $(CURDIR)/.kairon
 NODES      ?= 2
-TEST_FLAGS ?= -timeout 20m
+TEST_FLAGS ?= -timeout 20m -count=1
 CONTROLLER_GEN := $(BIN)/controller-gen
 
 .PHONY: all deps tools guest generate build up test bench fmt clean help

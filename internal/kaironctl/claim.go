@@ -207,15 +207,42 @@ func generatedClaimName(pool string) string {
 }
 
 func (o *Options) runClaim(cmd *cobra.Command, pool string, f *claimFlags) error {
-	spec, err := claimSpec(cmd, pool, f)
+	claimKind, _ := lookupKind("machineclaims")
+	obj, err := o.claimMachine(cmd.Context(), cmd, pool, f)
 	if err != nil {
 		return err
+	}
+	name := obj.GetName()
+	if f.wait == 0 {
+		if f.output != "" {
+			return o.printClaim(obj, f.output)
+		}
+		fmt.Fprintf(o.Out, "%s created\n", claimKind.ref(name))
+		return nil
+	}
+	if f.output != "" {
+		return o.printClaim(obj, f.output)
+	}
+	var c kaironv1.MachineClaim
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &c); err != nil {
+		return fmt.Errorf("reading %s: %w", claimKind.ref(name), err)
+	}
+	fmt.Fprintf(o.Out, "%s bound to machine/%s in %dms\n", claimKind.ref(name), c.Status.MachineName, c.Status.BindMillis)
+	return nil
+}
+
+// claimMachine creates the claim the flags describe and, unless f.wait is
+// 0, waits for it to bind. It returns the claim as created (f.wait 0) or as
+// bound; cmd only names the command in usage errors.
+func (o *Options) claimMachine(ctx context.Context, cmd *cobra.Command, pool string, f *claimFlags) (*unstructured.Unstructured, error) {
+	spec, err := claimSpec(cmd, pool, f)
+	if err != nil {
+		return nil, err
 	}
 	ns, err := o.Namespace()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	ctx := cmd.Context()
 	claimKind, _ := lookupKind("machineclaims")
 	poolKind, _ := lookupKind("machinepools")
 
@@ -224,19 +251,19 @@ func (o *Options) runClaim(cmd *cobra.Command, pool string, f *claimFlags) error
 	// not to read pools still gets to try.
 	pri, err := o.resource(poolKind, ns)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := pri.Get(ctx, pool, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-		return o.objectError(poolKind, ns, pool, err)
+		return nil, o.objectError(poolKind, ns, pool, err)
 	}
 
 	ri, err := o.resource(claimKind, ns)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	specMap, err := runtime.DefaultUnstructuredConverter.ToUnstructured(spec)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var created *unstructured.Unstructured
 	// A generated name that happens to be taken is drawn again.
@@ -258,31 +285,19 @@ func (o *Options) runClaim(cmd *cobra.Command, pool string, f *claimFlags) error
 		if apierrors.IsAlreadyExists(err) && !f.nameGiven && attempt < 5 {
 			continue
 		}
-		return claimCreateError(claimKind, ns, name, err)
+		return nil, claimCreateError(claimKind, ns, name, err)
 	}
 	name := created.GetName()
 
 	if f.wait == 0 {
-		if f.output != "" {
-			return o.printClaim(created, f.output)
-		}
-		fmt.Fprintf(o.Out, "%s created\n", claimKind.ref(name))
-		return nil
+		return created, nil
 	}
 
 	bound, err := o.waitForBind(ctx, ri, created, f.wait)
 	if err != nil {
-		return claimWaitError(claimKind, ns, name, f.wait, bound, err)
+		return nil, claimWaitError(claimKind, ns, name, f.wait, bound, err)
 	}
-	if f.output != "" {
-		return o.printClaim(bound, f.output)
-	}
-	var c kaironv1.MachineClaim
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(bound.Object, &c); err != nil {
-		return fmt.Errorf("reading %s: %w", claimKind.ref(name), err)
-	}
-	fmt.Fprintf(o.Out, "%s bound to machine/%s in %dms\n", claimKind.ref(name), c.Status.MachineName, c.Status.BindMillis)
-	return nil
+	return bound, nil
 }
 
 func (o *Options) printClaim(obj *unstructured.Unstructured, format string) error {
