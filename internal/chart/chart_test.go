@@ -219,6 +219,7 @@ func TestControllerRBAC(t *testing.T) {
 		{kaironGroup, "machinedisruptionbudgets/status", []string{"patch"}},
 		{kaironGroup, "machinenetworkpolicies", []string{"get", "list", "watch", "create", "patch", "delete"}},
 		{kaironGroup, "machinemigrations", []string{"get", "list", "watch"}},
+		{kaironGroup, "machinemigrations/status", []string{"patch"}},
 		{"", "nodes", []string{"get", "list", "watch"}},
 		{"", "events", []string{"create", "patch"}},
 		{"events.k8s.io", "events", []string{"create", "patch"}},
@@ -239,7 +240,6 @@ func TestControllerRBAC(t *testing.T) {
 	refuse := []struct{ group, resource, verb string }{
 		{kaironGroup, "machinemigrations", "create"},
 		{kaironGroup, "machinemigrations", "delete"},
-		{kaironGroup, "machinemigrations/status", "patch"},
 		{kaironGroup, "machinedisruptionbudgets", "update"},
 		{kaironGroup, "machinequotas", "delete"},
 		{"", "nodes", "patch"},
@@ -278,6 +278,8 @@ func TestNodeAgentRBAC(t *testing.T) {
 		{kaironGroup, "machines", []string{"get", "list", "watch", "patch"}},
 		{kaironGroup, "machines/status", []string{"patch"}},
 		{kaironGroup, "machines/finalizers", []string{"update"}},
+		{kaironGroup, "machinemigrations", []string{"get", "list", "watch", "patch"}},
+		{kaironGroup, "machinemigrations/status", []string{"patch"}},
 		{"", "events", []string{"create", "patch"}},
 		{"events.k8s.io", "events", []string{"create", "patch"}},
 	}
@@ -295,6 +297,7 @@ func TestNodeAgentRBAC(t *testing.T) {
 		{kaironGroup, "machines", "create"},
 		{kaironGroup, "machines", "delete"},
 		{kaironGroup, "machinemigrations", "create"},
+		{kaironGroup, "machinemigrations", "delete"},
 		{"", "secrets", "get"},
 	}
 	for _, r := range refuse {

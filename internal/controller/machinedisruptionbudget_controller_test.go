@@ -114,7 +114,8 @@ func TestBudgetStatusReconciler(t *testing.T) {
 	env := testenv.Get(t)
 	ctx := context.Background()
 	ns, other := env.Namespace(t), env.Namespace(t)
-	startControllers(t, env, ns, Options{}, func(o *ctrl.Options) {
+	// Migration phases are set by hand here.
+	startControllers(t, env, ns, Options{NoMigrationController: true}, func(o *ctrl.Options) {
 		o.Cache = cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}, other: {}}}
 	})
 	// Label values unique to the test: the API server is shared.

@@ -37,6 +37,11 @@ type Options struct {
 	// CordonEvacuateMinRetryInterval is the least time between two
 	// attempts at one Machine. Zero means DefaultCordonEvacuateMinRetryInterval.
 	CordonEvacuateMinRetryInterval time.Duration
+
+	// NoMigrationController leaves MachineMigrations alone: nothing picks
+	// a target or moves a migration's phase. For tests that drive
+	// migration phases by hand.
+	NoMigrationController bool
 }
 
 // SetupWithManager registers every Kairon controller, and the webhook when
@@ -95,6 +100,15 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 	)
 	if err != nil {
 		return err
+	}
+	if !opts.NoMigrationController {
+		if err := (&MachineMigrationReconciler{
+			Client:   mgr.GetClient(),
+			Recorder: mgr.GetEventRecorder("kairon-migration-controller"),
+			Interval: opts.Interval,
+		}).SetupWithManager(mgr); err != nil {
+			return err
+		}
 	}
 	if opts.CordonEvacuate {
 		if err := (&CordonEvacuationReconciler{

@@ -50,7 +50,8 @@ func TestMachineMigrationWebhook(t *testing.T) {
 
 	certDir, caPEM := writeServingCert(t)
 	port := freePort(t)
-	startControllers(t, env, ns, Options{Webhook: true}, func(o *ctrl.Options) {
+	// Migration phases are set by hand here.
+	startControllers(t, env, ns, Options{Webhook: true, NoMigrationController: true}, func(o *ctrl.Options) {
 		o.WebhookServer = webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: port, CertDir: certDir})
 	})
 	cfg := registerMigrationWebhook(t, env, ns, caPEM, port)

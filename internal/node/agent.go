@@ -35,6 +35,9 @@ type Agent struct {
 	// instanceEvents wakes the Machine reconciler when the backend reports a
 	// change (guest ready, VM died) so status follows within a poll interval.
 	instanceEvents chan event.TypedGenericEvent[*kaironv1.Machine]
+	// restConfig is the agent's own credentials, also its client certificate
+	// towards other agents (migration state transfer).
+	restConfig *rest.Config
 }
 
 // New prepares an agent: the node network, the console listener and a
@@ -43,7 +46,7 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	a := &Agent{opts: opts, instanceEvents: make(chan event.TypedGenericEvent[*kaironv1.Machine], 1024)}
+	a := &Agent{opts: opts, instanceEvents: make(chan event.TypedGenericEvent[*kaironv1.Machine], 1024), restConfig: cfg}
 
 	if n := opts.Network; n != nil {
 		ipam, err := network.NewIPAM(n.CIDR, filepath.Join(opts.StateDir, "ipam.json"))
@@ -93,6 +96,10 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 	a.client = mgr.GetClient()
 	a.recorder = mgr.GetEventRecorder("kairon-node")
 	if err := a.setupMachineController(); err != nil {
+		a.close()
+		return nil, err
+	}
+	if err := a.setupMigrationController(); err != nil {
 		a.close()
 		return nil, err
 	}

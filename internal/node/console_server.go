@@ -28,6 +28,7 @@ import (
 // `kubectl logs`:
 //
 //	GET /v1/machines/{namespace}/{name}/console?tail=N&follow=true
+//	GET /v1/migrations/{namespace}/{name}/state (to other agents, see migration.go)
 //	GET /healthz
 func (a *Agent) serve(ctx context.Context) error {
 	cert, err := servingCert(filepath.Join(a.opts.StateDir, "tls"), a.opts.NodeName)
@@ -50,6 +51,7 @@ func (a *Agent) serve(ctx context.Context) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
 	mux.HandleFunc("GET /v1/machines/{namespace}/{name}/console", a.serveConsole)
+	mux.HandleFunc("GET /v1/migrations/{namespace}/{name}/state", a.serveMigrationState)
 	server := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,

@@ -52,14 +52,16 @@ func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 	id := instanceID(req.Namespace, req.Name)
 	machine := &kaironv1.Machine{}
 	err := a.client.Get(ctx, req.NamespacedName, machine)
-	if apierrors.IsNotFound(err) {
-		// Gone, or moved to another node: nothing of it may stay here.
-		return ctrl.Result{}, a.teardown(ctx, id)
-	}
-	if err != nil {
+	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
 	}
-	if machine.Spec.NodeName != a.opts.NodeName {
+	if apierrors.IsNotFound(err) || machine.Spec.NodeName != a.opts.NodeName {
+		// Gone, or moved to another node: nothing of it may stay here,
+		// unless a migration through this node still needs it (the
+		// source's paused copy, the target's restored one before the switch).
+		if held, err := a.migrationHolds(ctx, req.Namespace, req.Name); err != nil || held {
+			return ctrl.Result{RequeueAfter: a.opts.Interval}, err
+		}
 		return ctrl.Result{}, a.teardown(ctx, id)
 	}
 	if !machine.DeletionTimestamp.IsZero() {
@@ -140,26 +142,35 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 
 // start attaches the Machine to the node network and boots its VM.
 func (a *Agent) start(ctx context.Context, machine *kaironv1.Machine, id string) (backend.Instance, error) {
-	spec, err := a.vmSpec(machine, id)
+	spec, err := a.attach(machine, id)
 	if err != nil {
 		return backend.Instance{}, err
+	}
+	log.FromContext(ctx).Info("starting VM", "cpu", spec.CPU, "memoryMiB", spec.MemoryMiB, "image", machine.Spec.Image)
+	return a.opts.Backend.Start(ctx, spec)
+}
+
+// attach is the Machine's VM spec with its place on the node network.
+func (a *Agent) attach(machine *kaironv1.Machine, id string) (backend.Spec, error) {
+	spec, err := a.vmSpec(machine, id)
+	if err != nil {
+		return spec, err
 	}
 	if a.ipam != nil {
 		address, err := a.ipam.Allocate(id)
 		if err != nil {
-			return backend.Instance{}, err
+			return spec, err
 		}
 		spec.Network = &backend.Network{MAC: network.MAC(id), Address: address, Gateway: a.ipam.Gateway().Addr()}
 		if a.links != nil {
 			tap, err := a.links.EnsureTap(id)
 			if err != nil {
-				return backend.Instance{}, err
+				return spec, err
 			}
 			spec.Network.TapName = tap
 		}
 	}
-	log.FromContext(ctx).Info("starting VM", "cpu", spec.CPU, "memoryMiB", spec.MemoryMiB, "image", machine.Spec.Image)
-	return a.opts.Backend.Start(ctx, spec)
+	return spec, nil
 }
 
 // vmSpec turns a Machine's spec into what the backend boots.

@@ -1,0 +1,266 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+)
+
+// DefaultMigrationTimeout is how long a migration may stay Running before
+// it is marked Failed.
+const DefaultMigrationTimeout = 5 * time.Minute
+
+// Reasons of a MachineMigration's status.
+const (
+	ReasonMigrationStarted   = "Started"
+	ReasonMigrationSucceeded = "Succeeded"
+	ReasonLiveNotSupported   = "LiveNotSupported"
+	ReasonMachineNotFound    = "MachineNotFound"
+	ReasonMachineNotRunning  = "MachineNotRunning"
+	ReasonTargetUnavailable  = "TargetUnavailable"
+	ReasonMachineMoved       = "MachineMovedElsewhere"
+	ReasonMigrationTimeout   = "Timeout"
+)
+
+// MachineMigrationReconciler drives a MachineMigration's phase. It picks
+// the target and starts the migration (phase Running); the node agents of
+// the source and target move the VM and switch the Machine's
+// spec.nodeName (internal/node/migration.go); it then sees the Machine
+// Running on the target and marks the migration Succeeded, or Failed on a
+// timeout. The agents mark a migration Failed themselves when their part
+// fails, since only they know why.
+type MachineMigrationReconciler struct {
+	Client   client.Client
+	Recorder events.EventRecorder
+	// Interval is the reconcile tick; Timeout bounds a Running migration
+	// (zero means DefaultMigrationTimeout).
+	Interval time.Duration
+	Timeout  time.Duration
+}
+
+// SetupWithManager registers the reconciler with mgr.
+func (r *MachineMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Timeout <= 0 {
+		r.Timeout = DefaultMigrationTimeout
+	}
+	return builder.ControllerManagedBy(mgr).
+		Named("machinemigration").
+		For(&kaironv1.MachineMigration{}).
+		// The Machine moving or becoming Running ends a migration.
+		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.migrationsOf)).
+		Complete(r)
+}
+
+// migrationsOf maps a Machine to its in-flight migrations.
+func (r *MachineMigrationReconciler) migrationsOf(ctx context.Context, o client.Object) []reconcile.Request {
+	var list kaironv1.MachineMigrationList
+	if err := r.Client.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range list.Items {
+		mig := &list.Items[i]
+		if mig.Spec.MachineName == o.GetName() && migrationInFlight(mig) {
+			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: mig.Namespace, Name: mig.Name}})
+		}
+	}
+	return out
+}
+
+// Reconcile moves one migration along its phases.
+func (r *MachineMigrationReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	mig := &kaironv1.MachineMigration{}
+	if err := r.Client.Get(ctx, req.NamespacedName, mig); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if mig.Status.Phase.IsTerminal() || mig.DeletionTimestamp != nil {
+		return reconcile.Result{}, nil
+	}
+	desired := mig.DeepCopy()
+	result, err := r.step(ctx, desired)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if !equality.Semantic.DeepEqual(mig.Status, desired.Status) {
+		if err := r.Client.Status().Patch(ctx, desired, client.MergeFromWithOptions(mig, client.MergeFromWithOptimisticLock{})); err != nil {
+			if apierrors.IsConflict(err) {
+				return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
+			}
+			return reconcile.Result{}, err
+		}
+		if desired.Status.Phase != mig.Status.Phase {
+			kind := corev1.EventTypeNormal
+			if desired.Status.Phase == kaironv1.MigrationFailed {
+				kind = corev1.EventTypeWarning
+			}
+			r.Recorder.Eventf(desired, nil, kind, desired.Status.Reason, "Migrate", "%s", desired.Status.Message)
+		}
+	}
+	return result, nil
+}
+
+// step computes mig's next status in place.
+func (r *MachineMigrationReconciler) step(ctx context.Context, mig *kaironv1.MachineMigration) (reconcile.Result, error) {
+	if mig.Spec.Strategy == kaironv1.MigrationLive {
+		failMigration(mig, ReasonLiveNotSupported, "live migration is not implemented yet; use strategy cold")
+		return reconcile.Result{}, nil
+	}
+	machine := &kaironv1.Machine{}
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: mig.Namespace, Name: mig.Spec.MachineName}, machine)
+	if apierrors.IsNotFound(err) {
+		failMigration(mig, ReasonMachineNotFound, fmt.Sprintf("machine %s/%s does not exist", mig.Namespace, mig.Spec.MachineName))
+		return reconcile.Result{}, nil
+	}
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if mig.Status.Phase == kaironv1.MigrationRunning {
+		return r.watchRunning(mig, machine), nil
+	}
+	return reconcile.Result{RequeueAfter: r.Interval}, r.start(ctx, mig, machine)
+}
+
+// start checks the Machine, picks the target and sets the phase Running.
+func (r *MachineMigrationReconciler) start(ctx context.Context, mig *kaironv1.MachineMigration, machine *kaironv1.Machine) error {
+	switch {
+	case machine.DeletionTimestamp != nil:
+		failMigration(mig, ReasonMachineNotRunning, fmt.Sprintf("machine %s/%s is being deleted", machine.Namespace, machine.Name))
+		return nil
+	case machine.Spec.NodeName == "" || machine.Status.Phase != kaironv1.MachineRunning:
+		failMigration(mig, ReasonMachineNotRunning, fmt.Sprintf("machine %s/%s is %s, not Running on a node; only a Running Machine can be migrated",
+			machine.Namespace, machine.Name, orNone(string(machine.Status.Phase))))
+		return nil
+	}
+	target, why, err := r.pickTarget(ctx, mig, machine)
+	if err != nil {
+		return err
+	}
+	if target == "" {
+		failMigration(mig, ReasonTargetUnavailable, why)
+		return nil
+	}
+	now := metav1.Now()
+	mig.Status.Phase = kaironv1.MigrationRunning
+	mig.Status.Reason = ReasonMigrationStarted
+	mig.Status.Message = fmt.Sprintf("moving machine %s from node %s to node %s (cold)", machine.Name, machine.Spec.NodeName, target)
+	mig.Status.SourceNode = machine.Spec.NodeName
+	mig.Status.TargetNode = target
+	mig.Status.StartTime = &now
+	return nil
+}
+
+// pickTarget is spec.targetNode if the Machine fits there, else the node the
+// scheduler would choose among the Kairon nodes other than the source. The
+// fit is the scheduler's (nodeRejections, pickNode); "" comes with why not.
+func (r *MachineMigrationReconciler) pickTarget(ctx context.Context, mig *kaironv1.MachineMigration, machine *kaironv1.Machine) (string, string, error) {
+	var nodes corev1.NodeList
+	if err := r.Client.List(ctx, &nodes, client.HasLabels{kaironv1.LabelNode}); err != nil {
+		return "", "", fmt.Errorf("listing nodes: %w", err)
+	}
+	var machines kaironv1.MachineList
+	if err := r.Client.List(ctx, &machines); err != nil {
+		return "", "", fmt.Errorf("listing machines: %w", err)
+	}
+	source := machine.Spec.NodeName
+	byName := map[string]*nodeInfo{}
+	var candidates []*nodeInfo
+	for i := range nodes.Items {
+		n := newNodeInfo(&nodes.Items[i])
+		byName[n.node.Name] = n
+		if n.node.Name != source {
+			candidates = append(candidates, n)
+		}
+	}
+	for i := range machines.Items {
+		m := &machines.Items[i]
+		if n := byName[m.Spec.NodeName]; n != nil && holdsNodeResources(m) {
+			n.requested = n.requested.add(machineResources(m))
+		}
+	}
+	if want := mig.Spec.TargetNode; want != "" {
+		if want == source {
+			return "", fmt.Sprintf("spec.targetNode %s is the node the Machine already runs on", want), nil
+		}
+		n := byName[want]
+		if n == nil {
+			return "", fmt.Sprintf("spec.targetNode %s is not a Kairon node (no node with label %s)", want, kaironv1.LabelNode), nil
+		}
+		if rejections := nodeRejections(n, machine); len(rejections) > 0 {
+			var report rejectionReport
+			report.add(n, rejections)
+			return "", fmt.Sprintf("spec.targetNode %s cannot take the Machine: %s", want, report.message(1, machineResources(machine))), nil
+		}
+		return want, "", nil
+	}
+	best, why := pickNode(candidates, machine)
+	if best == nil {
+		return "", "no node other than " + source + " can take the Machine: " + why, nil
+	}
+	return best.node.Name, "", nil
+}
+
+// watchRunning ends a Running migration once the Machine runs on the
+// target, or on a timeout.
+func (r *MachineMigrationReconciler) watchRunning(mig *kaironv1.MachineMigration, machine *kaironv1.Machine) reconcile.Result {
+	target := mig.Status.TargetNode
+	// ObservedGeneration == Generation means the status was written after
+	// the switch of spec.nodeName, by the target's agent.
+	if machine.Spec.NodeName == target && machine.Status.Phase == kaironv1.MachineRunning &&
+		machine.Status.ObservedGeneration == machine.Generation {
+		now := metav1.Now()
+		down := mig.Status.StartTime.Time
+		if at, err := time.Parse(time.RFC3339Nano, mig.Annotations[kaironv1.AnnotationMigrationStateSavedAt]); err == nil {
+			down = at
+		}
+		mig.Status.Phase = kaironv1.MigrationSucceeded
+		mig.Status.Reason = ReasonMigrationSucceeded
+		mig.Status.Message = fmt.Sprintf("machine %s runs on node %s", machine.Name, target)
+		mig.Status.CompletionTime = &now
+		mig.Status.DowntimeMillis = max(now.Sub(down).Milliseconds(), 1)
+		return reconcile.Result{}
+	}
+	if machine.Spec.NodeName != target && machine.Spec.NodeName != mig.Status.SourceNode {
+		failMigration(mig, ReasonMachineMoved, fmt.Sprintf("machine %s was moved to node %q by someone else", machine.Name, machine.Spec.NodeName))
+		return reconcile.Result{}
+	}
+	started := mig.CreationTimestamp.Time
+	if mig.Status.StartTime != nil {
+		started = mig.Status.StartTime.Time
+	}
+	left := time.Until(started.Add(r.Timeout))
+	if left <= 0 {
+		failMigration(mig, ReasonMigrationTimeout, fmt.Sprintf("the migration did not finish within %s", r.Timeout))
+		return reconcile.Result{}
+	}
+	return reconcile.Result{RequeueAfter: min(left, r.Interval)}
+}
+
+// failMigration sets mig Failed with reason and message.
+func failMigration(mig *kaironv1.MachineMigration, reason, message string) {
+	now := metav1.Now()
+	mig.Status.Phase = kaironv1.MigrationFailed
+	mig.Status.Reason = reason
+	mig.Status.Message = message
+	mig.Status.CompletionTime = &now
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "without a phase"
+	}
+	return s
+}

@@ -1,0 +1,367 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/backend"
+)
+
+// Cold migration, the node agents' part. kairon-controller picks the target
+// and sets the migration Running (internal/controller/machinemigration_controller.go);
+// then:
+//
+//  1. the SOURCE agent saves the VM (Backend.Save leaves it paused) to
+//     StateDir/migrations/<namespace>_<migration>.state, serves that file at
+//     GET /v1/migrations/{namespace}/{name}/state and annotates the migration
+//     state-saved=true (and state-saved-at);
+//  2. the TARGET agent downloads the file from the source agent, restores it
+//     (Backend.Restore), waits for the instance to run, and switches the
+//     Machine's spec.nodeName to itself. The target switches, not the
+//     controller: it is the only one that knows the restore worked, and
+//     doing it there needs no further handshake while the guest is down;
+//  3. the controller sees the Machine Running on the target and marks the
+//     migration Succeeded; the source then stops its paused copy and
+//     removes the file.
+//
+// A failure before the switch marks the migration Failed (by the agent that
+// failed, with its reason, or by the controller on a timeout); the source
+// then resumes its VM, which never left it. While a migration is Running,
+// neither agent's Machine reconciler tears down the copy it holds
+// (migrationHolds).
+
+// migrationRetry is how soon an agent looks again at a migration waiting
+// for something that sends no event it watches (a restored VM booting).
+const migrationRetry = 250 * time.Millisecond
+
+func (a *Agent) setupMigrationController() error {
+	return ctrl.NewControllerManagedBy(a.mgr).
+		Named("node-migration").
+		WithOptions(controller.Options{SkipNameValidation: ptr.To(true)}).
+		For(&kaironv1.MachineMigration{}).
+		Complete(reconcile.Func(a.reconcileMigration))
+}
+
+// migrationStatePath is where the source keeps a migration's saved state.
+func (a *Agent) migrationStatePath(namespace, name string) string {
+	return filepath.Join(a.opts.StateDir, "migrations", namespace+"_"+name+".state")
+}
+
+// migrationIncomingPath is where the target downloads it to.
+func (a *Agent) migrationIncomingPath(namespace, name string) string {
+	return filepath.Join(a.opts.StateDir, "migrations", namespace+"_"+name+".incoming")
+}
+
+func isCold(mig *kaironv1.MachineMigration) bool {
+	return mig.Spec.Strategy == "" || mig.Spec.Strategy == kaironv1.MigrationCold
+}
+
+// reconcileMigration plays this node's part, source or target, in a cold migration.
+func (a *Agent) reconcileMigration(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	mig := &kaironv1.MachineMigration{}
+	if err := a.client.Get(ctx, req.NamespacedName, mig); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !isCold(mig) || mig.Spec.MachineName == "" {
+		return reconcile.Result{}, nil
+	}
+	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("machine", mig.Spec.MachineName))
+	switch a.opts.NodeName {
+	case mig.Status.SourceNode:
+		return a.migrateSource(ctx, mig)
+	case mig.Status.TargetNode:
+		return a.migrateTarget(ctx, mig)
+	}
+	return reconcile.Result{}, nil
+}
+
+// migrateSource saves the VM and, once the migration ended, stops the
+// paused copy (Succeeded) or resumes it (Failed before the switch).
+func (a *Agent) migrateSource(ctx context.Context, mig *kaironv1.MachineMigration) (reconcile.Result, error) {
+	id := instanceID(mig.Namespace, mig.Spec.MachineName)
+	path := a.migrationStatePath(mig.Namespace, mig.Name)
+	if mig.Status.Phase.IsTerminal() {
+		return reconcile.Result{}, a.finishSource(ctx, mig, id, path)
+	}
+	if mig.Status.Phase != kaironv1.MigrationRunning || mig.Annotations[kaironv1.AnnotationMigrationStateSaved] == "true" {
+		return reconcile.Result{}, nil
+	}
+	machine := &kaironv1.Machine{}
+	if err := a.client.Get(ctx, client.ObjectKey{Namespace: mig.Namespace, Name: mig.Spec.MachineName}, machine); err != nil {
+		// Not (or no longer) on this node: the controller fails the migration.
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if machine.Spec.NodeName != a.opts.NodeName {
+		return reconcile.Result{}, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return reconcile.Result{}, err
+	}
+	savedAt := time.Now()
+	if err := a.opts.Backend.Save(ctx, id, path); err != nil {
+		_ = os.Remove(path)
+		if resumeErr := a.opts.Backend.Resume(ctx, id); resumeErr != nil && !errors.Is(resumeErr, backend.ErrNotFound) {
+			log.FromContext(ctx).Error(resumeErr, "resuming VM after a failed save")
+		}
+		return reconcile.Result{}, a.failMigration(ctx, mig, "SaveFailed", fmt.Sprintf("saving the VM on node %s: %v; it keeps running there", a.opts.NodeName, err))
+	}
+	base := mig.DeepCopy()
+	if mig.Annotations == nil {
+		mig.Annotations = map[string]string{}
+	}
+	mig.Annotations[kaironv1.AnnotationMigrationStateSaved] = "true"
+	mig.Annotations[kaironv1.AnnotationMigrationStateSavedAt] = savedAt.UTC().Format(time.RFC3339Nano)
+	if err := a.client.Patch(ctx, mig, client.MergeFrom(base)); err != nil {
+		// Saving again on the retry is harmless; the VM stays paused meanwhile.
+		return reconcile.Result{}, err
+	}
+	log.FromContext(ctx).Info("VM saved for migration", "migration", mig.Name, "target", mig.Status.TargetNode)
+	return reconcile.Result{}, nil
+}
+
+// finishSource cleans up after a migration this node was the source of.
+// The saved file is the marker that there is something to clean up.
+func (a *Agent) finishSource(ctx context.Context, mig *kaironv1.MachineMigration, id, path string) error {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	machine := &kaironv1.Machine{}
+	err := a.mgr.GetAPIReader().Get(ctx, client.ObjectKey{Namespace: mig.Namespace, Name: mig.Spec.MachineName}, machine)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	if err == nil && machine.Spec.NodeName == a.opts.NodeName && machine.DeletionTimestamp.IsZero() {
+		// Failed before the switch: the VM never left; let it run again.
+		if err := a.opts.Backend.Resume(ctx, id); err != nil && !errors.Is(err, backend.ErrNotFound) {
+			return fmt.Errorf("resuming VM after migration %s failed: %w", mig.Name, err)
+		}
+		log.FromContext(ctx).Info("VM resumed on the source after a failed migration", "migration", mig.Name, "reason", mig.Status.Reason)
+	} else if err := a.teardown(ctx, id); err != nil {
+		return err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	a.wake(mig.Namespace + "/" + mig.Spec.MachineName)
+	return nil
+}
+
+// migrateTarget fetches and restores the saved VM, then switches the
+// Machine's spec.nodeName to this node.
+func (a *Agent) migrateTarget(ctx context.Context, mig *kaironv1.MachineMigration) (reconcile.Result, error) {
+	id := instanceID(mig.Namespace, mig.Spec.MachineName)
+	incoming := a.migrationIncomingPath(mig.Namespace, mig.Name)
+	key := client.ObjectKey{Namespace: mig.Namespace, Name: mig.Spec.MachineName}
+	// The Machine is not in this agent's cache until it is switched here.
+	machine := &kaironv1.Machine{}
+	err := a.mgr.GetAPIReader().Get(ctx, key, machine)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return reconcile.Result{}, err
+	}
+	onThisNode := err == nil && machine.Spec.NodeName == a.opts.NodeName
+	if mig.Status.Phase.IsTerminal() {
+		_ = os.Remove(incoming)
+		if !onThisNode {
+			// Failed before the switch: drop a restored copy, if any.
+			return reconcile.Result{}, a.teardown(ctx, id)
+		}
+		return reconcile.Result{}, nil
+	}
+	if mig.Status.Phase != kaironv1.MigrationRunning || mig.Annotations[kaironv1.AnnotationMigrationStateSaved] != "true" || err != nil {
+		return reconcile.Result{}, nil
+	}
+	if onThisNode {
+		_ = os.Remove(incoming)
+		return reconcile.Result{}, nil // switched; the controller finishes
+	}
+	if machine.Spec.NodeName != mig.Status.SourceNode {
+		return reconcile.Result{}, nil // moved by someone else; the controller fails it
+	}
+
+	instance, err := a.opts.Backend.Get(ctx, id)
+	if errors.Is(err, backend.ErrNotFound) {
+		if err := a.fetchState(ctx, mig, incoming); err != nil {
+			_ = os.Remove(incoming)
+			return reconcile.Result{}, a.failMigration(ctx, mig, "TransferFailed",
+				fmt.Sprintf("fetching the saved VM from node %s: %v", mig.Status.SourceNode, err))
+		}
+		instance, err = a.restore(ctx, machine, id, incoming)
+		if err != nil {
+			_ = a.teardown(ctx, id)
+			_ = os.Remove(incoming)
+			return reconcile.Result{}, a.failMigration(ctx, mig, "RestoreFailed",
+				fmt.Sprintf("restoring the VM on node %s: %v", a.opts.NodeName, err))
+		}
+	} else if err != nil {
+		return reconcile.Result{}, err
+	}
+	switch instance.Phase {
+	case backend.Booting:
+		return reconcile.Result{RequeueAfter: migrationRetry}, nil
+	case backend.Exited:
+		_ = a.teardown(ctx, id)
+		_ = os.Remove(incoming)
+		return reconcile.Result{}, a.failMigration(ctx, mig, "RestoreFailed",
+			fmt.Sprintf("the restored VM exited on node %s: %s", a.opts.NodeName, instance.Reason))
+	case backend.Paused:
+		if err := a.opts.Backend.Resume(ctx, id); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+
+	// The switch: only from the source, never over a concurrent change.
+	base := machine.DeepCopy()
+	machine.Spec.NodeName = a.opts.NodeName
+	if err := a.client.Patch(ctx, machine, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsConflict(err) {
+			return reconcile.Result{RequeueAfter: migrationRetry}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	_ = os.Remove(incoming)
+	log.FromContext(ctx).Info("Machine switched to this node after migration", "migration", mig.Name, "source", mig.Status.SourceNode)
+	return reconcile.Result{}, nil
+}
+
+// restore starts the Machine's VM from the downloaded state.
+func (a *Agent) restore(ctx context.Context, machine *kaironv1.Machine, id, path string) (backend.Instance, error) {
+	spec, err := a.attach(machine, id)
+	if err != nil {
+		return backend.Instance{}, err
+	}
+	return a.opts.Backend.Restore(ctx, spec, path)
+}
+
+// fetchState downloads the saved VM from the source agent to path. The
+// client certificate is the agent's own (its kubeconfig); like kaironctl's
+// direct console access, the source's self-signed serving certificate is
+// not verified.
+func (a *Agent) fetchState(ctx context.Context, mig *kaironv1.MachineMigration, path string) error {
+	node := &corev1.Node{}
+	if err := a.mgr.GetAPIReader().Get(ctx, client.ObjectKey{Name: mig.Status.SourceNode}, node); err != nil {
+		return fmt.Errorf("reading node %s: %w", mig.Status.SourceNode, err)
+	}
+	address, err := agentAddress(node)
+	if err != nil {
+		return err
+	}
+	cfg := rest.CopyConfig(a.restConfig)
+	cfg.Insecure, cfg.CAData, cfg.CAFile = true, nil, ""
+	transport, err := rest.TransportFor(cfg)
+	if err != nil {
+		return err
+	}
+	u := url.URL{Scheme: "https", Host: address, Path: "/v1/migrations/" + url.PathEscape(mig.Namespace) + "/" + url.PathEscape(mig.Name) + "/state"}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := (&http.Client{Transport: transport, Timeout: 10 * time.Minute}).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("node agent answered %s: %s", resp.Status, msg)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, copyErr := io.Copy(f, resp.Body)
+	if err := errors.Join(copyErr, f.Close()); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// agentAddress is host:port of a node's agent, from the Node's status.
+func agentAddress(node *corev1.Node) (string, error) {
+	port := node.Status.DaemonEndpoints.KubeletEndpoint.Port
+	if port <= 0 {
+		return "", fmt.Errorf("node %s advertises no agent port", node.Name)
+	}
+	for _, t := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP, corev1.NodeHostName} {
+		for _, addr := range node.Status.Addresses {
+			if addr.Type == t && addr.Address != "" {
+				return net.JoinHostPort(addr.Address, strconv.Itoa(int(port))), nil
+			}
+		}
+	}
+	return "", fmt.Errorf("node %s has no address", node.Name)
+}
+
+// serveMigrationState serves a saved VM to the target agent.
+func (a *Agent) serveMigrationState(w http.ResponseWriter, r *http.Request) {
+	ns, name := r.PathValue("namespace"), r.PathValue("name")
+	file, err := os.Open(a.migrationStatePath(ns, name))
+	if err != nil {
+		http.Error(w, fmt.Sprintf("no saved state for migration %s/%s on node %s", ns, name, a.opts.NodeName), http.StatusNotFound)
+		return
+	}
+	defer file.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	if info, err := file.Stat(); err == nil {
+		w.Header().Set("Content-Length", strconv.FormatInt(info.Size(), 10))
+	}
+	_, _ = io.Copy(w, file)
+}
+
+// failMigration marks a Running migration Failed with this agent's reason.
+func (a *Agent) failMigration(ctx context.Context, mig *kaironv1.MachineMigration, reason, message string) error {
+	if mig.Status.Phase != kaironv1.MigrationRunning {
+		return nil
+	}
+	base := mig.DeepCopy()
+	now := metav1.Now()
+	mig.Status.Phase = kaironv1.MigrationFailed
+	mig.Status.Reason = reason
+	mig.Status.Message = message
+	mig.Status.CompletionTime = &now
+	log.FromContext(ctx).Info("migration failed", "migration", mig.Name, "reason", reason, "message", message)
+	return a.client.Status().Patch(ctx, mig, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+}
+
+// migrationHolds reports whether a Running cold migration of the Machine
+// passes through this node, so its VM here must not be torn down even
+// though the Machine is (or is not yet) placed elsewhere.
+func (a *Agent) migrationHolds(ctx context.Context, namespace, name string) (bool, error) {
+	var list kaironv1.MachineMigrationList
+	if err := a.client.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		return false, err
+	}
+	for _, mig := range list.Items {
+		if mig.Spec.MachineName == name && isCold(&mig) && mig.Status.Phase == kaironv1.MigrationRunning &&
+			(mig.Status.SourceNode == a.opts.NodeName || mig.Status.TargetNode == a.opts.NodeName) {
+			return true, nil
+		}
+	}
+	return false, nil
+}

@@ -1,0 +1,271 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/backend"
+	"github.com/zyvor/kairon/internal/backend/sim"
+	"github.com/zyvor/kairon/internal/controller"
+	"github.com/zyvor/kairon/internal/node"
+	"github.com/zyvor/kairon/internal/testenv"
+)
+
+// failingRestore is a sim backend whose Restore always fails, as a target
+// whose restore breaks.
+type failingRestore struct{ *sim.Backend }
+
+func (failingRestore) Restore(context.Context, backend.Spec, string) (backend.Instance, error) {
+	return backend.Instance{}, errors.New("injected restore failure")
+}
+
+// runMigrationAgent runs a sim agent for nodeName; wrap may replace its backend.
+func runMigrationAgent(t *testing.T, env *testenv.Env, nodeName, stateDir string, wrap func(*sim.Backend) backend.Backend) {
+	t.Helper()
+	b, err := sim.New(sim.Options{StateDir: filepath.Join(stateDir, "instances"), BootDelay: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var be backend.Backend = b
+	if wrap != nil {
+		be = wrap(b)
+	}
+	agent, err := node.New(env.Config, node.Options{
+		NodeName: nodeName, Register: true, Backend: be, StateDir: stateDir,
+		CPU: 4, Memory: resource.MustParse("4Gi"),
+		Network:       &node.NetworkOptions{CIDR: netip.MustParsePrefix("10.88.7.0/24"), NoLinks: true},
+		ListenAddress: "127.0.0.1:0", Interval: time.Second,
+		ClientCAFile: filepath.Join(env.DataDir, "pki", "ca.crt"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- agent.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent %s: %v", nodeName, err)
+		}
+		_ = env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}})
+	})
+}
+
+// runControllers runs every Kairon controller, as kairon-controller does.
+func runControllers(t *testing.T, env *testenv.Env) {
+	t.Helper()
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:                 env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := controller.SetupWithManager(mgr, controller.Options{Interval: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("controllers: %v", err)
+		}
+	})
+}
+
+func waitMigration(t *testing.T, env *testenv.Env, key client.ObjectKey, want kaironv1.MigrationPhase) *kaironv1.MachineMigration {
+	t.Helper()
+	mig := &kaironv1.MachineMigration{}
+	eventually(t, "migration "+key.String()+" "+string(want), func() (bool, string) {
+		if err := env.Client.Get(context.Background(), key, mig); err != nil {
+			return false, err.Error()
+		}
+		return mig.Status.Phase == want, string(mig.Status.Phase) + " " + mig.Status.Reason + ": " + mig.Status.Message
+	})
+	return mig
+}
+
+func instanceExists(stateDir, ns, name string) bool {
+	_, err := os.Stat(filepath.Join(stateDir, "instances", ns+"_"+name+".json"))
+	return err == nil
+}
+
+// startMigrationPair runs the controllers and agents on source and target,
+// and a Running Machine "vm" on source.
+func startMigrationPair(t *testing.T, source, target string, wrapTarget func(*sim.Backend) backend.Backend) (env *testenv.Env, ns, sourceState, targetState string, m *kaironv1.Machine) {
+	t.Helper()
+	env = testenv.Get(t)
+	ns = env.Namespace(t)
+	sourceState, targetState = t.TempDir(), t.TempDir()
+	runControllers(t, env)
+	runMigrationAgent(t, env, source, sourceState, nil)
+	runMigrationAgent(t, env, target, targetState, wrapTarget)
+	m = &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm"}, Spec: kaironv1.MachineSpec{NodeName: source}}
+	if err := env.Client.Create(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	m = waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
+	// Both nodes Ready, so the controller can pick the target.
+	eventually(t, "target node ready", func() (bool, string) {
+		n := &corev1.Node{}
+		if err := env.Client.Get(context.Background(), client.ObjectKey{Name: target}, n); err != nil {
+			return false, err.Error()
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+				return true, ""
+			}
+		}
+		return false, "not ready"
+	})
+	return env, ns, sourceState, targetState, m
+}
+
+func TestColdMigrationMovesARunningMachine(t *testing.T) {
+	env, ns, sourceState, targetState, m := startMigrationPair(t, "mig-a", "mig-b", nil)
+	ctx := context.Background()
+	mig := &kaironv1.MachineMigration{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "move"},
+		// No target: the controller picks mig-b, the only other ready node with room.
+		Spec: kaironv1.MachineMigrationSpec{MachineName: "vm", Strategy: kaironv1.MigrationCold},
+	}
+	if err := env.Client.Create(ctx, mig); err != nil {
+		t.Fatal(err)
+	}
+	mig = waitMigration(t, env, client.ObjectKeyFromObject(mig), kaironv1.MigrationSucceeded)
+	if mig.Status.SourceNode != "mig-a" || mig.Status.TargetNode != "mig-b" {
+		t.Errorf("source/target = %s/%s, want mig-a/mig-b", mig.Status.SourceNode, mig.Status.TargetNode)
+	}
+	if mig.Status.StartTime == nil || mig.Status.CompletionTime == nil || mig.Status.DowntimeMillis <= 0 ||
+		mig.Status.CompletionTime.Before(mig.Status.StartTime) {
+		t.Errorf("timings incomplete: start %v completion %v downtime %dms", mig.Status.StartTime, mig.Status.CompletionTime, mig.Status.DowntimeMillis)
+	}
+	t.Logf("migration %s: %s, downtime %dms", mig.Name, mig.Status.Message, mig.Status.DowntimeMillis)
+
+	moved := &kaironv1.Machine{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), moved); err != nil {
+		t.Fatal(err)
+	}
+	if moved.Spec.NodeName != "mig-b" || moved.Status.Phase != kaironv1.MachineRunning {
+		t.Errorf("machine on %s in phase %s, want Running on mig-b", moved.Spec.NodeName, moved.Status.Phase)
+	}
+	if !instanceExists(targetState, ns, "vm") {
+		t.Error("no instance on the target")
+	}
+	eventually(t, "source instance and saved state gone", func() (bool, string) {
+		states, _ := filepath.Glob(filepath.Join(sourceState, "migrations", "*"))
+		incoming, _ := filepath.Glob(filepath.Join(targetState, "migrations", "*"))
+		return !instanceExists(sourceState, ns, "vm") && len(states) == 0 && len(incoming) == 0,
+			"source instance still there or state files left"
+	})
+	// It stays on the target (nothing tears it down afterwards).
+	time.Sleep(1500 * time.Millisecond)
+	if !instanceExists(targetState, ns, "vm") {
+		t.Error("the target instance was torn down after the migration")
+	}
+	waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
+}
+
+func TestColdMigrationFailureLeavesTheMachineOnTheSource(t *testing.T) {
+	env, ns, sourceState, targetState, m := startMigrationPair(t, "mig-fail-a", "mig-fail-b",
+		func(b *sim.Backend) backend.Backend { return failingRestore{b} })
+	ctx := context.Background()
+	mig := &kaironv1.MachineMigration{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "move"},
+		Spec:       kaironv1.MachineMigrationSpec{MachineName: "vm", TargetNode: "mig-fail-b"},
+	}
+	if err := env.Client.Create(ctx, mig); err != nil {
+		t.Fatal(err)
+	}
+	mig = waitMigration(t, env, client.ObjectKeyFromObject(mig), kaironv1.MigrationFailed)
+	if mig.Status.Reason != "RestoreFailed" || mig.Status.CompletionTime == nil {
+		t.Errorf("failed with %q (%s), completion %v; want RestoreFailed", mig.Status.Reason, mig.Status.Message, mig.Status.CompletionTime)
+	}
+	t.Logf("migration failed: %s: %s", mig.Status.Reason, mig.Status.Message)
+	eventually(t, "VM resumed on the source", func() (bool, string) {
+		b, _ := sim.New(sim.Options{StateDir: filepath.Join(sourceState, "instances")})
+		inst, err := b.Get(ctx, ns+"_vm")
+		if err != nil {
+			return false, err.Error()
+		}
+		states, _ := filepath.Glob(filepath.Join(sourceState, "migrations", "*"))
+		return inst.Phase == backend.Running && len(states) == 0, string(inst.Phase)
+	})
+	stayed := &kaironv1.Machine{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), stayed); err != nil {
+		t.Fatal(err)
+	}
+	if stayed.Spec.NodeName != "mig-fail-a" || stayed.Status.Phase != kaironv1.MachineRunning {
+		t.Errorf("machine on %s in phase %s, want Running on mig-fail-a", stayed.Spec.NodeName, stayed.Status.Phase)
+	}
+	if instanceExists(targetState, ns, "vm") {
+		t.Error("a restored copy was left on the target")
+	}
+}
+
+func TestColdMigrationToAFullTargetFails(t *testing.T) {
+	env, ns, _, _, m := startMigrationPair(t, "mig-full-a", "mig-full-b", nil)
+	ctx := context.Background()
+	big := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "big"},
+		Spec: kaironv1.MachineSpec{NodeName: "mig-full-b", CPU: 4}}
+	if err := env.Client.Create(ctx, big); err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, env, client.ObjectKeyFromObject(big), kaironv1.MachineRunning)
+	mig := &kaironv1.MachineMigration{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "move"},
+		Spec:       kaironv1.MachineMigrationSpec{MachineName: "vm", TargetNode: "mig-full-b"},
+	}
+	if err := env.Client.Create(ctx, mig); err != nil {
+		t.Fatal(err)
+	}
+	mig = waitMigration(t, env, client.ObjectKeyFromObject(mig), kaironv1.MigrationFailed)
+	if mig.Status.Reason != controller.ReasonTargetUnavailable {
+		t.Errorf("reason %q (%s), want TargetUnavailable", mig.Status.Reason, mig.Status.Message)
+	}
+	t.Logf("migration failed: %s: %s", mig.Status.Reason, mig.Status.Message)
+	waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
+}
+
+func TestLiveMigrationIsNotSupportedYet(t *testing.T) {
+	env, ns, _, _, m := startMigrationPair(t, "mig-live-a", "mig-live-b", nil)
+	ctx := context.Background()
+	mig := &kaironv1.MachineMigration{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "live"},
+		Spec:       kaironv1.MachineMigrationSpec{MachineName: "vm", Strategy: kaironv1.MigrationLive},
+	}
+	if err := env.Client.Create(ctx, mig); err != nil {
+		t.Fatal(err)
+	}
+	mig = waitMigration(t, env, client.ObjectKeyFromObject(mig), kaironv1.MigrationFailed)
+	if mig.Status.Reason != controller.ReasonLiveNotSupported {
+		t.Errorf("reason %q, want LiveNotSupported", mig.Status.Reason)
+	}
+	stayed := &kaironv1.Machine{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), stayed); err != nil {
+		t.Fatal(err)
+	}
+	if stayed.Spec.NodeName != "mig-live-a" {
+		t.Errorf("machine moved to %s", stayed.Spec.NodeName)
+	}
+}
