@@ -258,7 +258,13 @@ func TestReadoptAndKill(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for name, b := range map[string]*Backend{"starter": b1, "adopter": b2} {
+		// The starter first: it reaps the process and records how it ended,
+		// which is where the adopter learns the signal from.
+		for _, s := range []struct {
+			name string
+			b    *Backend
+		}{{"starter", b1}, {"adopter", b2}} {
+			name, b := s.name, s.b
 			inst := waitPhase(t, b, id, backend.Exited, 10*time.Second)
 			if !strings.Contains(inst.Reason, "SIGKILL") {
 				t.Errorf("%s: Reason %q does not say SIGKILL", name, inst.Reason)
