@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -206,16 +207,22 @@ up as for a PodDisruptionBudget. Nothing is created when a flag is wrong.`,
 	return cmd
 }
 
-func (o *Options) createBudget(ctx context.Context, name string, p *parsedBudgetFlags) error {
+// budgetResource is the budgets kind, the namespace and its client.
+func (o *Options) budgetResource() (*Kind, string, dynamic.ResourceInterface, error) {
 	k, err := lookupKind("budgets")
 	if err != nil {
-		return err
+		return nil, "", nil, err
 	}
 	ns, err := o.Namespace()
 	if err != nil {
-		return err
+		return nil, "", nil, err
 	}
 	ri, err := o.resource(k, ns)
+	return k, ns, ri, err
+}
+
+func (o *Options) createBudget(ctx context.Context, name string, p *parsedBudgetFlags) error {
+	k, ns, ri, err := o.budgetResource()
 	if err != nil {
 		return err
 	}
@@ -295,15 +302,7 @@ the other, which this verb does not do; use kubectl edit for that.`,
 }
 
 func (o *Options) editBudget(ctx context.Context, name string, p *parsedBudgetFlags) error {
-	k, err := lookupKind("budgets")
-	if err != nil {
-		return err
-	}
-	ns, err := o.Namespace()
-	if err != nil {
-		return err
-	}
-	ri, err := o.resource(k, ns)
+	k, ns, ri, err := o.budgetResource()
 	if err != nil {
 		return err
 	}
