@@ -253,13 +253,23 @@ func TestReadoptAndKill(t *testing.T) {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		// Seen by the Backend that started it, and by one that did not.
+		// Seen by the Backend that started it, and by one that did not. The
+		// starter reaps the process and records how it ended (exit.json);
+		// an adopter opened after that learns the signal from the record.
+		waitPhase(t, b1, id, backend.Exited, 10*time.Second)
+		record := filepath.Join(b1.opts.StateDir, id, exitFile)
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if _, err := os.Stat(record); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the starter wrote no %s", record)
+			}
+		}
 		b2, err := New(Options{StateDir: b1.opts.StateDir, GuestDir: b1.opts.GuestDir})
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The starter first: it reaps the process and records how it ended,
-		// which is where the adopter learns the signal from.
 		for _, s := range []struct {
 			name string
 			b    *Backend
