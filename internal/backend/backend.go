@@ -7,6 +7,7 @@ package backend
 import (
 	"context"
 	"errors"
+	"io"
 	"net/netip"
 	"time"
 )
@@ -100,4 +101,21 @@ type Backend interface {
 	List(ctx context.Context) ([]Instance, error)
 	// ConsoleLog is the path of the file holding the VM's serial console.
 	ConsoleLog(id string) string
+}
+
+// LiveMigrator is implemented by backends that can move a VM to another node
+// while it runs. The node agents connect the two ends (agent to agent over
+// TCP, TLS when configured) and hand each side its end of the connection;
+// what flows over it is the backend's own business.
+type LiveMigrator interface {
+	// SendLive streams the running VM id to w while the guest keeps running,
+	// and returns once the whole state is sent. The guest is then paused
+	// here: the agent stops this copy once the receiver took over, or
+	// resumes it if the migration failed after all. On an error the guest
+	// runs on here. downtime is how long the guest did not run, as far as
+	// the sender can tell.
+	SendLive(ctx context.Context, id string, w io.Writer) (downtime time.Duration, err error)
+	// ReceiveLive starts spec from the stream SendLive writes, read from r,
+	// and returns once the guest runs here.
+	ReceiveLive(ctx context.Context, spec Spec, r io.Reader) (Instance, error)
 }

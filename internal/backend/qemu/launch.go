@@ -238,7 +238,8 @@ func (h saveHeader) compatible(spec backend.Spec) error {
 	return nil
 }
 
-func createSaved(path string, h saveHeader) (*os.File, error) {
+// encodeHeader is h padded to saveHeaderSize: a JSON line, then zeros.
+func encodeHeader(h saveHeader) ([]byte, error) {
 	b, err := json.Marshal(h)
 	if err != nil {
 		return nil, err
@@ -249,6 +250,29 @@ func createSaved(path string, h saveHeader) (*os.File, error) {
 	buf := make([]byte, saveHeaderSize)
 	copy(buf, b)
 	buf[len(b)] = '\n'
+	return buf, nil
+}
+
+// readHeader reads and checks the header at the start of a saved VM or of a
+// live migration stream; source names it in errors.
+func readHeader(r io.Reader, source string) (saveHeader, error) {
+	var h saveHeader
+	buf := make([]byte, saveHeaderSize)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return h, fmt.Errorf("qemu: restore %s: not a saved VM: %w", source, err)
+	}
+	line, _, _ := strings.Cut(string(buf), "\n")
+	if err := json.Unmarshal([]byte(line), &h); err != nil || h.Format != saveFormat {
+		return h, fmt.Errorf("qemu: restore %s: not a Kairon saved VM (format %q)", source, h.Format)
+	}
+	return h, nil
+}
+
+func createSaved(path string, h saveHeader) (*os.File, error) {
+	buf, err := encodeHeader(h)
+	if err != nil {
+		return nil, err
+	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, err
@@ -263,20 +287,14 @@ func createSaved(path string, h saveHeader) (*os.File, error) {
 // openSaved opens a saved state, checks its header and leaves the file
 // positioned at the migration stream.
 func openSaved(path string) (*os.File, saveHeader, error) {
-	var h saveHeader
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, h, fmt.Errorf("qemu: restore: %w", err)
+		return nil, saveHeader{}, fmt.Errorf("qemu: restore: %w", err)
 	}
-	buf := make([]byte, saveHeaderSize)
-	if _, err := io.ReadFull(f, buf); err != nil {
+	h, err := readHeader(f, path)
+	if err != nil {
 		f.Close()
-		return nil, h, fmt.Errorf("qemu: restore %s: not a saved VM: %w", path, err)
-	}
-	line, _, _ := strings.Cut(string(buf), "\n")
-	if err := json.Unmarshal([]byte(line), &h); err != nil || h.Format != saveFormat {
-		f.Close()
-		return nil, h, fmt.Errorf("qemu: restore %s: not a Kairon saved VM (format %q)", path, h.Format)
+		return nil, h, err
 	}
 	return f, h, nil
 }

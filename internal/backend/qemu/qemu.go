@@ -121,7 +121,8 @@ type meta struct {
 	Acceleration string       `json:"acceleration"`
 	StartedAt    time.Time    `json:"startedAt"`
 	PID          int          `json:"pid,omitempty"`
-	// RestoredFrom is the state file a restored VM was loaded from.
+	// RestoredFrom is the state file a restored VM was loaded from, or
+	// "live migration".
 	RestoredFrom string `json:"restoredFrom,omitempty"`
 	// RestoredReady: the saved guest had been ready, so the restored VM is
 	// Running as soon as it runs.
@@ -323,7 +324,7 @@ func hostnameFor(name string) string {
 
 // Start implements backend.Backend.
 func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Instance, error) {
-	return b.start(ctx, spec, "")
+	return b.start(ctx, spec, nil)
 }
 
 // Restore implements backend.Backend. The spec must have the saved VM's
@@ -333,10 +334,23 @@ func (b *Backend) Restore(ctx context.Context, spec backend.Spec, path string) (
 	if path == "" {
 		return backend.Instance{}, errors.New("qemu: restore: no state file")
 	}
-	return b.start(ctx, spec, path)
+	f, hdr, err := openSaved(path)
+	if err != nil {
+		return backend.Instance{}, err
+	}
+	defer f.Close()
+	return b.start(ctx, spec, &incoming{stream: f, header: hdr, origin: path})
 }
 
-func (b *Backend) start(ctx context.Context, spec backend.Spec, restoreFrom string) (backend.Instance, error) {
+// incoming is a saved VM to load instead of booting: a state file for
+// Restore, or one end of a socket pair fed from the network for ReceiveLive.
+type incoming struct {
+	stream *os.File // positioned at QEMU's migration stream
+	header saveHeader
+	origin string // recorded in spec.json
+}
+
+func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (backend.Instance, error) {
 	if err := validID(spec.ID); err != nil {
 		return backend.Instance{}, err
 	}
@@ -376,15 +390,12 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, restoreFrom stri
 	}
 
 	var (
-		incoming *os.File
-		hdr      saveHeader
+		stream *os.File
+		hdr    saveHeader
+		origin string
 	)
-	if restoreFrom != "" {
-		var err error
-		if incoming, hdr, err = openSaved(restoreFrom); err != nil {
-			return backend.Instance{}, err
-		}
-		defer incoming.Close()
+	if in != nil {
+		stream, hdr, origin = in.stream, in.header, in.origin
 		if err := hdr.compatible(spec); err != nil {
 			return backend.Instance{}, err
 		}
@@ -397,14 +408,14 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, restoreFrom stri
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return backend.Instance{}, err
 	}
-	m := meta{Spec: spec, Acceleration: b.accel, StartedAt: time.Now(), RestoredFrom: restoreFrom, RestoredReady: hdr.Ready}
+	m := meta{Spec: spec, Acceleration: b.accel, StartedAt: time.Now(), RestoredFrom: origin, RestoredReady: hdr.Ready}
 	if err := writeJSON(filepath.Join(dir, specFile), m); err != nil {
 		os.RemoveAll(dir)
 		return backend.Instance{}, err
 	}
 	ls := launchSpec{
 		dir: dir, name: spec.Name, accel: b.accel, cpu: spec.CPU, memMiB: spec.MemoryMiB,
-		kernel: spec.Kernel, initrd: spec.Initrd, net: spec.Network, incoming: incoming,
+		kernel: spec.Kernel, initrd: spec.Initrd, net: spec.Network, incoming: stream,
 		cmdline: b.cmdline(b.accel, hostnameFor(spec.Name), spec.Network, spec.KernelArgs),
 	}
 	m.StartedAt = time.Now()
@@ -426,7 +437,7 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, restoreFrom stri
 	v.mu.Unlock()
 	go b.reap(spec.ID, v, p)
 
-	if restoreFrom != "" {
+	if in != nil {
 		if err := b.finishRestore(ctx, dir, p); err != nil {
 			p.kill()
 			os.RemoveAll(dir)
@@ -736,19 +747,9 @@ func (b *Backend) Save(ctx context.Context, id, path string) error {
 		return err
 	}
 	defer done()
-	m, err := readMeta(dir)
+	hdr, err := b.headerOf(id, dir)
 	if err != nil {
 		return err
-	}
-	var rr readyRecord
-	ready := readJSON(filepath.Join(dir, readyFile), &rr) == nil
-	if !ready { // the watcher may not have looked yet
-		var sc markerScanner
-		ready, _ = sc.scan(filepath.Join(dir, consoleLogFile))
-	}
-	hdr := saveHeader{
-		Format: saveFormat, ID: id, Name: m.Spec.Name, CPU: m.Spec.CPU, MemoryMiB: m.Spec.MemoryMiB,
-		NIC: m.Spec.Network != nil, Ready: ready, Acceleration: m.Acceleration, SavedAt: time.Now(),
 	}
 	f, err := createSaved(path, hdr)
 	if err != nil {
@@ -772,41 +773,81 @@ func (b *Backend) Save(ctx context.Context, id, path string) error {
 		}
 		// The default bandwidth cap (32 MiB/s) is for live migration over a
 		// shared network; saving a paused VM to a local file wants all of it.
-		if _, err := q.execute("migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}); err != nil {
-			return err
-		}
-		_, _ = q.execute("closefd", map[string]any{"fdname": "kairon-save"})
-		if _, err := q.executeWithFile("getfd", map[string]any{"fdname": "kairon-save"}, f); err != nil {
-			return err
-		}
-		_, err := q.execute("migrate", map[string]any{"uri": "fd:kairon-save"})
-		return err
+		return startMigration(q, f, int64(1)<<40)
 	})
 	if err != nil {
 		return fmt.Errorf("qemu: save %s: %w", id, err)
 	}
+	if _, err := awaitMigration(ctx, sock, nil); err != nil {
+		return fmt.Errorf("qemu: save %s: %w", id, err)
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	ok = true
+	b.log.Info("saved", "id", id, "path", path, "took", time.Since(began))
+	return nil
+}
+
+// headerOf describes the VM in dir for a saved state or a live stream.
+func (b *Backend) headerOf(id, dir string) (saveHeader, error) {
+	m, err := readMeta(dir)
+	if err != nil {
+		return saveHeader{}, err
+	}
+	var rr readyRecord
+	ready := readJSON(filepath.Join(dir, readyFile), &rr) == nil
+	if !ready { // the watcher may not have looked yet
+		var sc markerScanner
+		ready, _ = sc.scan(filepath.Join(dir, consoleLogFile))
+	}
+	return saveHeader{
+		Format: saveFormat, ID: id, Name: m.Spec.Name, CPU: m.Spec.CPU, MemoryMiB: m.Spec.MemoryMiB,
+		NIC: m.Spec.Network != nil, Ready: ready, Acceleration: m.Acceleration, SavedAt: time.Now(),
+	}, nil
+}
+
+// startMigration hands QEMU the descriptor to migrate into and starts the
+// migration, capped at maxBandwidth bytes per second.
+func startMigration(q *qmpConn, f *os.File, maxBandwidth int64) error {
+	if _, err := q.execute("migrate-set-parameters", map[string]any{"max-bandwidth": maxBandwidth}); err != nil {
+		return err
+	}
+	_, _ = q.execute("closefd", map[string]any{"fdname": migrationFD})
+	if _, err := q.executeWithFile("getfd", map[string]any{"fdname": migrationFD}, f); err != nil {
+		return err
+	}
+	_, err := q.execute("migrate", map[string]any{"uri": "fd:" + migrationFD})
+	return err
+}
+
+// migrationFD is the name the outgoing migration's descriptor has in QEMU.
+const migrationFD = "kairon-migration"
+
+// awaitMigration polls an outgoing migration until it completes, and
+// cancels it when ctx ends or abort delivers an error first (the stream's
+// reader went away).
+func awaitMigration(ctx context.Context, sock string, abort <-chan error) (qmpMigration, error) {
+	cancel := func(cause error) (qmpMigration, error) {
+		_ = qmpDo(context.Background(), sock, func(q *qmpConn) error { _, err := q.execute("migrate_cancel", nil); return err })
+		return qmpMigration{}, cause
+	}
 	for {
 		var mig qmpMigration
-		err := qmpDo(ctx, sock, func(q *qmpConn) error { var err error; mig, err = q.migration(); return err })
-		if err != nil {
-			return fmt.Errorf("qemu: save %s: %w", id, err)
+		if err := qmpDo(ctx, sock, func(q *qmpConn) error { var err error; mig, err = q.migration(); return err }); err != nil {
+			return mig, err
 		}
 		switch mig.Status {
 		case "completed":
-			migrated := time.Since(began)
-			if err := f.Sync(); err != nil {
-				return err
-			}
-			ok = true
-			b.log.Info("saved", "id", id, "path", path, "migrate", migrated, "total", time.Since(began))
-			return nil
+			return mig, nil
 		case "failed", "cancelled":
-			return fmt.Errorf("qemu: save %s: migration %s: %s", id, mig.Status, mig.ErrorDesc)
+			return mig, fmt.Errorf("migration %s: %s", mig.Status, mig.ErrorDesc)
 		}
 		select {
 		case <-ctx.Done():
-			_ = qmpDo(context.Background(), sock, func(q *qmpConn) error { _, err := q.execute("migrate_cancel", nil); return err })
-			return fmt.Errorf("qemu: save %s: %w", id, ctx.Err())
+			return cancel(ctx.Err())
+		case err := <-abort:
+			return cancel(fmt.Errorf("sending the migration stream: %w", err))
 		case <-time.After(10 * time.Millisecond):
 		}
 	}

@@ -160,6 +160,9 @@ func (q *qmpConn) status() (qmpStatus, error) {
 type qmpMigration struct {
 	Status    string `json:"status"`
 	ErrorDesc string `json:"error-desc"`
+	// Downtime is how long the guest was stopped, in milliseconds, once
+	// the migration completed.
+	Downtime int64 `json:"downtime"`
 }
 
 func (q *qmpConn) migration() (qmpMigration, error) {

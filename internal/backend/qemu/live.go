@@ -1,0 +1,126 @@
+package qemu
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/zyvor/kairon/internal/backend"
+)
+
+// Live migration. QEMU migrates into (and loads from) one end of a Unix
+// socket pair; the Backend copies the other end to or from the connection
+// the node agents set up, so QEMU never needs to reach the other node
+// itself and the agents decide about TCP and TLS. The stream is the same as
+// a saved state file: a saveHeader, then QEMU's migration stream.
+
+var _ backend.LiveMigrator = (*Backend)(nil)
+
+const (
+	// liveBandwidth caps the migration stream: enough to converge for any
+	// guest Kairon runs, without starving the node's other traffic.
+	liveBandwidth = int64(1) << 30
+	// liveDrainTimeout bounds waiting for the last bytes to leave after
+	// QEMU reported the migration completed.
+	liveDrainTimeout = 30 * time.Second
+)
+
+// SendLive implements backend.LiveMigrator.
+func (b *Backend) SendLive(ctx context.Context, id string, w io.Writer) (time.Duration, error) {
+	dir, done, err := b.beginLiveOp(id)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	hdr, err := b.headerOf(id, dir)
+	if err != nil {
+		return 0, err
+	}
+	buf, err := encodeHeader(hdr)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := w.Write(buf); err != nil {
+		return 0, fmt.Errorf("qemu: live migration of %s: sending the header: %w", id, err)
+	}
+	ours, theirs, err := socketPair()
+	if err != nil {
+		return 0, err
+	}
+	defer ours.Close()
+	copied := make(chan error, 1)
+	abort := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(w, ours)
+		if err != nil {
+			abort <- err
+		}
+		copied <- err
+	}()
+
+	began := time.Now()
+	sock := filepath.Join(dir, qmpSock)
+	err = qmpDo(ctx, sock, func(q *qmpConn) error { return startMigration(q, theirs, liveBandwidth) })
+	theirs.Close() // QEMU holds its own copy now
+	if err != nil {
+		return 0, fmt.Errorf("qemu: live migration of %s: %w", id, err)
+	}
+	mig, err := awaitMigration(ctx, sock, abort)
+	if err != nil {
+		// QEMU resumes a guest whose outgoing migration failed or was cancelled.
+		return 0, fmt.Errorf("qemu: live migration of %s: %w", id, err)
+	}
+	// The guest is stopped now (QEMU's post-migrate state); remember it, so
+	// Get reports Paused even while QMP is busy.
+	_ = os.WriteFile(filepath.Join(dir, pausedFile), nil, 0o644)
+	// QEMU closes its end once done; the copy ends with the last byte sent.
+	select {
+	case err := <-copied:
+		if err != nil {
+			return 0, fmt.Errorf("qemu: live migration of %s: sending the stream: %w", id, err)
+		}
+	case <-time.After(liveDrainTimeout):
+		return 0, fmt.Errorf("qemu: live migration of %s: the stream did not drain within %s", id, liveDrainTimeout)
+	}
+	downtime := time.Duration(mig.Downtime) * time.Millisecond
+	b.log.Info("sent live", "id", id, "took", time.Since(began), "downtime", downtime)
+	return downtime, nil
+}
+
+// ReceiveLive implements backend.LiveMigrator.
+func (b *Backend) ReceiveLive(ctx context.Context, spec backend.Spec, r io.Reader) (backend.Instance, error) {
+	hdr, err := readHeader(r, "live migration stream")
+	if err != nil {
+		return backend.Instance{}, err
+	}
+	ours, theirs, err := socketPair()
+	if err != nil {
+		return backend.Instance{}, err
+	}
+	defer theirs.Close() // the launched QEMU inherits its own copy
+	go func() {
+		// Ends when the sender closes the connection, or with a write error
+		// once QEMU, done loading, closed its end.
+		_, _ = io.Copy(ours, r)
+		ours.Close()
+	}()
+	inst, err := b.start(ctx, spec, &incoming{stream: theirs, header: hdr, origin: "live migration"})
+	if err != nil {
+		ours.Close()
+		return backend.Instance{}, err
+	}
+	return inst, nil
+}
+
+// socketPair is a connected pair of Unix stream sockets.
+func socketPair() (*os.File, *os.File, error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("qemu: socket pair: %w", err)
+	}
+	return os.NewFile(uintptr(fds[0]), "migration"), os.NewFile(uintptr(fds[1]), "migration-qemu"), nil
+}
