@@ -8,10 +8,12 @@
 package sim
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -43,7 +45,10 @@ type Backend struct {
 	mu   sync.Mutex
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var (
+	_ backend.Backend      = (*Backend)(nil)
+	_ backend.LiveMigrator = (*Backend)(nil)
+)
 
 // record is StateDir/<id>/instance.json.
 type record struct {
@@ -183,6 +188,21 @@ func (b *Backend) update(id string, fn func(*record)) error {
 // Save implements backend.Backend: a small file naming the instance; the
 // instance is left paused.
 func (b *Backend) Save(ctx context.Context, id, path string) error {
+	return b.handOver(id, func(data []byte) error { return os.WriteFile(path, data, 0o600) })
+}
+
+// SendLive implements backend.LiveMigrator: the same record as Save, one
+// JSON line written to w while the instance runs; then it is paused.
+func (b *Backend) SendLive(ctx context.Context, id string, w io.Writer) (time.Duration, error) {
+	err := b.handOver(id, func(data []byte) error {
+		_, err := w.Write(append(data, '\n'))
+		return err
+	})
+	return time.Millisecond, err
+}
+
+// handOver gives the instance's saved record to deliver, then pauses it.
+func (b *Backend) handOver(id string, deliver func([]byte) error) error {
 	if err := validID(id); err != nil {
 		return err
 	}
@@ -200,7 +220,7 @@ func (b *Backend) Save(ctx context.Context, id, path string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(path, data, 0o600); err != nil {
+	if err := deliver(data); err != nil {
 		return err
 	}
 	r.Paused = true
@@ -214,9 +234,23 @@ func (b *Backend) Restore(ctx context.Context, spec backend.Spec, path string) (
 	if err != nil {
 		return backend.Instance{}, fmt.Errorf("sim: restore: %w", err)
 	}
+	return b.takeOver(spec, data, path)
+}
+
+// ReceiveLive implements backend.LiveMigrator.
+func (b *Backend) ReceiveLive(ctx context.Context, spec backend.Spec, r io.Reader) (backend.Instance, error) {
+	data, err := bufio.NewReader(r).ReadBytes('\n')
+	if err != nil {
+		return backend.Instance{}, fmt.Errorf("sim: receiving %s: %w", spec.ID, err)
+	}
+	return b.takeOver(spec, data, "live migration stream")
+}
+
+// takeOver starts spec from a record handOver gave; source names it in errors.
+func (b *Backend) takeOver(spec backend.Spec, data []byte, source string) (backend.Instance, error) {
 	var s saved
 	if err := json.Unmarshal(data, &s); err != nil || s.Format != saveFormat {
-		return backend.Instance{}, fmt.Errorf("sim: restore %s: not a sim saved instance", path)
+		return backend.Instance{}, fmt.Errorf("sim: restore %s: not a sim saved instance", source)
 	}
 	return b.start(spec, record{Ready: s.Ready})
 }

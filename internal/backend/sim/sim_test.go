@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"errors"
+	"net"
 	"path/filepath"
 	"testing"
 	"time"
@@ -62,5 +63,46 @@ func TestSimLifecycleSurvivesANewBackend(t *testing.T) {
 	}
 	if _, err := again.Restore(ctx, backend.Spec{ID: "ns_b"}, filepath.Join(dir, "missing")); err == nil {
 		t.Error("Restore from a missing file succeeded")
+	}
+}
+
+// TestSimLiveMigration: the record travels over a connection; the sender
+// ends paused and the receiver runs at once, as a migrated guest would.
+func TestSimLiveMigration(t *testing.T) {
+	ctx := context.Background()
+	source, _ := New(Options{StateDir: t.TempDir(), BootDelay: 10 * time.Millisecond})
+	target, _ := New(Options{StateDir: t.TempDir(), BootDelay: time.Hour})
+	spec := backend.Spec{ID: "ns_live", Name: "ns/live", CPU: 2}
+	if _, err := source.Start(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	send, receive := net.Pipe()
+	received := make(chan backend.Instance, 1)
+	go func() {
+		in, err := target.ReceiveLive(ctx, spec, receive)
+		if err != nil {
+			t.Error(err)
+		}
+		received <- in
+	}()
+	if _, err := source.SendLive(ctx, spec.ID, send); err != nil {
+		t.Fatal(err)
+	}
+	if in := <-received; in.Phase != backend.Running {
+		t.Errorf("received instance %+v, want Running without booting again", in)
+	}
+	if in, _ := source.Get(ctx, spec.ID); in.Phase != backend.Paused {
+		t.Errorf("sender after SendLive: %s, want Paused", in.Phase)
+	}
+
+	// A broken stream starts nothing.
+	send, receive = net.Pipe()
+	go func() { _, _ = send.Write([]byte("not a record\n")); send.Close() }()
+	if _, err := target.ReceiveLive(ctx, backend.Spec{ID: "ns_bad"}, receive); err == nil {
+		t.Error("ReceiveLive accepted a stream that is not a sim record")
+	}
+	if _, err := target.Get(ctx, "ns_bad"); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("after a broken stream: %v, want no instance", err)
 	}
 }
