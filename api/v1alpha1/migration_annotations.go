@@ -1,13 +1,21 @@
 package v1alpha1
 
-// Annotations the node agents put on a MachineMigration while they carry out
-// a cold migration: the source agent sets both once the VM's state is saved
-// and served; the target agent then fetches and restores it.
+// Annotations the node agents use while they carry out a migration.
 const (
-	// AnnotationMigrationStateSaved is "true" once the source agent saved
-	// the paused VM's state and serves it to the target agent.
+	// AnnotationMigrationStateSaved is "true" once the source agent handed
+	// the guest's state over: for a cold migration when the paused VM is
+	// saved and served to the target agent, for a live one when the whole
+	// stream reached the target and the target took the guest over.
 	AnnotationMigrationStateSaved = "kairon.zyvor.dev/state-saved"
 	// AnnotationMigrationStateSavedAt is when (RFC 3339, nanoseconds) the
-	// guest stopped running on the source: the start of its downtime.
+	// guest stopped running on the source: the start of a cold migration's
+	// downtime.
 	AnnotationMigrationStateSavedAt = "kairon.zyvor.dev/state-saved-at"
+	// AnnotationMigrationDowntimeMillis is a live migration's downtime as
+	// the source's hypervisor measured it, in milliseconds.
+	AnnotationMigrationDowntimeMillis = "kairon.zyvor.dev/downtime-millis"
+	// AnnotationNodeMigrationEndpoint is on a Node: host:port where its
+	// agent accepts live migrations. An empty host means the Node's
+	// InternalIP.
+	AnnotationNodeMigrationEndpoint = "kairon.zyvor.dev/migration-endpoint"
 )

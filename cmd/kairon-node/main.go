@@ -43,6 +43,8 @@ type flags struct {
 	noNetwork    bool
 	listen       string
 	clientCA     string
+	migListen    string
+	migTLSDir    string
 	interval     time.Duration
 }
 
@@ -73,6 +75,8 @@ func run(args []string) error {
 	fs.BoolVar(&f.noNetwork, "no-network", false, "run VMs without a network interface")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:10250", "address serving consoles to the API server's node proxy")
 	fs.StringVar(&f.clientCA, "client-ca-file", "", "accept console requests only with a client certificate signed by this CA")
+	fs.StringVar(&f.migListen, "migration-listen", "", "accept live migrations from other agents on this host:port (empty: none; an unspecified host is advertised as the Node's InternalIP)")
+	fs.StringVar(&f.migTLSDir, "migration-tls-dir", "", "directory with tls.crt, tls.key and ca.crt: live migrations between agents use mutual TLS (empty: plain TCP)")
 	fs.DurationVar(&f.interval, "interval", 5*time.Second, "reconcile tick")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -106,6 +110,7 @@ func run(args []string) error {
 		NodeName: f.nodeName, Register: f.register, Backend: b, GuestDir: f.guestDir,
 		StateDir: f.stateDir, CPU: f.cpu, Memory: memory, Network: network,
 		ListenAddress: f.listen, ClientCAFile: f.clientCA, Interval: f.interval,
+		MigrationListenAddress: f.migListen, MigrationTLSDir: f.migTLSDir,
 	})
 	if err != nil {
 		return err

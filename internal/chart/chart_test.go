@@ -793,7 +793,8 @@ func TestTemplateNodeAgent(t *testing.T) {
 			"node.backend=sim", "node.networkCIDR=10.99.0.0/24", "node.stateDir=/srv/kairon",
 			"migration.tlsSecretName=kairon-migration-tls", "node.resources.limits.memory=1Gi",
 		}), "--set-string", `node.nodeSelector.kairon\.zyvor\.dev/host=true`)...))
-		for _, want := range []string{"--backend=sim", "--network-cidr=10.99.0.0/24", "--state-dir=/srv/kairon"} {
+		for _, want := range []string{"--backend=sim", "--network-cidr=10.99.0.0/24", "--state-dir=/srv/kairon",
+			"--migration-listen=:10251", "--migration-tls-dir=/etc/kairon/migration-tls"} {
 			if !slices.Contains(c.Args, want) {
 				t.Errorf("args %q lack %s", c.Args, want)
 			}

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -28,7 +29,6 @@ const DefaultMigrationTimeout = 5 * time.Minute
 const (
 	ReasonMigrationStarted   = "Started"
 	ReasonMigrationSucceeded = "Succeeded"
-	ReasonLiveNotSupported   = "LiveNotSupported"
 	ReasonMachineNotFound    = "MachineNotFound"
 	ReasonMachineNotRunning  = "MachineNotRunning"
 	ReasonTargetUnavailable  = "TargetUnavailable"
@@ -115,10 +115,6 @@ func (r *MachineMigrationReconciler) Reconcile(ctx context.Context, req reconcil
 
 // step computes mig's next status in place.
 func (r *MachineMigrationReconciler) step(ctx context.Context, mig *kaironv1.MachineMigration) (reconcile.Result, error) {
-	if mig.Spec.Strategy == kaironv1.MigrationLive {
-		failMigration(mig, ReasonLiveNotSupported, "live migration is not implemented yet; use strategy cold")
-		return reconcile.Result{}, nil
-	}
 	machine := &kaironv1.Machine{}
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: mig.Namespace, Name: mig.Spec.MachineName}, machine)
 	if apierrors.IsNotFound(err) {
@@ -156,7 +152,11 @@ func (r *MachineMigrationReconciler) start(ctx context.Context, mig *kaironv1.Ma
 	now := metav1.Now()
 	mig.Status.Phase = kaironv1.MigrationRunning
 	mig.Status.Reason = ReasonMigrationStarted
-	mig.Status.Message = fmt.Sprintf("moving machine %s from node %s to node %s (cold)", machine.Name, machine.Spec.NodeName, target)
+	strategy := mig.Spec.Strategy
+	if strategy == "" {
+		strategy = kaironv1.MigrationCold
+	}
+	mig.Status.Message = fmt.Sprintf("moving machine %s from node %s to node %s (%s)", machine.Name, machine.Spec.NodeName, target, strategy)
 	mig.Status.SourceNode = machine.Spec.NodeName
 	mig.Status.TargetNode = target
 	mig.Status.StartTime = &now
@@ -217,36 +217,49 @@ func (r *MachineMigrationReconciler) pickTarget(ctx context.Context, mig *kairon
 // target, or on a timeout.
 func (r *MachineMigrationReconciler) watchRunning(mig *kaironv1.MachineMigration, machine *kaironv1.Machine) reconcile.Result {
 	target := mig.Status.TargetNode
+	started := mig.CreationTimestamp.Time
+	if mig.Status.StartTime != nil {
+		started = mig.Status.StartTime.Time
+	}
+	left := time.Until(started.Add(r.Timeout))
 	// ObservedGeneration == Generation means the status was written after
-	// the switch of spec.nodeName, by the target's agent.
+	// the switch of spec.nodeName, by the target's agent. The source's
+	// state-saved annotation is its side of the hand-over (for a live
+	// migration it comes just after the switch, with the downtime); past
+	// the timeout the Machine running on the target is enough.
+	handedOver := mig.Annotations[kaironv1.AnnotationMigrationStateSaved] == "true" || left <= 0
 	if machine.Spec.NodeName == target && machine.Status.Phase == kaironv1.MachineRunning &&
-		machine.Status.ObservedGeneration == machine.Generation {
+		machine.Status.ObservedGeneration == machine.Generation && handedOver {
 		now := metav1.Now()
-		down := mig.Status.StartTime.Time
-		if at, err := time.Parse(time.RFC3339Nano, mig.Annotations[kaironv1.AnnotationMigrationStateSavedAt]); err == nil {
-			down = at
-		}
 		mig.Status.Phase = kaironv1.MigrationSucceeded
 		mig.Status.Reason = ReasonMigrationSucceeded
 		mig.Status.Message = fmt.Sprintf("machine %s runs on node %s", machine.Name, target)
 		mig.Status.CompletionTime = &now
-		mig.Status.DowntimeMillis = max(now.Sub(down).Milliseconds(), 1)
+		mig.Status.DowntimeMillis = downtimeMillis(mig, now.Time)
 		return reconcile.Result{}
 	}
 	if machine.Spec.NodeName != target && machine.Spec.NodeName != mig.Status.SourceNode {
 		failMigration(mig, ReasonMachineMoved, fmt.Sprintf("machine %s was moved to node %q by someone else", machine.Name, machine.Spec.NodeName))
 		return reconcile.Result{}
 	}
-	started := mig.CreationTimestamp.Time
-	if mig.Status.StartTime != nil {
-		started = mig.Status.StartTime.Time
-	}
-	left := time.Until(started.Add(r.Timeout))
 	if left <= 0 {
 		failMigration(mig, ReasonMigrationTimeout, fmt.Sprintf("the migration did not finish within %s", r.Timeout))
 		return reconcile.Result{}
 	}
 	return reconcile.Result{RequeueAfter: min(left, r.Interval)}
+}
+
+// downtimeMillis is how long the guest did not run: as the source's
+// hypervisor measured it (live), else from when the source stopped it to now.
+func downtimeMillis(mig *kaironv1.MachineMigration, now time.Time) int64 {
+	if ms, err := strconv.ParseInt(mig.Annotations[kaironv1.AnnotationMigrationDowntimeMillis], 10, 64); err == nil && ms > 0 {
+		return ms
+	}
+	down := mig.Status.StartTime.Time
+	if at, err := time.Parse(time.RFC3339Nano, mig.Annotations[kaironv1.AnnotationMigrationStateSavedAt]); err == nil {
+		down = at
+	}
+	return max(now.Sub(down).Milliseconds(), 1)
 }
 
 // failMigration sets mig Failed with reason and message.

@@ -32,6 +32,9 @@ type Agent struct {
 	recorder   recorder.EventRecorder
 	listener   net.Listener
 	listenAddr string
+	// migrationListener accepts live migrations; migrationTLS secures them.
+	migrationListener net.Listener
+	migrationTLS      *migrationTLS
 	// instanceEvents wakes the Machine reconciler when the backend reports a
 	// change (guest ready, VM died) so status follows within a poll interval.
 	instanceEvents chan event.TypedGenericEvent[*kaironv1.Machine]
@@ -69,6 +72,23 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 		}
 		a.listener = ln
 		a.listenAddr = ln.Addr().String()
+	}
+
+	if opts.MigrationTLSDir != "" {
+		t, err := loadMigrationTLS(opts.MigrationTLSDir)
+		if err != nil {
+			a.close()
+			return nil, err
+		}
+		a.migrationTLS = t
+	}
+	if opts.MigrationListenAddress != "" {
+		ln, err := net.Listen("tcp", opts.MigrationListenAddress)
+		if err != nil {
+			a.close()
+			return nil, fmt.Errorf("--migration-listen %s: %w", opts.MigrationListenAddress, err)
+		}
+		a.migrationListener = ln
 	}
 
 	scheme := runtime.NewScheme()
@@ -116,6 +136,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.listener != nil {
 		runnables = append(runnables, a.serve)
 	}
+	if a.migrationListener != nil {
+		runnables = append(runnables, a.serveLiveMigrations)
+	}
 	for _, r := range runnables {
 		if err := a.mgr.Add(r); err != nil {
 			return err
@@ -130,5 +153,8 @@ func (a *Agent) Address() string { return a.listenAddr }
 func (a *Agent) close() {
 	if a.listener != nil {
 		_ = a.listener.Close()
+	}
+	if a.migrationListener != nil {
+		_ = a.migrationListener.Close()
 	}
 }

@@ -58,7 +58,8 @@ const migrationRetry = 250 * time.Millisecond
 func (a *Agent) setupMigrationController() error {
 	return ctrl.NewControllerManagedBy(a.mgr).
 		Named("node-migration").
-		WithOptions(controller.Options{SkipNameValidation: ptr.To(true)}).
+		// A migration's reconcile blocks while the guest moves; others go on.
+		WithOptions(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 4}).
 		For(&kaironv1.MachineMigration{}).
 		Complete(reconcile.Func(a.reconcileMigration))
 }
@@ -77,18 +78,23 @@ func isCold(mig *kaironv1.MachineMigration) bool {
 	return mig.Spec.Strategy == "" || mig.Spec.Strategy == kaironv1.MigrationCold
 }
 
-// reconcileMigration plays this node's part, source or target, in a cold migration.
+// reconcileMigration plays this node's part, source or target, in a
+// migration. The target's part of a live migration runs when the source
+// connects (receiveLive); here it only cleans up after a failure.
 func (a *Agent) reconcileMigration(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	mig := &kaironv1.MachineMigration{}
 	if err := a.client.Get(ctx, req.NamespacedName, mig); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if !isCold(mig) || mig.Spec.MachineName == "" {
+	if mig.Spec.MachineName == "" {
 		return reconcile.Result{}, nil
 	}
 	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("machine", mig.Spec.MachineName))
 	switch a.opts.NodeName {
 	case mig.Status.SourceNode:
+		if !isCold(mig) {
+			return a.migrateSourceLive(ctx, mig)
+		}
 		return a.migrateSource(ctx, mig)
 	case mig.Status.TargetNode:
 		return a.migrateTarget(ctx, mig)
@@ -188,7 +194,7 @@ func (a *Agent) migrateTarget(ctx context.Context, mig *kaironv1.MachineMigratio
 		}
 		return reconcile.Result{}, nil
 	}
-	if mig.Status.Phase != kaironv1.MigrationRunning || mig.Annotations[kaironv1.AnnotationMigrationStateSaved] != "true" || err != nil {
+	if !isCold(mig) || mig.Status.Phase != kaironv1.MigrationRunning || mig.Annotations[kaironv1.AnnotationMigrationStateSaved] != "true" || err != nil {
 		return reconcile.Result{}, nil
 	}
 	if onThisNode {
@@ -230,13 +236,7 @@ func (a *Agent) migrateTarget(ctx context.Context, mig *kaironv1.MachineMigratio
 		}
 	}
 
-	// The switch: only from the source, never over a concurrent change.
-	base := machine.DeepCopy()
-	machine.Spec.NodeName = a.opts.NodeName
-	if err := a.client.Patch(ctx, machine, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-		if apierrors.IsConflict(err) {
-			return reconcile.Result{RequeueAfter: migrationRetry}, nil
-		}
+	if err := a.switchToThisNode(ctx, machine, mig.Status.SourceNode); err != nil {
 		return reconcile.Result{}, err
 	}
 	_ = os.Remove(incoming)
@@ -349,7 +349,7 @@ func (a *Agent) failMigration(ctx context.Context, mig *kaironv1.MachineMigratio
 	return a.client.Status().Patch(ctx, mig, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 }
 
-// migrationHolds reports whether a Running cold migration of the Machine
+// migrationHolds reports whether a Running migration of the Machine
 // passes through this node, so its VM here must not be torn down even
 // though the Machine is (or is not yet) placed elsewhere.
 func (a *Agent) migrationHolds(ctx context.Context, namespace, name string) (bool, error) {
@@ -358,7 +358,7 @@ func (a *Agent) migrationHolds(ctx context.Context, namespace, name string) (boo
 		return false, err
 	}
 	for _, mig := range list.Items {
-		if mig.Spec.MachineName == name && isCold(&mig) && mig.Status.Phase == kaironv1.MigrationRunning &&
+		if mig.Spec.MachineName == name && mig.Status.Phase == kaironv1.MigrationRunning &&
 			(mig.Status.SourceNode == a.opts.NodeName || mig.Status.TargetNode == a.opts.NodeName) {
 			return true, nil
 		}

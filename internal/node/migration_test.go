@@ -35,7 +35,7 @@ func (failingRestore) Restore(context.Context, backend.Spec, string) (backend.In
 }
 
 // runMigrationAgent runs a sim agent for nodeName; wrap may replace its backend.
-func runMigrationAgent(t *testing.T, env *testenv.Env, nodeName, stateDir string, wrap func(*sim.Backend) backend.Backend) {
+func runMigrationAgent(t *testing.T, env *testenv.Env, nodeName, stateDir string, wrap func(*sim.Backend) backend.Backend, options ...func(*node.Options)) {
 	t.Helper()
 	b, err := sim.New(sim.Options{StateDir: filepath.Join(stateDir, "instances"), BootDelay: 300 * time.Millisecond})
 	if err != nil {
@@ -45,13 +45,18 @@ func runMigrationAgent(t *testing.T, env *testenv.Env, nodeName, stateDir string
 	if wrap != nil {
 		be = wrap(b)
 	}
-	agent, err := node.New(env.Config, node.Options{
+	opts := node.Options{
 		NodeName: nodeName, Register: true, Backend: be, StateDir: stateDir,
 		CPU: 4, Memory: resource.MustParse("4Gi"),
 		Network:       &node.NetworkOptions{CIDR: netip.MustParsePrefix("10.88.7.0/24"), NoLinks: true},
 		ListenAddress: "127.0.0.1:0", Interval: time.Second,
-		ClientCAFile: filepath.Join(env.DataDir, "pki", "ca.crt"),
-	})
+		ClientCAFile:           filepath.Join(env.DataDir, "pki", "ca.crt"),
+		MigrationListenAddress: "127.0.0.1:0",
+	}
+	for _, o := range options {
+		o(&opts)
+	}
+	agent, err := node.New(env.Config, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,16 +115,24 @@ func instanceExists(stateDir, ns, name string) bool {
 	return err == nil
 }
 
+func optional(o func(*node.Options)) func(*node.Options) {
+	if o == nil {
+		return func(*node.Options) {}
+	}
+	return o
+}
+
 // startMigrationPair runs the controllers and agents on source and target,
 // and a Running Machine "vm" on source.
-func startMigrationPair(t *testing.T, source, target string, wrapTarget func(*sim.Backend) backend.Backend) (env *testenv.Env, ns, sourceState, targetState string, m *kaironv1.Machine) {
+// sourceOptions and targetOptions adjust each agent's options.
+func startMigrationPair(t *testing.T, source, target string, wrapTarget func(*sim.Backend) backend.Backend, sourceOptions, targetOptions func(*node.Options)) (env *testenv.Env, ns, sourceState, targetState string, m *kaironv1.Machine) {
 	t.Helper()
 	env = testenv.Get(t)
 	ns = env.Namespace(t)
 	sourceState, targetState = t.TempDir(), t.TempDir()
 	runControllers(t, env)
-	runMigrationAgent(t, env, source, sourceState, nil)
-	runMigrationAgent(t, env, target, targetState, wrapTarget)
+	runMigrationAgent(t, env, source, sourceState, nil, optional(sourceOptions))
+	runMigrationAgent(t, env, target, targetState, wrapTarget, optional(targetOptions))
 	m = &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm"}, Spec: kaironv1.MachineSpec{NodeName: source}}
 	if err := env.Client.Create(context.Background(), m); err != nil {
 		t.Fatal(err)
@@ -142,7 +155,7 @@ func startMigrationPair(t *testing.T, source, target string, wrapTarget func(*si
 }
 
 func TestColdMigrationMovesARunningMachine(t *testing.T) {
-	env, ns, sourceState, targetState, m := startMigrationPair(t, "mig-a", "mig-b", nil)
+	env, ns, sourceState, targetState, m := startMigrationPair(t, "mig-a", "mig-b", nil, nil, nil)
 	ctx := context.Background()
 	mig := &kaironv1.MachineMigration{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "move"},
@@ -188,7 +201,7 @@ func TestColdMigrationMovesARunningMachine(t *testing.T) {
 
 func TestColdMigrationFailureLeavesTheMachineOnTheSource(t *testing.T) {
 	env, ns, sourceState, targetState, m := startMigrationPair(t, "mig-fail-a", "mig-fail-b",
-		func(b *sim.Backend) backend.Backend { return failingRestore{b} })
+		func(b *sim.Backend) backend.Backend { return failingRestore{b} }, nil, nil)
 	ctx := context.Background()
 	mig := &kaironv1.MachineMigration{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "move"},
@@ -224,7 +237,7 @@ func TestColdMigrationFailureLeavesTheMachineOnTheSource(t *testing.T) {
 }
 
 func TestColdMigrationToAFullTargetFails(t *testing.T) {
-	env, ns, _, _, m := startMigrationPair(t, "mig-full-a", "mig-full-b", nil)
+	env, ns, _, _, m := startMigrationPair(t, "mig-full-a", "mig-full-b", nil, nil, nil)
 	ctx := context.Background()
 	big := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "big"},
 		Spec: kaironv1.MachineSpec{NodeName: "mig-full-b", CPU: 4}}
@@ -245,27 +258,4 @@ func TestColdMigrationToAFullTargetFails(t *testing.T) {
 	}
 	t.Logf("migration failed: %s: %s", mig.Status.Reason, mig.Status.Message)
 	waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
-}
-
-func TestLiveMigrationIsNotSupportedYet(t *testing.T) {
-	env, ns, _, _, m := startMigrationPair(t, "mig-live-a", "mig-live-b", nil)
-	ctx := context.Background()
-	mig := &kaironv1.MachineMigration{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "live"},
-		Spec:       kaironv1.MachineMigrationSpec{MachineName: "vm", Strategy: kaironv1.MigrationLive},
-	}
-	if err := env.Client.Create(ctx, mig); err != nil {
-		t.Fatal(err)
-	}
-	mig = waitMigration(t, env, client.ObjectKeyFromObject(mig), kaironv1.MigrationFailed)
-	if mig.Status.Reason != controller.ReasonLiveNotSupported {
-		t.Errorf("reason %q, want LiveNotSupported", mig.Status.Reason)
-	}
-	stayed := &kaironv1.Machine{}
-	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), stayed); err != nil {
-		t.Fatal(err)
-	}
-	if stayed.Spec.NodeName != "mig-live-a" {
-		t.Errorf("machine moved to %s", stayed.Spec.NodeName)
-	}
 }

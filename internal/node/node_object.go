@@ -31,6 +31,15 @@ func (a *Agent) nodeLabels() map[string]string {
 	return labels
 }
 
+// nodeAnnotations tell other agents how to reach this one.
+func (a *Agent) nodeAnnotations() map[string]string {
+	annotations := map[string]string{}
+	if endpoint := a.migrationEndpoint(); endpoint != "" {
+		annotations[kaironv1.AnnotationNodeMigrationEndpoint] = endpoint
+	}
+	return annotations
+}
+
 // syncNode creates or updates the Node object. A registered node also gets
 // capacity, addresses, the console endpoint and a fresh Ready heartbeat.
 func (a *Agent) syncNode(ctx context.Context, ready bool, reason, message string) error {
@@ -40,7 +49,7 @@ func (a *Agent) syncNode(ctx context.Context, ready bool, reason, message string
 	err := a.mgr.GetAPIReader().Get(ctx, client.ObjectKey{Name: a.opts.NodeName}, node)
 	switch {
 	case apierrors.IsNotFound(err) && a.opts.Register:
-		node = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: a.opts.NodeName, Labels: a.nodeLabels()}}
+		node = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: a.opts.NodeName, Labels: a.nodeLabels(), Annotations: a.nodeAnnotations()}}
 		if err := a.client.Create(ctx, node); err != nil {
 			return err
 		}
@@ -53,6 +62,13 @@ func (a *Agent) syncNode(ctx context.Context, ready bool, reason, message string
 		}
 		for k, v := range a.nodeLabels() {
 			node.Labels[k] = v
+		}
+		if node.Annotations == nil {
+			node.Annotations = map[string]string{}
+		}
+		delete(node.Annotations, kaironv1.AnnotationNodeMigrationEndpoint)
+		for k, v := range a.nodeAnnotations() {
+			node.Annotations[k] = v
 		}
 		if err := a.client.Patch(ctx, node, client.MergeFrom(base)); err != nil {
 			return err

@@ -35,6 +35,12 @@ type Options struct {
 	Network *NetworkOptions
 	// ListenAddress serves consoles to the API server's node proxy (host:port).
 	ListenAddress string
+	// MigrationListenAddress accepts live migrations from other agents
+	// (host:port; empty: this agent cannot receive live migrations).
+	MigrationListenAddress string
+	// MigrationTLSDir holds tls.crt, tls.key and ca.crt for mutual TLS
+	// between agents during live migrations; empty: plain TCP.
+	MigrationTLSDir string
 	// ClientCAFile, when set, makes the console server accept only clients
 	// with a certificate signed by this CA (the API server's kubelet client
 	// certificate, or an admin's).

@@ -70,10 +70,10 @@ func TestIPAMRefusesBadRanges(t *testing.T) {
 }
 
 func TestNamesAreStableAndShort(t *testing.T) {
-	if TapName("ns_a") != TapName("ns_a") || TapName("ns_a") == TapName("ns_b") {
+	if TapName("br0", "ns_a") != TapName("br0", "ns_a") || TapName("br0", "ns_a") == TapName("br0", "ns_b") || TapName("br0", "ns_a") == TapName("br1", "ns_a") {
 		t.Error("tap names are not stable and distinct")
 	}
-	if n := len(TapName(strings.Repeat("x", 300))); n > 15 {
+	if n := len(TapName("br0", strings.Repeat("x", 300))); n > 15 {
 		t.Errorf("tap name has %d characters; Linux allows 15", n)
 	}
 	if mac := MAC("ns_a"); !strings.HasPrefix(mac, "52:54:00:") || len(mac) != 17 {

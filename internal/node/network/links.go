@@ -18,10 +18,12 @@ type Links struct {
 	NetNS   string
 }
 
-// TapName is the tap for a Machine ID: short (IFNAMSIZ is 16) and stable, so
-// a restarted agent finds the taps it made.
-func TapName(id string) string {
-	sum := sha256.Sum256([]byte(id))
+// TapName is the tap for a Machine ID on a bridge: short (IFNAMSIZ is 16)
+// and stable, so a restarted agent finds the taps it made. The bridge is
+// part of it because nodes may share a network namespace (kairon-local),
+// and during a migration both nodes hold a tap for the same Machine.
+func TapName(bridge, id string) string {
+	sum := sha256.Sum256([]byte(bridge + "/" + id))
 	return "kt" + hex.EncodeToString(sum[:])[:10]
 }
 
@@ -53,7 +55,7 @@ func (l *Links) EnsureBridge() error {
 
 // EnsureTap creates id's tap on the bridge, up. It is idempotent.
 func (l *Links) EnsureTap(id string) (string, error) {
-	tap := TapName(id)
+	tap := TapName(l.Bridge, id)
 	if !l.exists(tap) {
 		if err := l.ip("tuntap", "add", "dev", tap, "mode", "tap"); err != nil {
 			return "", err
@@ -67,7 +69,7 @@ func (l *Links) EnsureTap(id string) (string, error) {
 
 // DeleteTap removes id's tap; a missing tap is not an error.
 func (l *Links) DeleteTap(id string) error {
-	tap := TapName(id)
+	tap := TapName(l.Bridge, id)
 	if !l.exists(tap) {
 		return nil
 	}

@@ -1,0 +1,455 @@
+package node
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/backend"
+)
+
+// Live migration, the node agents' part. kairon-controller picks the target
+// and sets the migration Running; then:
+//
+//  1. the SOURCE agent connects to the target agent's migration endpoint
+//     (the Node annotation kairon.zyvor.dev/migration-endpoint; TLS with
+//     both sides' certificates checked against one CA when the agents have
+//     --migration-tls-dir) and asks for the migration by name;
+//  2. the TARGET agent checks that it is the target of that Running live
+//     migration, attaches the Machine to its network and answers OK;
+//  3. the source's backend streams the running guest (SendLive) while the
+//     target's backend loads it (ReceiveLive); the guest runs on the source
+//     until the final pass, then on the target;
+//  4. the target switches the Machine's spec.nodeName to itself and answers
+//     DONE; the source annotates the migration state-saved with the downtime
+//     its hypervisor measured;
+//  5. the controller sees both and marks the migration Succeeded; the source
+//     then stops its paused copy (finishSource, shared with cold).
+//
+// Any failure before the switch marks the migration Failed; the target
+// drops what it loaded and the source's guest runs on (QEMU resumes a guest
+// whose outgoing migration failed; finishSource resumes it otherwise).
+//
+// The wire protocol is line based around the backend's stream:
+//
+//	source: KAIRON-LIVE/1 <namespace> <migration>\n
+//	target: OK\n | ERR <why>\n
+//	source: <backend stream>
+//	target: DONE\n | ERR <why>\n
+
+const (
+	liveProtocol = "KAIRON-LIVE/1"
+	// liveHandshakeTimeout bounds connecting, TLS and the request line.
+	liveHandshakeTimeout = 15 * time.Second
+	// liveTransferTimeout bounds the stream and the target's answer.
+	liveTransferTimeout = 4 * time.Minute
+	// liveLineLimit bounds the protocol's lines.
+	liveLineLimit = 1024
+)
+
+// migrationTLS is the agents' mutual TLS for live migration, from a
+// directory holding tls.crt, tls.key and ca.crt (a kubernetes.io/tls Secret
+// with the CA added, as the Helm chart mounts migration.tlsSecretName).
+// Every agent usually shares one certificate, so peers are checked against
+// the CA only, not by host name.
+type migrationTLS struct {
+	server, client *tls.Config
+}
+
+func loadMigrationTLS(dir string) (*migrationTLS, error) {
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+	if err != nil {
+		return nil, fmt.Errorf("--migration-tls-dir %s: %w", dir, err)
+	}
+	caPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		return nil, fmt.Errorf("--migration-tls-dir %s: %w", dir, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("--migration-tls-dir %s: ca.crt holds no PEM certificate", dir)
+	}
+	verifyServer := func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("the target agent sent no certificate")
+		}
+		inter := x509.NewCertPool()
+		for _, c := range cs.PeerCertificates[1:] {
+			inter.AddCert(c)
+		}
+		_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{
+			Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+		})
+		return err
+	}
+	return &migrationTLS{
+		server: &tls.Config{
+			Certificates: []tls.Certificate{cert}, ClientCAs: pool,
+			ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13,
+		},
+		client: &tls.Config{
+			Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13,
+			// Verified by VerifyConnection against the CA, without a host name.
+			InsecureSkipVerify: true, VerifyConnection: verifyServer,
+		},
+	}, nil
+}
+
+// migrationEndpoint is what the Node annotation advertises: the listener's
+// address, with an unspecified host left empty (the Node's InternalIP).
+func (a *Agent) migrationEndpoint() string {
+	if a.migrationListener == nil {
+		return ""
+	}
+	host, port, err := net.SplitHostPort(a.migrationListener.Addr().String())
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = ""
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// serveLiveMigrations accepts live migrations until ctx ends.
+func (a *Agent) serveLiveMigrations(ctx context.Context) error {
+	go func() {
+		<-ctx.Done()
+		_ = a.migrationListener.Close()
+	}()
+	for {
+		conn, err := a.migrationListener.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("migration listener: %w", err)
+		}
+		go a.receiveLive(ctx, conn)
+	}
+}
+
+// receiveLive is the target's side of one live migration connection.
+func (a *Agent) receiveLive(ctx context.Context, conn net.Conn) {
+	defer conn.Close()
+	logger := log.FromContext(ctx).WithValues("peer", conn.RemoteAddr().String())
+	_ = conn.SetDeadline(time.Now().Add(liveHandshakeTimeout))
+	if a.migrationTLS != nil {
+		tc := tls.Server(conn, a.migrationTLS.server)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			logger.Info("live migration refused: TLS handshake failed", "err", err.Error())
+			return
+		}
+		conn = tc
+	}
+	in := bufio.NewReader(conn)
+	line, err := readLine(in)
+	if err != nil {
+		logger.Info("live migration refused: no request", "err", err.Error())
+		return
+	}
+	key, err := parseLiveRequest(line)
+	if err != nil {
+		reply(conn, "ERR "+err.Error())
+		return
+	}
+	logger = logger.WithValues("migration", key.String())
+	mig, machine, spec, err := a.prepareLiveTarget(ctx, key)
+	if err != nil {
+		logger.Info("live migration refused", "why", err.Error())
+		reply(conn, "ERR "+err.Error())
+		return
+	}
+	id := spec.ID
+	if err := reply(conn, "OK"); err != nil {
+		_ = a.teardown(ctx, id)
+		return
+	}
+	_ = conn.SetDeadline(time.Now().Add(liveTransferTimeout))
+
+	receiveCtx, cancel := context.WithTimeout(ctx, liveTransferTimeout)
+	defer cancel()
+	began := time.Now()
+	_, err = a.opts.Backend.(backend.LiveMigrator).ReceiveLive(receiveCtx, spec, in)
+	if err == nil {
+		err = a.switchToThisNode(ctx, machine, mig.Status.SourceNode)
+	}
+	if err != nil {
+		_ = a.teardown(ctx, id)
+		msg := fmt.Sprintf("receiving the guest on node %s: %v", a.opts.NodeName, err)
+		_ = reply(conn, "ERR "+msg)
+		if failErr := a.failMigration(ctx, mig, "ReceiveFailed", msg); failErr != nil && !apierrors.IsConflict(failErr) {
+			logger.Error(failErr, "marking the migration failed")
+		}
+		return
+	}
+	logger.Info("guest received; Machine switched to this node", "took", time.Since(began))
+	_ = reply(conn, "DONE")
+}
+
+// prepareLiveTarget checks that this node is the target of the Running live
+// migration key, and attaches the Machine to the node network.
+func (a *Agent) prepareLiveTarget(ctx context.Context, key client.ObjectKey) (*kaironv1.MachineMigration, *kaironv1.Machine, backend.Spec, error) {
+	reader := a.mgr.GetAPIReader()
+	mig := &kaironv1.MachineMigration{}
+	if err := reader.Get(ctx, key, mig); err != nil {
+		return nil, nil, backend.Spec{}, fmt.Errorf("reading migration %s: %w", key, err)
+	}
+	switch {
+	case mig.Spec.Strategy != kaironv1.MigrationLive:
+		return nil, nil, backend.Spec{}, fmt.Errorf("migration %s is not live", key)
+	case mig.Status.Phase != kaironv1.MigrationRunning:
+		return nil, nil, backend.Spec{}, fmt.Errorf("migration %s is %q, not Running", key, mig.Status.Phase)
+	case mig.Status.TargetNode != a.opts.NodeName:
+		return nil, nil, backend.Spec{}, fmt.Errorf("migration %s targets node %q, not %s", key, mig.Status.TargetNode, a.opts.NodeName)
+	}
+	if _, ok := a.opts.Backend.(backend.LiveMigrator); !ok {
+		return nil, nil, backend.Spec{}, fmt.Errorf("the %s backend of node %s cannot receive live migrations", a.opts.Backend.Name(), a.opts.NodeName)
+	}
+	machine := &kaironv1.Machine{}
+	if err := reader.Get(ctx, client.ObjectKey{Namespace: key.Namespace, Name: mig.Spec.MachineName}, machine); err != nil {
+		return nil, nil, backend.Spec{}, fmt.Errorf("reading machine %s/%s: %w", key.Namespace, mig.Spec.MachineName, err)
+	}
+	if machine.Spec.NodeName != mig.Status.SourceNode || !machine.DeletionTimestamp.IsZero() {
+		return nil, nil, backend.Spec{}, fmt.Errorf("machine %s is on node %q or being deleted, not on the source %s", machine.Name, machine.Spec.NodeName, mig.Status.SourceNode)
+	}
+	id := instanceID(machine.Namespace, machine.Name)
+	if _, err := a.opts.Backend.Get(ctx, id); !errors.Is(err, backend.ErrNotFound) {
+		return nil, nil, backend.Spec{}, fmt.Errorf("node %s already holds a VM for machine %s", a.opts.NodeName, machine.Name)
+	}
+	spec, err := a.attach(machine, id)
+	if err != nil {
+		_ = a.teardown(ctx, id)
+		return nil, nil, backend.Spec{}, fmt.Errorf("attaching to the network of node %s: %w", a.opts.NodeName, err)
+	}
+	return mig, machine, spec, nil
+}
+
+// switchToThisNode moves the Machine's spec.nodeName from source to this
+// node: the moment a migration commits. It never overrides another change.
+func (a *Agent) switchToThisNode(ctx context.Context, machine *kaironv1.Machine, source string) error {
+	key := client.ObjectKeyFromObject(machine)
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		current := &kaironv1.Machine{}
+		if err := a.mgr.GetAPIReader().Get(ctx, key, current); err != nil {
+			return err
+		}
+		if current.Spec.NodeName == a.opts.NodeName {
+			return nil
+		}
+		if current.Spec.NodeName != source {
+			return fmt.Errorf("machine %s moved to node %q meanwhile", key.Name, current.Spec.NodeName)
+		}
+		base := current.DeepCopy()
+		current.Spec.NodeName = a.opts.NodeName
+		return a.client.Patch(ctx, current, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+	})
+}
+
+// migrateSourceLive is the source's side of a live migration.
+func (a *Agent) migrateSourceLive(ctx context.Context, mig *kaironv1.MachineMigration) (reconcile.Result, error) {
+	id := instanceID(mig.Namespace, mig.Spec.MachineName)
+	// The marker file records that a send began, for finishSource and for
+	// an agent restarted in the middle of one.
+	marker := a.migrationStatePath(mig.Namespace, mig.Name)
+	if mig.Status.Phase.IsTerminal() {
+		return reconcile.Result{}, a.finishSource(ctx, mig, id, marker)
+	}
+	if mig.Status.Phase != kaironv1.MigrationRunning || mig.Annotations[kaironv1.AnnotationMigrationStateSaved] == "true" {
+		return reconcile.Result{}, nil
+	}
+	machine := &kaironv1.Machine{}
+	if err := a.mgr.GetAPIReader().Get(ctx, client.ObjectKey{Namespace: mig.Namespace, Name: mig.Spec.MachineName}, machine); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		// A send began before and its outcome was not recorded.
+		if machine.Spec.NodeName == mig.Status.TargetNode {
+			return reconcile.Result{}, a.recordHandOver(ctx, mig, 0)
+		}
+		return reconcile.Result{}, a.failMigration(ctx, mig, "TransferInterrupted",
+			fmt.Sprintf("the live migration from node %s was interrupted (agent restarted?); the guest stays there", a.opts.NodeName))
+	}
+	if machine.Spec.NodeName != a.opts.NodeName {
+		return reconcile.Result{}, nil
+	}
+	migrator, ok := a.opts.Backend.(backend.LiveMigrator)
+	if !ok {
+		return reconcile.Result{}, a.failMigration(ctx, mig, "LiveNotSupported",
+			fmt.Sprintf("the %s backend of node %s cannot migrate a running guest; use strategy cold", a.opts.Backend.Name(), a.opts.NodeName))
+	}
+	if err := os.MkdirAll(filepath.Dir(marker), 0o700); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := os.WriteFile(marker, []byte("live\n"), 0o600); err != nil {
+		return reconcile.Result{}, err
+	}
+	downtime, reason, err := a.sendLive(ctx, mig, id, migrator)
+	if err != nil {
+		if reason == "" { // unclear outcome: the Machine's node tells
+			current := &kaironv1.Machine{}
+			if getErr := a.mgr.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(machine), current); getErr == nil && current.Spec.NodeName == mig.Status.TargetNode {
+				return reconcile.Result{}, a.recordHandOver(ctx, mig, 0)
+			}
+			reason = "TransferInterrupted"
+		}
+		return reconcile.Result{}, a.failMigration(ctx, mig, reason, err.Error())
+	}
+	log.FromContext(ctx).Info("guest migrated live", "migration", mig.Name, "target", mig.Status.TargetNode, "downtime", downtime)
+	return reconcile.Result{}, a.recordHandOver(ctx, mig, downtime)
+}
+
+// sendLive connects to the target agent and streams the guest. A failure
+// comes with the migration's reason, or "" when the outcome is unknown (the
+// connection broke after the whole stream was sent).
+func (a *Agent) sendLive(ctx context.Context, mig *kaironv1.MachineMigration, id string, migrator backend.LiveMigrator) (time.Duration, string, error) {
+	target := mig.Status.TargetNode
+	conn, err := a.dialLive(ctx, target)
+	if err != nil {
+		return 0, "TargetUnreachable", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(liveHandshakeTimeout))
+	if err := reply(conn, fmt.Sprintf("%s %s %s", liveProtocol, mig.Namespace, mig.Name)); err != nil {
+		return 0, "TargetUnreachable", fmt.Errorf("node %s: %w", target, err)
+	}
+	in := bufio.NewReader(conn)
+	answer, err := readLine(in)
+	if err != nil {
+		return 0, "TargetUnreachable", fmt.Errorf("node %s did not answer: %w", target, err)
+	}
+	if answer != "OK" {
+		return 0, "TargetRefused", fmt.Errorf("node %s refused the guest: %s", target, strings.TrimPrefix(answer, "ERR "))
+	}
+	_ = conn.SetDeadline(time.Now().Add(liveTransferTimeout))
+	sendCtx, cancel := context.WithTimeout(ctx, liveTransferTimeout)
+	defer cancel()
+	downtime, err := migrator.SendLive(sendCtx, id, conn)
+	if err != nil {
+		// The target explains a failure on its side better than a broken pipe.
+		_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+		if answer, readErr := readLine(in); readErr == nil && strings.HasPrefix(answer, "ERR ") {
+			return 0, "ReceiveFailed", errors.New(strings.TrimPrefix(answer, "ERR "))
+		}
+		return 0, "TransferFailed", fmt.Errorf("streaming the guest from node %s to node %s: %w; it keeps running on %s", a.opts.NodeName, target, err, a.opts.NodeName)
+	}
+	answer, err = readLine(in)
+	switch {
+	case err != nil:
+		return 0, "", fmt.Errorf("node %s did not confirm the migration: %w", target, err)
+	case answer != "DONE":
+		return 0, "ReceiveFailed", errors.New(strings.TrimPrefix(answer, "ERR "))
+	}
+	return downtime, "", nil
+}
+
+// dialLive connects to a node's migration endpoint, with TLS if configured.
+func (a *Agent) dialLive(ctx context.Context, nodeName string) (net.Conn, error) {
+	node := &corev1.Node{}
+	if err := a.mgr.GetAPIReader().Get(ctx, client.ObjectKey{Name: nodeName}, node); err != nil {
+		return nil, fmt.Errorf("reading node %s: %w", nodeName, err)
+	}
+	endpoint := node.Annotations[kaironv1.AnnotationNodeMigrationEndpoint]
+	host, port, err := net.SplitHostPort(endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("node %s advertises no live migration endpoint (annotation %s %q): is its agent started with --migration-listen?",
+			nodeName, kaironv1.AnnotationNodeMigrationEndpoint, endpoint)
+	}
+	if host == "" {
+		for _, addr := range node.Status.Addresses {
+			if addr.Type == corev1.NodeInternalIP {
+				host = addr.Address
+				break
+			}
+		}
+		if host == "" {
+			return nil, fmt.Errorf("node %s has no InternalIP for its migration endpoint %q", nodeName, endpoint)
+		}
+	}
+	dialCtx, cancel := context.WithTimeout(ctx, liveHandshakeTimeout)
+	defer cancel()
+	address := net.JoinHostPort(host, port)
+	conn, err := (&net.Dialer{}).DialContext(dialCtx, "tcp", address)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to node %s at %s: %w", nodeName, address, err)
+	}
+	if a.migrationTLS == nil {
+		return conn, nil
+	}
+	tc := tls.Client(conn, a.migrationTLS.client)
+	if err := tc.HandshakeContext(dialCtx); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("TLS with node %s at %s: %w", nodeName, address, err)
+	}
+	return tc, nil
+}
+
+// recordHandOver annotates the migration once the target took the guest
+// over, for the controller to finish it.
+func (a *Agent) recordHandOver(ctx context.Context, mig *kaironv1.MachineMigration, downtime time.Duration) error {
+	base := mig.DeepCopy()
+	if mig.Annotations == nil {
+		mig.Annotations = map[string]string{}
+	}
+	mig.Annotations[kaironv1.AnnotationMigrationStateSaved] = "true"
+	mig.Annotations[kaironv1.AnnotationMigrationStateSavedAt] = time.Now().Add(-downtime).UTC().Format(time.RFC3339Nano)
+	if downtime > 0 {
+		mig.Annotations[kaironv1.AnnotationMigrationDowntimeMillis] = strconv.FormatInt(max(downtime.Milliseconds(), 1), 10)
+	}
+	return a.client.Patch(ctx, mig, client.MergeFrom(base))
+}
+
+// parseLiveRequest reads "KAIRON-LIVE/1 <namespace> <name>".
+func parseLiveRequest(line string) (client.ObjectKey, error) {
+	fields := strings.Fields(line)
+	if len(fields) != 3 || fields[0] != liveProtocol {
+		return client.ObjectKey{}, fmt.Errorf("expected %q, got %q", liveProtocol+" <namespace> <migration>", line)
+	}
+	return client.ObjectKey{Namespace: fields[1], Name: fields[2]}, nil
+}
+
+// readLine reads one protocol line without its newline.
+func readLine(r *bufio.Reader) (string, error) {
+	var line []byte
+	for {
+		b, err := r.ReadByte()
+		if err != nil {
+			return "", err
+		}
+		if b == '\n' {
+			return string(line), nil
+		}
+		if len(line) >= liveLineLimit {
+			return "", errors.New("protocol line too long")
+		}
+		line = append(line, b)
+	}
+}
+
+// reply writes one protocol line.
+func reply(w io.Writer, line string) error {
+	_, err := io.WriteString(w, strings.ReplaceAll(line, "\n", " ")+"\n")
+	return err
+}

@@ -1,0 +1,174 @@
+package node_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"io"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/backend"
+	"github.com/zyvor/kairon/internal/backend/sim"
+	"github.com/zyvor/kairon/internal/node"
+)
+
+// failingReceive is a sim backend that cannot load an incoming guest.
+type failingReceive struct{ *sim.Backend }
+
+func (failingReceive) ReceiveLive(_ context.Context, _ backend.Spec, r io.Reader) (backend.Instance, error) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(r, 1)) // the stream started
+	return backend.Instance{}, errors.New("injected receive failure")
+}
+
+// migrationTLSDir writes a CA and one certificate it signed, as the Secret
+// migration.tlsSecretName holds (tls.crt, tls.key, ca.crt), into a new
+// directory.
+func migrationTLSDir(t *testing.T, commonName string) string {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTemplate := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: commonName + " CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTemplate, caTemplate, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leaf := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: commonName},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	dir := t.TempDir()
+	for name, block := range map[string]*pem.Block{
+		"ca.crt":  {Type: "CERTIFICATE", Bytes: caDER},
+		"tls.crt": {Type: "CERTIFICATE", Bytes: leafDER},
+		"tls.key": {Type: "EC PRIVATE KEY", Bytes: keyDER},
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(block), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func withTLS(dir string) func(*node.Options) {
+	return func(o *node.Options) { o.MigrationTLSDir = dir }
+}
+
+func instancePaused(t *testing.T, stateDir, ns, name string) bool {
+	t.Helper()
+	b, err := sim.New(sim.Options{StateDir: filepath.Join(stateDir, "instances")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := b.Get(context.Background(), ns+"_"+name)
+	return err == nil && in.Phase == backend.Paused
+}
+
+// TestLiveMigrationMovesARunningMachine: two agents sharing a migration
+// certificate move a Machine live; the migration records the downtime.
+func TestLiveMigrationMovesARunningMachine(t *testing.T) {
+	tlsDir := migrationTLSDir(t, "kairon-node")
+	env, ns, sourceState, targetState, m := startMigrationPair(t, "live-a", "live-b", nil, withTLS(tlsDir), withTLS(tlsDir))
+	ctx := context.Background()
+	mig := &kaironv1.MachineMigration{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "live"},
+		Spec:       kaironv1.MachineMigrationSpec{MachineName: "vm", Strategy: kaironv1.MigrationLive},
+	}
+	if err := env.Client.Create(ctx, mig); err != nil {
+		t.Fatal(err)
+	}
+	mig = waitMigration(t, env, client.ObjectKeyFromObject(mig), kaironv1.MigrationSucceeded)
+	if mig.Status.SourceNode != "live-a" || mig.Status.TargetNode != "live-b" || mig.Status.DowntimeMillis <= 0 {
+		t.Errorf("status %+v, want live-a → live-b with a downtime", mig.Status)
+	}
+	if !strings.Contains(mig.Status.Message, "runs on node live-b") {
+		t.Errorf("message %q", mig.Status.Message)
+	}
+	if mig.Annotations[kaironv1.AnnotationMigrationStateSaved] != "true" || mig.Annotations[kaironv1.AnnotationMigrationDowntimeMillis] == "" {
+		t.Errorf("annotations %v, want the source's hand-over and downtime", mig.Annotations)
+	}
+	moved := waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
+	if moved.Spec.NodeName != "live-b" {
+		t.Errorf("machine on %q after the migration, want live-b", moved.Spec.NodeName)
+	}
+	eventually(t, "the source's copy gone and the target's running", func() (bool, string) {
+		return !instanceExists(sourceState, ns, "vm") && instanceExists(targetState, ns, "vm") && !instancePaused(t, targetState, ns, "vm"),
+			"waiting for the source to stop its paused copy"
+	})
+}
+
+// TestLiveMigrationFailureLeavesTheMachineOnTheSource: the target cannot
+// load the guest; the migration fails with its reason and the guest runs on
+// at the source, unpaused, with nothing left on the target.
+func TestLiveMigrationFailureLeavesTheMachineOnTheSource(t *testing.T) {
+	env, ns, sourceState, targetState, m := startMigrationPair(t, "live-fail-a", "live-fail-b",
+		func(b *sim.Backend) backend.Backend { return failingReceive{b} }, nil, nil)
+	ctx := context.Background()
+	mig := &kaironv1.MachineMigration{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "live"},
+		Spec:       kaironv1.MachineMigrationSpec{MachineName: "vm", Strategy: kaironv1.MigrationLive},
+	}
+	if err := env.Client.Create(ctx, mig); err != nil {
+		t.Fatal(err)
+	}
+	mig = waitMigration(t, env, client.ObjectKeyFromObject(mig), kaironv1.MigrationFailed)
+	if mig.Status.Reason != "ReceiveFailed" || !strings.Contains(mig.Status.Message, "injected receive failure") {
+		t.Errorf("failed with %s: %s; want ReceiveFailed naming the target's error", mig.Status.Reason, mig.Status.Message)
+	}
+	stayed := waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
+	if stayed.Spec.NodeName != "live-fail-a" {
+		t.Errorf("machine on %q, want it still on live-fail-a", stayed.Spec.NodeName)
+	}
+	eventually(t, "the source's guest resumed, nothing on the target", func() (bool, string) {
+		return instanceExists(sourceState, ns, "vm") && !instancePaused(t, sourceState, ns, "vm") && !instanceExists(targetState, ns, "vm"),
+			"source paused or target holds a copy"
+	})
+}
+
+// TestLiveMigrationRefusesAnAgentWithoutTheClusterCertificate: with TLS on,
+// a source whose certificate another CA signed cannot hand a guest over.
+func TestLiveMigrationRefusesAnAgentWithoutTheClusterCertificate(t *testing.T) {
+	env, ns, _, targetState, m := startMigrationPair(t, "live-tls-a", "live-tls-b", nil,
+		withTLS(migrationTLSDir(t, "intruder")), withTLS(migrationTLSDir(t, "kairon-node")))
+	ctx := context.Background()
+	mig := &kaironv1.MachineMigration{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "live"},
+		Spec:       kaironv1.MachineMigrationSpec{MachineName: "vm", Strategy: kaironv1.MigrationLive},
+	}
+	if err := env.Client.Create(ctx, mig); err != nil {
+		t.Fatal(err)
+	}
+	mig = waitMigration(t, env, client.ObjectKeyFromObject(mig), kaironv1.MigrationFailed)
+	if mig.Status.Reason != "TargetUnreachable" || !strings.Contains(mig.Status.Message, "TLS") {
+		t.Errorf("failed with %s: %s; want TargetUnreachable from the TLS handshake", mig.Status.Reason, mig.Status.Message)
+	}
+	stayed := waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
+	if stayed.Spec.NodeName != "live-tls-a" || instanceExists(targetState, ns, "vm") {
+		t.Errorf("machine on %q (target holds a copy: %v), want it on live-tls-a only", stayed.Spec.NodeName, instanceExists(targetState, ns, "vm"))
+	}
+}

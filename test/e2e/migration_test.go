@@ -1,0 +1,311 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/zyvor/kairon/internal/testenv"
+)
+
+// localCluster is a kairon-local run by a test.
+type localCluster struct {
+	t          *testing.T
+	binDir     string
+	dataDir    string
+	kubeconfig string
+	netNS      string
+}
+
+// startKaironLocal runs `kairon-local up` with nodes QEMU agents, their
+// network in a namespace the test creates, and waits until it is up. Every
+// process and VM ends with the test.
+func startKaironLocal(t *testing.T, nodes int) *localCluster {
+	t.Helper()
+	c := &localCluster{t: t, binDir: testenv.BinDir(t), netNS: netns(t), dataDir: t.TempDir()}
+	c.kubeconfig = filepath.Join(c.dataDir, "kubeconfig")
+	t.Cleanup(func() { killVMs(t, c.dataDir) })
+	out := filepath.Join(t.TempDir(), "out")
+	log, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := exec.Command(filepath.Join(c.binDir, "kairon-local"), "up", "--data-dir", c.dataDir, "--port", "0",
+		"--nodes", strconv.Itoa(nodes), "--netns", c.netNS, "--node-cpu", "2", "--node-memory", "1Gi")
+	up.Stdout, up.Stderr = log, log
+	up.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := up.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = up.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = up.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			_ = up.Process.Kill()
+			<-done
+		}
+		log.Close()
+		if t.Failed() {
+			text, _ := os.ReadFile(out)
+			t.Logf("kairon-local output:\n%s", tail(string(text), 40))
+		}
+	})
+	eventually(t, 3*time.Minute, "kairon-local up", func() (bool, string) {
+		text, _ := os.ReadFile(out)
+		return strings.Contains(string(text), "kairon-local is up"), tail(string(text), 3)
+	})
+	return c
+}
+
+// kubectl runs kubectl against the cluster and fails the test on an error.
+func (c *localCluster) kubectl(stdin string, args ...string) string {
+	c.t.Helper()
+	cmd := exec.Command(filepath.Join(c.binDir, "kubectl"), append([]string{"--kubeconfig", c.kubeconfig}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		c.t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// jsonpath reads one field of an object.
+func (c *localCluster) jsonpath(kind, name, path string) string {
+	c.t.Helper()
+	return c.kubectl("", "get", kind, name, "-o", "jsonpath="+path)
+}
+
+// agentPID finds the kairon-node process serving node.
+func (c *localCluster) agentPID(node string) int {
+	c.t.Helper()
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(raw), "\x00")
+		if strings.HasSuffix(args[0], "kairon-node") && strings.Contains(string(raw), "\x00--node-name\x00"+node+"\x00") &&
+			strings.Contains(string(raw), c.dataDir) {
+			return pid
+		}
+	}
+	c.t.Fatalf("no kairon-node process for %s", node)
+	return 0
+}
+
+// guestConsole is a client of a VM's serial console socket, where the
+// default guest keeps a shell.
+type guestConsole struct {
+	conn net.Conn
+	mu   sync.Mutex
+	seen strings.Builder
+}
+
+func (c *localCluster) console(node, namespace, machine string) *guestConsole {
+	c.t.Helper()
+	path := filepath.Join(c.dataDir, "nodes", node, "instances", namespace+"_"+machine, "console.sock")
+	conn, err := net.Dial("unix", path)
+	if err != nil {
+		c.t.Fatalf("console of %s/%s on %s: %v", namespace, machine, node, err)
+	}
+	con := &guestConsole{conn: conn}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r := bufio.NewReader(conn)
+		buf := make([]byte, 4096)
+		for {
+			n, err := r.Read(buf)
+			con.mu.Lock()
+			con.seen.Write(buf[:n])
+			con.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	c.t.Cleanup(func() { conn.Close(); <-done })
+	return con
+}
+
+// run types line and returns the first match of want in what the console
+// printed after it.
+func (con *guestConsole) run(t *testing.T, line string, want *regexp.Regexp) []string {
+	t.Helper()
+	con.mu.Lock()
+	from := con.seen.Len()
+	con.mu.Unlock()
+	if _, err := con.conn.Write([]byte(line + "\n")); err != nil {
+		t.Fatalf("console: %v", err)
+	}
+	var out string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		con.mu.Lock()
+		out = con.seen.String()[from:]
+		con.mu.Unlock()
+		if m := want.FindStringSubmatch(out); m != nil {
+			return m
+		}
+	}
+	t.Fatalf("console: %q printed no %s within 30s: %q", line, want, out)
+	return nil
+}
+
+var (
+	tokenOutput   = regexp.MustCompile(`token:(\d+)\.`)
+	counterOutput = regexp.MustCompile(`counter:(\d+)\.`)
+)
+
+// guestState is what the test keeps inside the guest: a token in a file on
+// the guest's tmpfs and a counter a guest process increments ten times a
+// second. Both live only in guest memory.
+type guestState struct {
+	token, counter int
+}
+
+func readGuestState(t *testing.T, con *guestConsole) guestState {
+	t.Helper()
+	token, _ := strconv.Atoi(con.run(t, "echo token:$(cat /tmp/token).", tokenOutput)[1])
+	counter, _ := strconv.Atoi(con.run(t, "echo counter:$(cat /tmp/counter).", counterOutput)[1])
+	return guestState{token: token, counter: counter}
+}
+
+// checkGuestKeptState: same token, the counter went on from where it was
+// (never back to zero, as after a reboot) and still counts.
+func checkGuestKeptState(t *testing.T, con *guestConsole, before guestState, after string) guestState {
+	t.Helper()
+	now := readGuestState(t, con)
+	if now.token != before.token {
+		t.Errorf("%s: token %d, want %d: the guest lost its memory", after, now.token, before.token)
+	}
+	if now.counter < before.counter {
+		t.Errorf("%s: counter went back from %d to %d: the guest restarted", after, before.counter, now.counter)
+	}
+	time.Sleep(time.Second)
+	if later := readGuestState(t, con); later.counter <= now.counter {
+		t.Errorf("%s: counter stuck at %d: the guest's process does not run", after, later.counter)
+	}
+	return now
+}
+
+// migrate creates a MachineMigration with kubectl and waits for it to end.
+func (c *localCluster) migrate(name, machine, strategy string) (phase, reason, message string) {
+	c.t.Helper()
+	c.kubectl(fmt.Sprintf(`apiVersion: kairon.zyvor.dev/v1alpha1
+kind: MachineMigration
+metadata: {name: %s, namespace: default}
+spec: {machineName: %s, strategy: %s}
+`, name, machine, strategy), "apply", "-f", "-")
+	var state string
+	eventually(c.t, 3*time.Minute, "migration "+name+" to end", func() (bool, string) {
+		state = c.jsonpath("machinemigration", name, "{.status.phase}|{.status.reason}|{.status.message}")
+		return strings.HasPrefix(state, "Succeeded|") || strings.HasPrefix(state, "Failed|"), state
+	})
+	parts := strings.SplitN(state, "|", 3)
+	return parts[0], parts[1], parts[2]
+}
+
+func otherNode(node string) string {
+	if node == "node-1" {
+		return "node-2"
+	}
+	return "node-1"
+}
+
+// TestMigrationKeepsTheGuestState moves a running guest between the two
+// nodes of kairon-local, cold then live, and checks what the guest holds in
+// memory after each move; then a live migration whose target does not
+// answer fails and leaves the guest running, unchanged, on its node.
+func TestMigrationKeepsTheGuestState(t *testing.T) {
+	c := startKaironLocal(t, 2)
+	c.kubectl("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata: {name: mover, namespace: default}\nspec: {}\n", "apply", "-f", "-")
+	var node string
+	eventually(t, 3*time.Minute, "machine mover Running", func() (bool, string) {
+		state := c.jsonpath("machine", "mover", "{.status.phase} {.spec.nodeName}")
+		phase, n, _ := strings.Cut(state, " ")
+		node = n
+		return phase == "Running" && n != "", state
+	})
+	con := c.console(node, "default", "mover")
+	token := rand.IntN(1_000_000) + 1000
+	con.run(t, fmt.Sprintf("echo %d > /tmp/token; echo wrote:$((%d+1)).", token, token), regexp.MustCompile(fmt.Sprintf(`wrote:%d\.`, token+1)))
+	con.run(t, "(i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; usleep 100000; done) & echo started:$((1+1)).", regexp.MustCompile(`started:2\.`))
+	time.Sleep(500 * time.Millisecond)
+	state := readGuestState(t, con)
+
+	for _, strategy := range []string{"cold", "live"} {
+		source, target := node, otherNode(node)
+		phase, reason, message := c.migrate("move-"+strategy, "mover", strategy)
+		if phase != "Succeeded" {
+			t.Fatalf("%s migration %s/%s: %s", strategy, phase, reason, message)
+		}
+		downtime := c.jsonpath("machinemigration", "move-"+strategy, "{.status.downtimeMillis}")
+		t.Logf("%s migration %s → %s: %s, downtime %s ms", strategy, source, target, message, downtime)
+		if got := c.jsonpath("machine", "mover", "{.spec.nodeName}"); got != target {
+			t.Fatalf("after the %s migration the machine is on %q, want %s", strategy, got, target)
+		}
+		node = target
+		eventually(t, time.Minute, "no VM left on "+source, func() (bool, string) {
+			left := vmProcesses(t, filepath.Join(c.dataDir, "nodes", source))
+			return len(left) == 0, fmt.Sprint(left)
+		})
+		if vms := vmProcesses(t, filepath.Join(c.dataDir, "nodes", target)); vms["default/mover"] == 0 {
+			t.Errorf("no QEMU for default/mover on %s: %v", target, vms)
+		}
+		con = c.console(node, "default", "mover")
+		state = checkGuestKeptState(t, con, state, "after the "+strategy+" migration")
+	}
+
+	// A target that does not answer: its agent is stopped (SIGSTOP), so the
+	// source's request times out before any state leaves it.
+	target := otherNode(node)
+	agent := c.agentPID(target)
+	if err := syscall.Kill(agent, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = syscall.Kill(agent, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(resume)
+	phase, reason, message := c.migrate("move-fail", "mover", "live")
+	resume()
+	if phase != "Failed" || reason != "TargetUnreachable" {
+		t.Errorf("migration to a stopped agent: %s/%s: %s; want Failed/TargetUnreachable", phase, reason, message)
+	}
+	t.Logf("failed as expected: %s: %s", reason, message)
+	if got := c.kubectl("", "get", "machine", "mover", "-o", "jsonpath={.spec.nodeName} {.status.phase}"); got != node+" Running" {
+		t.Errorf("after the failed migration the machine is %q, want %q", got, node+" Running")
+	}
+	checkGuestKeptState(t, con, state, "after the failed migration")
+	if vms := vmProcesses(t, filepath.Join(c.dataDir, "nodes", target)); len(vms) != 0 {
+		t.Errorf("the failed migration left VMs on %s: %v", target, vms)
+	}
+
+	c.kubectl("", "delete", "machine", "mover", "--timeout=60s")
+	if vms := vmProcesses(t, c.dataDir); len(vms) != 0 {
+		t.Errorf("VMs left after delete: %v", vms)
+	}
+}
