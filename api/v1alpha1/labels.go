@@ -55,3 +55,9 @@ const FinalizerMachineVM = "kairon.zyvor.dev/vm"
 // FinalizerMachineClaim keeps a bound MachineClaim until kairon-controller
 // deleted its egress policy and then deleted or handed back its Machine.
 const FinalizerMachineClaim = "kairon.zyvor.dev/machineclaim"
+
+// FinalizerMigrationSource keeps a MachineMigration whose source agent paused
+// or is sending the guest, until that agent resumed the guest (the migration
+// failed or was deleted before the switch) or stopped its copy (the guest
+// runs on the target).
+const FinalizerMigrationSource = "kairon.zyvor.dev/migration-source"

@@ -275,7 +275,7 @@ func (a *Agent) migrateSourceLive(ctx context.Context, mig *kaironv1.MachineMigr
 	// an agent restarted in the middle of one.
 	marker := a.migrationStatePath(mig.Namespace, mig.Name)
 	if mig.Status.Phase.IsTerminal() {
-		return reconcile.Result{}, a.finishSource(ctx, mig, id, marker)
+		return reconcile.Result{}, a.releaseSource(ctx, mig)
 	}
 	if mig.Status.Phase != kaironv1.MigrationRunning || mig.Annotations[kaironv1.AnnotationMigrationStateSaved] == "true" {
 		return reconcile.Result{}, nil
@@ -299,6 +299,9 @@ func (a *Agent) migrateSourceLive(ctx context.Context, mig *kaironv1.MachineMigr
 	if !ok {
 		return reconcile.Result{}, a.failMigration(ctx, mig, "LiveNotSupported",
 			fmt.Sprintf("the %s backend of node %s cannot migrate a running guest; use strategy cold", a.opts.Backend.Name(), a.opts.NodeName))
+	}
+	if err := a.holdAsSource(ctx, mig); err != nil {
+		return reconcile.Result{}, err
 	}
 	if err := os.MkdirAll(filepath.Dir(marker), 0o700); err != nil {
 		return reconcile.Result{}, err

@@ -21,6 +21,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -90,6 +91,13 @@ func (a *Agent) reconcileMigration(ctx context.Context, req reconcile.Request) (
 		return reconcile.Result{}, nil
 	}
 	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("machine", mig.Spec.MachineName))
+	if !mig.DeletionTimestamp.IsZero() {
+		// Deleted in flight: the source must not leave its guest paused.
+		if a.opts.NodeName == mig.Status.SourceNode {
+			return reconcile.Result{}, a.releaseSource(ctx, mig)
+		}
+		return reconcile.Result{}, nil
+	}
 	switch a.opts.NodeName {
 	case mig.Status.SourceNode:
 		if !isCold(mig) {
@@ -108,7 +116,7 @@ func (a *Agent) migrateSource(ctx context.Context, mig *kaironv1.MachineMigratio
 	id := instanceID(mig.Namespace, mig.Spec.MachineName)
 	path := a.migrationStatePath(mig.Namespace, mig.Name)
 	if mig.Status.Phase.IsTerminal() {
-		return reconcile.Result{}, a.finishSource(ctx, mig, id, path)
+		return reconcile.Result{}, a.releaseSource(ctx, mig)
 	}
 	if mig.Status.Phase != kaironv1.MigrationRunning || mig.Annotations[kaironv1.AnnotationMigrationStateSaved] == "true" {
 		return reconcile.Result{}, nil
@@ -120,6 +128,9 @@ func (a *Agent) migrateSource(ctx context.Context, mig *kaironv1.MachineMigratio
 	}
 	if machine.Spec.NodeName != a.opts.NodeName {
 		return reconcile.Result{}, nil
+	}
+	if err := a.holdAsSource(ctx, mig); err != nil {
+		return reconcile.Result{}, err
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return reconcile.Result{}, err
@@ -144,6 +155,32 @@ func (a *Agent) migrateSource(ctx context.Context, mig *kaironv1.MachineMigratio
 	}
 	log.FromContext(ctx).Info("VM saved for migration", "migration", mig.Name, "target", mig.Status.TargetNode)
 	return reconcile.Result{}, nil
+}
+
+// holdAsSource puts the source's finalizer on the migration before the
+// guest is paused or sent, so deleting the migration cannot strand it.
+func (a *Agent) holdAsSource(ctx context.Context, mig *kaironv1.MachineMigration) error {
+	if controllerutil.ContainsFinalizer(mig, kaironv1.FinalizerMigrationSource) {
+		return nil
+	}
+	base := mig.DeepCopy()
+	controllerutil.AddFinalizer(mig, kaironv1.FinalizerMigrationSource)
+	return a.client.Patch(ctx, mig, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+}
+
+// releaseSource cleans up after a migration this node was the source of
+// (ended, or deleted in flight) and lets the migration go.
+func (a *Agent) releaseSource(ctx context.Context, mig *kaironv1.MachineMigration) error {
+	id := instanceID(mig.Namespace, mig.Spec.MachineName)
+	if err := a.finishSource(ctx, mig, id, a.migrationStatePath(mig.Namespace, mig.Name)); err != nil {
+		return err
+	}
+	if !controllerutil.ContainsFinalizer(mig, kaironv1.FinalizerMigrationSource) {
+		return nil
+	}
+	base := mig.DeepCopy()
+	controllerutil.RemoveFinalizer(mig, kaironv1.FinalizerMigrationSource)
+	return client.IgnoreNotFound(a.client.Patch(ctx, mig, client.MergeFrom(base)))
 }
 
 // finishSource cleans up after a migration this node was the source of.

@@ -3,13 +3,16 @@ package node_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -258,4 +261,59 @@ func TestColdMigrationToAFullTargetFails(t *testing.T) {
 	}
 	t.Logf("migration failed: %s: %s", mig.Status.Reason, mig.Status.Message)
 	waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
+}
+
+// stuckRestore is a sim backend whose Restore hangs until released, as a
+// target that never finishes loading.
+type stuckRestore struct {
+	*sim.Backend
+	release chan struct{}
+}
+
+func (s stuckRestore) Restore(ctx context.Context, _ backend.Spec, _ string) (backend.Instance, error) {
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+	}
+	return backend.Instance{}, errors.New("released")
+}
+
+// TestMigrationDeletedInFlightResumesTheSource: the source saved (paused)
+// the guest, the target hangs, and someone deletes the migration. The
+// source's finalizer holds the object until the guest runs again there.
+func TestMigrationDeletedInFlightResumesTheSource(t *testing.T) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	env, ns, sourceState, _, m := startMigrationPair(t, "mig-del-a", "mig-del-b",
+		func(b *sim.Backend) backend.Backend { return stuckRestore{b, release} }, nil, nil)
+	ctx := context.Background()
+	mig := &kaironv1.MachineMigration{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "move"},
+		Spec:       kaironv1.MachineMigrationSpec{MachineName: "vm", Strategy: kaironv1.MigrationCold},
+	}
+	if err := env.Client.Create(ctx, mig); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the source saved and paused the guest", func() (bool, string) {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(mig), mig); err != nil {
+			return false, err.Error()
+		}
+		return mig.Annotations[kaironv1.AnnotationMigrationStateSaved] == "true" && instancePaused(t, sourceState, ns, "vm"),
+			fmt.Sprintf("annotations %v finalizers %v", mig.Annotations, mig.Finalizers)
+	})
+	if !slices.Contains(mig.Finalizers, kaironv1.FinalizerMigrationSource) {
+		t.Errorf("finalizers %v, want the source's", mig.Finalizers)
+	}
+	if err := env.Client.Delete(ctx, mig); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the migration gone and the guest running on the source", func() (bool, string) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(mig), &kaironv1.MachineMigration{})
+		return apierrors.IsNotFound(err) && !instancePaused(t, sourceState, ns, "vm") && instanceExists(sourceState, ns, "vm"),
+			fmt.Sprintf("get: %v, paused: %v", err, instancePaused(t, sourceState, ns, "vm"))
+	})
+	stayed := waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
+	if stayed.Spec.NodeName != "mig-del-a" {
+		t.Errorf("machine on %q, want mig-del-a", stayed.Spec.NodeName)
+	}
 }
