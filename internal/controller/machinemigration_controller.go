@@ -175,6 +175,10 @@ func (r *MachineMigrationReconciler) pickTarget(ctx context.Context, mig *kairon
 	if err := r.Client.List(ctx, &machines); err != nil {
 		return "", "", fmt.Errorf("listing machines: %w", err)
 	}
+	var migrations kaironv1.MachineMigrationList
+	if err := r.Client.List(ctx, &migrations); err != nil {
+		return "", "", fmt.Errorf("listing machine migrations: %w", err)
+	}
 	source := machine.Spec.NodeName
 	byName := map[string]*nodeInfo{}
 	var candidates []*nodeInfo
@@ -185,12 +189,11 @@ func (r *MachineMigrationReconciler) pickTarget(ctx context.Context, mig *kairon
 			candidates = append(candidates, n)
 		}
 	}
+	all := make([]*kaironv1.Machine, len(machines.Items))
 	for i := range machines.Items {
-		m := &machines.Items[i]
-		if n := byName[m.Spec.NodeName]; n != nil && holdsNodeResources(m) {
-			n.requested = n.requested.add(machineResources(m))
-		}
+		all[i] = &machines.Items[i]
 	}
+	chargeNodes(byName, all, migrations.Items)
 	if want := mig.Spec.TargetNode; want != "" {
 		if want == source {
 			return "", fmt.Sprintf("spec.targetNode %s is the node the Machine already runs on", want), nil

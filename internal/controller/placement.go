@@ -206,3 +206,34 @@ func sortByAge(machines []*kaironv1.Machine) {
 		return a.Name < b.Name
 	})
 }
+
+// chargeNodes adds to each node what the Machines on it take, and what
+// Running migrations are bringing to it: from the moment its target is
+// picked until the switch of spec.nodeName, a migrating Machine holds room
+// on both nodes, so neither the scheduler nor another migration may hand
+// that room out twice.
+func chargeNodes(byName map[string]*nodeInfo, machines []*kaironv1.Machine, migrations []kaironv1.MachineMigration) {
+	byKey := make(map[string]*kaironv1.Machine, len(machines))
+	for _, m := range machines {
+		byKey[m.Namespace+"/"+m.Name] = m
+		if !holdsNodeResources(m) {
+			continue
+		}
+		if n := byName[m.Spec.NodeName]; n != nil {
+			n.requested = n.requested.add(machineResources(m))
+		}
+	}
+	for i := range migrations {
+		mig := &migrations[i]
+		if mig.Status.Phase != kaironv1.MigrationRunning || mig.Status.TargetNode == "" {
+			continue
+		}
+		m := byKey[mig.Namespace+"/"+mig.Spec.MachineName]
+		if m == nil || !holdsNodeResources(m) || m.Spec.NodeName == mig.Status.TargetNode {
+			continue // gone, or already switched and charged above
+		}
+		if n := byName[mig.Status.TargetNode]; n != nil {
+			n.requested = n.requested.add(machineResources(m))
+		}
+	}
+}

@@ -225,3 +225,49 @@ func TestAssumedBindings(t *testing.T) {
 		t.Errorf("binding of a deleted Machine kept")
 	}
 }
+
+func TestChargeNodesCountsMigrationTargets(t *testing.T) {
+	on := func(node string, phase kaironv1.MachinePhase) func(*kaironv1.Machine) {
+		return func(m *kaironv1.Machine) { m.Spec.NodeName, m.Status.Phase = node, phase }
+	}
+	migration := func(machine, target string, phase kaironv1.MigrationPhase) kaironv1.MachineMigration {
+		return kaironv1.MachineMigration{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "mig-" + machine},
+			Spec:       kaironv1.MachineMigrationSpec{MachineName: machine},
+			Status:     kaironv1.MachineMigrationStatus{Phase: phase, TargetNode: target},
+		}
+	}
+	machines := []*kaironv1.Machine{
+		testMachine("moving", 2, "1Gi", on("a", kaironv1.MachineRunning)),
+		testMachine("switched", 1, "512Mi", on("b", kaironv1.MachineRunning)),
+		testMachine("done", 1, "256Mi", on("a", kaironv1.MachineRunning)),
+		testMachine("failed", 4, "4Gi", on("a", kaironv1.MachineFailed)),
+	}
+	for _, tc := range []struct {
+		name       string
+		migrations []kaironv1.MachineMigration
+		wantCPU    map[string]int64
+	}{
+		{"no migrations", nil, map[string]int64{"a": 3, "b": 1}},
+		{"a Running migration holds room on its target", []kaironv1.MachineMigration{migration("moving", "b", kaironv1.MigrationRunning)}, map[string]int64{"a": 3, "b": 3}},
+		{"after the switch the Machine counts once", []kaironv1.MachineMigration{migration("switched", "b", kaironv1.MigrationRunning)}, map[string]int64{"a": 3, "b": 1}},
+		{"ended or pending migrations hold nothing", []kaironv1.MachineMigration{
+			migration("done", "b", kaironv1.MigrationSucceeded), migration("moving", "b", kaironv1.MigrationPending),
+		}, map[string]int64{"a": 3, "b": 1}},
+		{"a Machine that holds nothing brings nothing", []kaironv1.MachineMigration{migration("failed", "b", kaironv1.MigrationRunning)}, map[string]int64{"a": 3, "b": 1}},
+		{"a migration of an unknown Machine is ignored", []kaironv1.MachineMigration{migration("ghost", "b", kaironv1.MigrationRunning)}, map[string]int64{"a": 3, "b": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			byName := map[string]*nodeInfo{}
+			for _, n := range infos(nil, testNode("a", 8, "8Gi"), testNode("b", 8, "8Gi")) {
+				byName[n.node.Name] = n
+			}
+			chargeNodes(byName, machines, tc.migrations)
+			for node, want := range tc.wantCPU {
+				if got := byName[node].requested.CPU; got != want {
+					t.Errorf("node %s: %d vCPUs requested, want %d", node, got, want)
+				}
+			}
+		})
+	}
+}

@@ -198,6 +198,10 @@ func (r *SchedulerReconciler) snapshot(ctx context.Context) (*schedulingPass, er
 	if err := r.Client.List(ctx, &quotas); err != nil {
 		return nil, fmt.Errorf("listing machine quotas: %w", err)
 	}
+	var migrations kaironv1.MachineMigrationList
+	if err := r.Client.List(ctx, &migrations); err != nil {
+		return nil, fmt.Errorf("listing machine migrations: %w", err)
+	}
 
 	pass := &schedulingPass{nodesByName: map[string]*nodeInfo{}, quotas: map[string][]*quotaState{}}
 	machines := make([]*kaironv1.Machine, len(machineList.Items))
@@ -217,16 +221,12 @@ func (r *SchedulerReconciler) snapshot(ctx context.Context) (*schedulingPass, er
 		pass.nodes = append(pass.nodes, n)
 		pass.nodesByName[n.node.Name] = n
 	}
+	chargeNodes(pass.nodesByName, machines, migrations.Items)
 	byNamespace := map[string][]kaironv1.Machine{}
 	for _, m := range machines {
 		byNamespace[m.Namespace] = append(byNamespace[m.Namespace], *m)
-		switch {
-		case m.Spec.NodeName == "" && m.DeletionTimestamp == nil:
+		if m.Spec.NodeName == "" && m.DeletionTimestamp == nil {
 			pass.unscheduled = append(pass.unscheduled, m)
-		case holdsNodeResources(m):
-			if n := pass.nodesByName[m.Spec.NodeName]; n != nil {
-				n.requested = n.requested.add(machineResources(m))
-			}
 		}
 	}
 	sortByAge(pass.unscheduled)
