@@ -90,14 +90,24 @@ func instancePaused(t *testing.T, stateDir, ns, name string) bool {
 }
 
 // TestLiveMigrationMovesARunningMachine: two agents sharing a migration
-// certificate move a Machine live; the migration records the downtime.
+// certificate move a Machine live; the migration records the downtime, and
+// the Machine keeps its address (both nodes have the same range here, and
+// the target would otherwise hand out its lowest free address).
 func TestLiveMigrationMovesARunningMachine(t *testing.T) {
 	tlsDir := migrationTLSDir(t, "kairon-node")
-	env, ns, sourceState, targetState, m := startMigrationPair(t, "live-a", "live-b", nil, withTLS(tlsDir), withTLS(tlsDir))
+	env, ns, sourceState, targetState, _ := startMigrationPair(t, "live-a", "live-b", nil, withTLS(tlsDir), withTLS(tlsDir))
 	ctx := context.Background()
+	m := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm2"}, Spec: kaironv1.MachineSpec{NodeName: "live-a"}}
+	if err := env.Client.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	m = waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
+	if len(m.Status.Addresses) != 1 || m.Status.Addresses[0].Address != "10.88.7.3" {
+		t.Fatalf("second Machine on live-a has addresses %v, want 10.88.7.3", m.Status.Addresses)
+	}
 	mig := &kaironv1.MachineMigration{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "live"},
-		Spec:       kaironv1.MachineMigrationSpec{MachineName: "vm", Strategy: kaironv1.MigrationLive},
+		Spec:       kaironv1.MachineMigrationSpec{MachineName: "vm2", Strategy: kaironv1.MigrationLive},
 	}
 	if err := env.Client.Create(ctx, mig); err != nil {
 		t.Fatal(err)
@@ -116,8 +126,11 @@ func TestLiveMigrationMovesARunningMachine(t *testing.T) {
 	if moved.Spec.NodeName != "live-b" {
 		t.Errorf("machine on %q after the migration, want live-b", moved.Spec.NodeName)
 	}
+	if len(moved.Status.Addresses) != 1 || moved.Status.Addresses[0].Address != "10.88.7.3" {
+		t.Errorf("addresses after the migration %v, want the guest's 10.88.7.3 kept", moved.Status.Addresses)
+	}
 	eventually(t, "the source's copy gone and the target's running", func() (bool, string) {
-		return !instanceExists(sourceState, ns, "vm") && instanceExists(targetState, ns, "vm") && !instancePaused(t, targetState, ns, "vm"),
+		return !instanceExists(sourceState, ns, "vm2") && instanceExists(targetState, ns, "vm2") && !instancePaused(t, targetState, ns, "vm2"),
 			"waiting for the source to stop its paused copy"
 	})
 }

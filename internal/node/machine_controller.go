@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -150,14 +151,23 @@ func (a *Agent) start(ctx context.Context, machine *kaironv1.Machine, id string)
 	return a.opts.Backend.Start(ctx, spec)
 }
 
-// attach is the Machine's VM spec with its place on the node network.
+// attach is the Machine's VM spec with its place on the node network. It
+// keeps the address the Machine reports if this node's range has it free:
+// a guest migrated here still has that address configured inside.
 func (a *Agent) attach(machine *kaironv1.Machine, id string) (backend.Spec, error) {
 	spec, err := a.vmSpec(machine, id)
 	if err != nil {
 		return spec, err
 	}
 	if a.ipam != nil {
-		address, err := a.ipam.Allocate(id)
+		var current netip.Addr
+		for _, address := range machine.Status.Addresses {
+			if addr, err := netip.ParseAddr(address.Address); err == nil {
+				current = addr
+				break
+			}
+		}
+		address, err := a.ipam.AllocatePreferring(id, current)
 		if err != nil {
 			return spec, err
 		}

@@ -165,7 +165,9 @@ func (a *Agent) holdAsSource(ctx context.Context, mig *kaironv1.MachineMigration
 	}
 	base := mig.DeepCopy()
 	controllerutil.AddFinalizer(mig, kaironv1.FinalizerMigrationSource)
-	return a.client.Patch(ctx, mig, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+	// No optimistic lock: the controller writes the status meanwhile, and
+	// only this agent ever puts a finalizer on the migration.
+	return a.client.Patch(ctx, mig, client.MergeFrom(base))
 }
 
 // releaseSource cleans up after a migration this node was the source of

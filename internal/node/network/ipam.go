@@ -72,6 +72,13 @@ func (a *IPAM) Gateway() netip.Prefix {
 
 // Allocate returns id's address, assigning the lowest free one the first time.
 func (a *IPAM) Allocate(id string) (netip.Prefix, error) {
+	return a.AllocatePreferring(id, netip.Addr{})
+}
+
+// AllocatePreferring is Allocate, but a first assignment takes preferred if
+// it is a free guest address of the range. A migrated guest keeps the
+// address configured inside it this way, wherever the ranges agree.
+func (a *IPAM) AllocatePreferring(id string, preferred netip.Addr) (netip.Prefix, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if addr, ok := a.byID[id]; ok {
@@ -81,9 +88,18 @@ func (a *IPAM) Allocate(id string) (netip.Prefix, error) {
 	for _, addr := range a.byID {
 		used[addr] = true
 	}
-	gateway := a.Gateway().Addr()
-	for addr := gateway.Next(); a.prefix.Contains(addr); addr = addr.Next() {
-		if used[addr] || !a.prefix.Contains(addr.Next()) { // the last one is broadcast
+	candidates := func(yield func(netip.Addr) bool) {
+		if a.guestAddress(preferred) && !yield(preferred) {
+			return
+		}
+		for addr := a.Gateway().Addr().Next(); a.guestAddress(addr); addr = addr.Next() {
+			if !yield(addr) {
+				return
+			}
+		}
+	}
+	for addr := range candidates {
+		if used[addr] {
 			continue
 		}
 		a.byID[id] = addr
@@ -94,6 +110,13 @@ func (a *IPAM) Allocate(id string) (netip.Prefix, error) {
 		return netip.PrefixFrom(addr, a.prefix.Bits()), nil
 	}
 	return netip.Prefix{}, fmt.Errorf("network range %s is full (%d addresses in use)", a.prefix, len(a.byID))
+}
+
+// guestAddress tells whether addr may be handed to a guest: in the range,
+// and neither the network, the gateway nor the broadcast address.
+func (a *IPAM) guestAddress(addr netip.Addr) bool {
+	return addr.IsValid() && a.prefix.Contains(addr) && a.prefix.Contains(addr.Next()) &&
+		addr != a.prefix.Addr() && addr != a.Gateway().Addr()
 }
 
 // Release frees id's address; releasing an unknown id does nothing.

@@ -80,3 +80,39 @@ func TestNamesAreStableAndShort(t *testing.T) {
 		t.Errorf("MAC = %s", mac)
 	}
 }
+
+func TestIPAMAllocatePreferring(t *testing.T) {
+	ipam, err := NewIPAM(netip.MustParsePrefix("10.9.0.0/29"), filepath.Join(t.TempDir(), "ipam.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken, _ := ipam.Allocate("first") // 10.9.0.2
+	for _, tc := range []struct {
+		id, preferred, want string
+	}{
+		{"migrated", "10.9.0.5", "10.9.0.5/29"}, // free: kept
+		{"clash", "10.9.0.2", "10.9.0.3/29"},    // taken by "first": lowest free
+		{"foreign", "10.88.1.7", "10.9.0.4/29"}, // another node's range
+		{"gateway", "10.9.0.1", "10.9.0.6/29"},  // never the bridge's
+		{"migrated", "10.9.0.6", "10.9.0.5/29"}, // already has one: unchanged
+		{"broadcast", "10.9.0.7", ""},           // never broadcast; range now full
+	} {
+		var preferred netip.Addr
+		if tc.preferred != "" {
+			preferred = netip.MustParseAddr(tc.preferred)
+		}
+		got, err := ipam.AllocatePreferring(tc.id, preferred)
+		if tc.want == "" {
+			if err == nil {
+				t.Errorf("%s preferring %s: got %s, want the range full", tc.id, tc.preferred, got)
+			}
+			continue
+		}
+		if err != nil || got.String() != tc.want {
+			t.Errorf("%s preferring %s: %s, %v; want %s", tc.id, tc.preferred, got, err, tc.want)
+		}
+	}
+	if taken.String() != "10.9.0.2/29" {
+		t.Errorf("first allocation %s", taken)
+	}
+}
