@@ -43,6 +43,7 @@ test: deps tools guest build ## Install, build and run every test.
 
 bench: deps tools guest build ## Run the benchmarks recorded in docs/benchmarks.md.
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench MachineColdBoot -benchtime 10x ./test/e2e/
+	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench EvacuateSim20 -benchtime 3x -timeout 15m ./test/e2e/
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench ColdBoot -benchtime 3x ./internal/backend/qemu/
 
 fmt:
