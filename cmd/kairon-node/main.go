@@ -106,6 +106,13 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("--kubeconfig: %w", err)
 	}
+	if cfg.QPS == 0 {
+		// As kairon-controller (controller-runtime's GetConfig): no
+		// client-side limit, the API server's priority and fairness
+		// applies. client-go's default of 5 requests a second would queue
+		// a busy node's status writes and migrations for seconds.
+		cfg.QPS, cfg.Burst = -1, -1
+	}
 	agent, err := node.New(cfg, node.Options{
 		NodeName: f.nodeName, Register: f.register, Backend: b, GuestDir: f.guestDir,
 		StateDir: f.stateDir, CPU: f.cpu, Memory: memory, Network: network,
