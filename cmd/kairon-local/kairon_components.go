@@ -113,7 +113,8 @@ func nodeComponent(binDir, dataDir, kubeconfig string, i int, o nodeOptions) Com
 		"--guest-dir", o.guestDir,
 		"--cpu", strconv.Itoa(o.cpu), "--memory", o.memory,
 		"--network-cidr", fmt.Sprintf("10.88.%d.0/24", i), "--bridge", "kairon" + strconv.Itoa(i),
-		"--listen", "127.0.0.1:0", "--migration-listen", "127.0.0.1:0",
+		"--listen", "127.0.0.1:0",
+		"--migration-listen", "127.0.0.1:0", "--migration-tls-dir", controlplane.MigrationTLSDir(dataDir),
 		"--client-ca-file", filepath.Join(dataDir, "pki", "ca.crt"),
 	}
 	if o.netns != "" {

@@ -56,9 +56,34 @@ type pki struct {
 	etcdCli   *keyPair // kube-apiserver's client certificate for etcd
 	admin     *keyPair
 	kcm       *keyPair
+	// migration is shared by the node agents of kairon-local for their
+	// mutual TLS during live migrations.
+	migration *keyPair
+}
+
+// MigrationTLSDir is where kairon-local's node agents find their live
+// migration credentials (tls.crt, tls.key, ca.crt: kairon-node's
+// --migration-tls-dir), under a data directory.
+func MigrationTLSDir(dataDir string) string {
+	return filepath.Join(dataDir, "pki", "migration-tls")
 }
 
 func (p *pki) path(name string) string { return filepath.Join(p.dir, name) }
+
+// writeMigrationTLSDir lays the migration certificate out the way a
+// kubernetes.io/tls Secret with its CA mounts: tls.crt, tls.key, ca.crt.
+func (p *pki) writeMigrationTLSDir() error {
+	dir := p.path("migration-tls")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for name, data := range map[string][]byte{"tls.crt": p.migration.certPEM, "ca.crt": p.ca.certPEM} {
+		if err := writeFileAtomic(filepath.Join(dir, name), data, 0o644); err != nil {
+			return err
+		}
+	}
+	return writeFileAtomic(filepath.Join(dir, "tls.key"), p.migration.keyPEM, 0o600)
+}
 
 var (
 	loopbackIPs = []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")}
@@ -85,6 +110,10 @@ func leafSpecs() []leafSpec {
 		{file: "apiserver-etcd-client", cn: "kube-apiserver-etcd-client", usages: clientAuth},
 		{file: "admin", cn: "kairon-admin", orgs: []string{"system:masters"}, usages: clientAuth},
 		{file: "controller-manager", cn: "system:kube-controller-manager", usages: clientAuth},
+		{
+			file: "node-migration", cn: "kairon-node-migration",
+			usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		},
 	}
 }
 
@@ -105,7 +134,7 @@ func ensurePKI(dir string) (*pki, error) {
 	p.ca = ca
 	leaves := map[string]**keyPair{
 		"apiserver": &p.apiServer, "etcd": &p.etcd, "apiserver-etcd-client": &p.etcdCli,
-		"admin": &p.admin, "controller-manager": &p.kcm,
+		"admin": &p.admin, "controller-manager": &p.kcm, "node-migration": &p.migration,
 	}
 	for _, spec := range leafSpecs() {
 		kp, err := ensureLeaf(dir, ca, spec)
@@ -116,6 +145,9 @@ func ensurePKI(dir string) (*pki, error) {
 	}
 	if err := ensureServiceAccountKey(p.path("sa.key"), p.path("sa.pub")); err != nil {
 		return nil, fmt.Errorf("service-account key: %w", err)
+	}
+	if err := p.writeMigrationTLSDir(); err != nil {
+		return nil, fmt.Errorf("migration credentials: %w", err)
 	}
 	return p, nil
 }

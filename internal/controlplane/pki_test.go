@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"bytes"
+	"crypto/tls"
 	"crypto/x509"
 	"net"
 	"os"
@@ -70,5 +71,39 @@ func TestPKIIsReusedAndServesTheServiceNames(t *testing.T) {
 		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Mode().Perm() != 0o600 {
 			t.Errorf("%s: mode %v, err %v; private keys must be 0600", f, st.Mode().Perm(), err)
 		}
+	}
+}
+
+// The node agents' live migration credentials: a tls.crt/tls.key/ca.crt
+// directory whose certificate the cluster CA signed for both ends of a
+// mutual TLS connection.
+func TestPKIWritesTheMigrationTLSDir(t *testing.T) {
+	dataDir := t.TempDir()
+	p, err := ensurePKI(filepath.Join(dataDir, "pki"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := MigrationTLSDir(dataDir)
+	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	if err != nil || !bytes.Equal(caPEM, p.ca.certPEM) {
+		t.Fatalf("ca.crt is not the cluster CA: %v", err)
+	}
+	cert, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(p.ca.cert)
+	for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
+		if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+			t.Errorf("migration certificate for usage %v: %v", usage, err)
+		}
+	}
+	if info, err := os.Stat(filepath.Join(dir, "tls.key")); err != nil || info.Mode().Perm() != 0o600 {
+		t.Errorf("tls.key: %v, mode %v; want 0600", err, info.Mode())
 	}
 }

@@ -224,6 +224,23 @@ spec: {machineName: %s, strategy: %s}
 	return parts[0], parts[1], parts[2]
 }
 
+// plainTextAnswer sends a live migration request without TLS and returns
+// the first line of whatever comes back.
+func plainTextAnswer(t *testing.T, endpoint string) string {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", endpoint, 10*time.Second)
+	if err != nil {
+		t.Fatalf("migration endpoint %q: %v", endpoint, err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := conn.Write([]byte("KAIRON-LIVE/1 default no-such-migration\n")); err != nil {
+		return ""
+	}
+	line, _ := bufio.NewReader(conn).ReadString('\n')
+	return line
+}
+
 func otherNode(node string) string {
 	if node == "node-1" {
 		return "node-2"
@@ -273,6 +290,13 @@ func TestMigrationKeepsTheGuestState(t *testing.T) {
 		}
 		con = c.console(node, "default", "mover")
 		state = checkGuestKeptState(t, con, state, "after the "+strategy+" migration")
+	}
+
+	// kairon-local's agents speak TLS on their migration endpoints: a
+	// plain-text request gets no protocol answer.
+	endpoint := c.jsonpath("node", otherNode(node), `{.metadata.annotations.kairon\.zyvor\.dev/migration-endpoint}`)
+	if answer := plainTextAnswer(t, endpoint); strings.HasPrefix(answer, "OK") || strings.HasPrefix(answer, "ERR") {
+		t.Errorf("the migration endpoint %s answered plain text %q: TLS is off", endpoint, answer)
 	}
 
 	// A target that does not answer: its agent is stopped (SIGSTOP), so the
