@@ -45,6 +45,7 @@ bench: deps tools guest build ## Run the benchmarks recorded in docs/benchmarks.
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench MachineColdBoot -benchtime 10x ./test/e2e/
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench EvacuateSim20 -benchtime 3x -timeout 15m ./test/e2e/
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench ColdBoot -benchtime 3x ./internal/backend/qemu/
+	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench Migration -benchtime 10x ./internal/backend/qemu/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
