@@ -16,7 +16,7 @@ import (
 
 // tcpPair is both ends of one loopback TCP connection, as the node agents
 // set it up between two nodes.
-func tcpPair(t *testing.T) (send, receive net.Conn) {
+func tcpPair(t testing.TB) (send, receive net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
