@@ -754,7 +754,7 @@ func TestTemplateNodeAgent(t *testing.T) {
 	wantArgs := []string{
 		"--node-name=$(NODE_NAME)", "--backend=qemu", "--acceleration=auto",
 		"--network-cidr=10.88.0.0/24", "--bridge=kairon0", "--state-dir=/var/lib/kairon-node",
-		"--listen=", "--interval=5s",
+		"--listen=", "--migration-listen=:10251", "--interval=5s",
 	}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("node agent args %q, want %q", c.Args, wantArgs)

@@ -180,3 +180,44 @@ func TestLiveMigrationRefusedKeepsTheSourceRunning(t *testing.T) {
 	con := dialConsole(t, source.ConsoleSocket(spec.ID))
 	con.run(t, "echo still-$((40+2))", "still-42", 30*time.Second)
 }
+
+// TestLiveMigrationSourceResumesWhenTheTargetGivesUp: the stream completed,
+// so the source's guest is paused (post-migrate), but the target drops the
+// guest before taking over (its agent could not switch the Machine). The
+// source resumes, with the guest's memory as it was.
+func TestLiveMigrationSourceResumesWhenTheTargetGivesUp(t *testing.T) {
+	ctx := context.Background()
+	source := newTestBackend(t, Options{Log: testLogger(t)})
+	target := newTestBackend(t, Options{Log: testLogger(t)})
+	spec := backend.Spec{ID: "ns1_back", Name: "ns1/back", CPU: 1, MemoryMiB: 256}
+	if _, err := source.Start(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	orig := waitPhase(t, source, spec.ID, backend.Running, bootTimeout)
+	token := rand.IntN(1_000_000) + 1000
+	con := dialConsole(t, source.ConsoleSocket(spec.ID))
+	con.run(t, fmt.Sprintf("echo %d > /tmp/x; echo wrote-$((%d+1))", token, token), fmt.Sprintf("wrote-%d", token+1), 30*time.Second)
+
+	send, receive := tcpPair(t)
+	received := make(chan error, 1)
+	go func() { _, err := target.ReceiveLive(ctx, spec, receive); received <- err }()
+	if _, err := source.SendLive(ctx, spec.ID, send); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-received; err != nil {
+		t.Fatal(err)
+	}
+	if err := target.Stop(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := source.Get(ctx, spec.ID); got.Phase != backend.Paused {
+		t.Fatalf("source after a completed send: %s, want Paused", got.Phase)
+	}
+	if err := source.Resume(ctx, spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := source.Get(ctx, spec.ID); got.Phase != backend.Running || got.PID != orig.PID {
+		t.Errorf("source after Resume: %+v, want the same process Running", got)
+	}
+	con.run(t, "cat /tmp/x", fmt.Sprint(token), 30*time.Second)
+}
