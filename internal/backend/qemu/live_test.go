@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -68,58 +69,81 @@ func readCounter(t *testing.T, con *console) int {
 	}
 }
 
-// TestLiveMigration moves a running guest between two Backends (two nodes'
-// state directories) over a loopback TCP connection. A value written before
-// and a counter a guest process keeps incrementing both survive; the
-// counter goes on from where it was, so the guest never rebooted.
-func TestLiveMigration(t *testing.T) {
-	ctx := context.Background()
-	source := newTestBackend(t, Options{Log: testLogger(t)})
-	target := newTestBackend(t, Options{Log: testLogger(t)})
-	spec := backend.Spec{ID: "ns1_live", Name: "ns1/live", CPU: 1, MemoryMiB: 256}
-	if _, err := source.Start(ctx, spec); err != nil {
+// livePair is a guest running on the first of two Backends (two nodes'
+// state directories), with a random token written into its memory.
+type livePair struct {
+	source, target *Backend
+	spec           backend.Spec
+	orig           backend.Instance
+	con            *console
+	token          int
+}
+
+func startLivePair(t *testing.T, name string) *livePair {
+	t.Helper()
+	p := &livePair{
+		source: newTestBackend(t, Options{Log: testLogger(t)}),
+		target: newTestBackend(t, Options{Log: testLogger(t)}),
+		spec:   backend.Spec{ID: "ns1_" + name, Name: "ns1/" + name, CPU: 1, MemoryMiB: 256},
+		token:  rand.IntN(1_000_000) + 1000,
+	}
+	if _, err := p.source.Start(context.Background(), p.spec); err != nil {
 		t.Fatal(err)
 	}
-	orig := waitPhase(t, source, spec.ID, backend.Running, bootTimeout)
+	p.orig = waitPhase(t, p.source, p.spec.ID, backend.Running, bootTimeout)
+	p.con = dialConsole(t, p.source.ConsoleSocket(p.spec.ID))
+	p.con.run(t, fmt.Sprintf("echo %d > /tmp/x; echo wrote-$((%d+1))", p.token, p.token), fmt.Sprintf("wrote-%d", p.token+1), 30*time.Second)
+	return p
+}
 
-	token := rand.IntN(1_000_000) + 1000
-	con := dialConsole(t, source.ConsoleSocket(spec.ID))
-	con.run(t, fmt.Sprintf("echo %d > /tmp/x; echo wrote-$((%d+1))", token, token), fmt.Sprintf("wrote-%d", token+1), 30*time.Second)
-	con.run(t, `(i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; usleep 100000; done) & echo counting`, "counting", 30*time.Second)
-	time.Sleep(500 * time.Millisecond)
-	before := readCounter(t, con)
-
+// migrate streams the guest from source to target over loopback TCP; the
+// target is asked to load it as receiveSpec.
+func (p *livePair) migrate(t *testing.T, receiveSpec backend.Spec) (downtime time.Duration, sendErr, receiveErr error) {
+	t.Helper()
 	send, receive := tcpPair(t)
 	received := make(chan error, 1)
 	go func() {
-		_, err := target.ReceiveLive(ctx, spec, receive)
+		_, err := p.target.ReceiveLive(context.Background(), receiveSpec, receive)
+		receive.Close()
 		received <- err
 	}()
+	downtime, sendErr = p.source.SendLive(context.Background(), p.spec.ID, send)
+	return downtime, sendErr, <-received
+}
+
+// TestLiveMigration moves a running guest between two Backends over a
+// loopback TCP connection. A value written before and a counter a guest
+// process keeps incrementing both survive; the counter goes on from where
+// it was, so the guest never rebooted.
+func TestLiveMigration(t *testing.T) {
+	ctx := context.Background()
+	p := startLivePair(t, "live")
+	p.con.run(t, `(i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; usleep 100000; done) & echo counting`, "counting", 30*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	before := readCounter(t, p.con)
+
 	start := time.Now()
-	downtime, err := source.SendLive(ctx, spec.ID, send)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := <-received; err != nil {
+	downtime, sendErr, receiveErr := p.migrate(t, p.spec)
+	if err := errors.Join(sendErr, receiveErr); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("live migration took %s, downtime %s", time.Since(start), downtime)
 	if downtime <= 0 {
 		t.Errorf("downtime %s, want QEMU's measured downtime", downtime)
 	}
-	if got, _ := source.Get(ctx, spec.ID); got.Phase != backend.Paused || got.PID != orig.PID {
+	if got, _ := p.source.Get(ctx, p.spec.ID); got.Phase != backend.Paused || got.PID != p.orig.PID {
 		t.Errorf("source after SendLive: %+v, want the same process Paused", got)
 	}
-	moved, err := target.Get(ctx, spec.ID)
-	if err != nil || moved.Phase != backend.Running || moved.PID == orig.PID {
+	moved, err := p.target.Get(ctx, p.spec.ID)
+	if err != nil || moved.Phase != backend.Running || moved.PID == p.orig.PID {
 		t.Fatalf("target after ReceiveLive: %+v %v, want Running in its own process", moved, err)
 	}
-	if err := source.Stop(ctx, spec.ID); err != nil {
+	if err := p.source.Stop(ctx, p.spec.ID); err != nil {
 		t.Fatal(err)
 	}
 
-	con = dialConsole(t, target.ConsoleSocket(spec.ID))
-	con.run(t, "cat /tmp/x", fmt.Sprint(token), 30*time.Second)
+	con := dialConsole(t, p.target.ConsoleSocket(p.spec.ID))
+	con.run(t, "cat /tmp/x", fmt.Sprint(p.token), 30*time.Second)
 	after := readCounter(t, con)
 	if after < before {
 		t.Errorf("counter went back from %d to %d: the guest lost its state", before, after)
@@ -135,37 +159,23 @@ func TestLiveMigration(t *testing.T) {
 // guest runs on where it was.
 func TestLiveMigrationRefusedKeepsTheSourceRunning(t *testing.T) {
 	ctx := context.Background()
-	source := newTestBackend(t, Options{Log: testLogger(t)})
-	target := newTestBackend(t, Options{Log: testLogger(t)})
-	spec := backend.Spec{ID: "ns1_stay", Name: "ns1/stay", CPU: 1, MemoryMiB: 256}
-	if _, err := source.Start(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	orig := waitPhase(t, source, spec.ID, backend.Running, bootTimeout)
-
-	send, receive := tcpPair(t)
-	received := make(chan error, 1)
-	go func() {
-		other := spec
-		other.MemoryMiB = 512
-		_, err := target.ReceiveLive(ctx, other, receive)
-		receive.Close()
-		received <- err
-	}()
-	if _, err := source.SendLive(ctx, spec.ID, send); err == nil {
+	p := startLivePair(t, "stay")
+	other := p.spec
+	other.MemoryMiB = 512
+	_, sendErr, receiveErr := p.migrate(t, other)
+	if sendErr == nil {
 		t.Fatal("SendLive succeeded into a receiver that refused the VM")
-	} else {
-		t.Logf("SendLive: %v", err)
 	}
-	if err := <-received; err == nil || !strings.Contains(err.Error(), "shape") {
-		t.Errorf("ReceiveLive into another shape: %v", err)
+	t.Logf("SendLive: %v", sendErr)
+	if receiveErr == nil || !strings.Contains(receiveErr.Error(), "shape") {
+		t.Errorf("ReceiveLive into another shape: %v", receiveErr)
 	}
-	if _, err := target.Get(ctx, spec.ID); err == nil {
+	if _, err := p.target.Get(ctx, p.spec.ID); err == nil {
 		t.Error("the refusing receiver kept an instance")
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		st := qmpStatusOf(t, source, spec.ID)
+		st := qmpStatusOf(t, p.source, p.spec.ID)
 		if st == "running" {
 			break
 		}
@@ -174,11 +184,10 @@ func TestLiveMigrationRefusedKeepsTheSourceRunning(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if got, _ := source.Get(ctx, spec.ID); got.Phase != backend.Running || got.PID != orig.PID {
+	if got, _ := p.source.Get(ctx, p.spec.ID); got.Phase != backend.Running || got.PID != p.orig.PID {
 		t.Errorf("source after the failed migration: %+v, want the same process Running", got)
 	}
-	con := dialConsole(t, source.ConsoleSocket(spec.ID))
-	con.run(t, "echo still-$((40+2))", "still-42", 30*time.Second)
+	p.con.run(t, "cat /tmp/x", fmt.Sprint(p.token), 30*time.Second)
 }
 
 // TestLiveMigrationSourceResumesWhenTheTargetGivesUp: the stream completed,
@@ -187,37 +196,21 @@ func TestLiveMigrationRefusedKeepsTheSourceRunning(t *testing.T) {
 // source resumes, with the guest's memory as it was.
 func TestLiveMigrationSourceResumesWhenTheTargetGivesUp(t *testing.T) {
 	ctx := context.Background()
-	source := newTestBackend(t, Options{Log: testLogger(t)})
-	target := newTestBackend(t, Options{Log: testLogger(t)})
-	spec := backend.Spec{ID: "ns1_back", Name: "ns1/back", CPU: 1, MemoryMiB: 256}
-	if _, err := source.Start(ctx, spec); err != nil {
+	p := startLivePair(t, "back")
+	if _, sendErr, receiveErr := p.migrate(t, p.spec); sendErr != nil || receiveErr != nil {
+		t.Fatal(sendErr, receiveErr)
+	}
+	if err := p.target.Stop(ctx, p.spec.ID); err != nil {
 		t.Fatal(err)
 	}
-	orig := waitPhase(t, source, spec.ID, backend.Running, bootTimeout)
-	token := rand.IntN(1_000_000) + 1000
-	con := dialConsole(t, source.ConsoleSocket(spec.ID))
-	con.run(t, fmt.Sprintf("echo %d > /tmp/x; echo wrote-$((%d+1))", token, token), fmt.Sprintf("wrote-%d", token+1), 30*time.Second)
-
-	send, receive := tcpPair(t)
-	received := make(chan error, 1)
-	go func() { _, err := target.ReceiveLive(ctx, spec, receive); received <- err }()
-	if _, err := source.SendLive(ctx, spec.ID, send); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-received; err != nil {
-		t.Fatal(err)
-	}
-	if err := target.Stop(ctx, spec.ID); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := source.Get(ctx, spec.ID); got.Phase != backend.Paused {
+	if got, _ := p.source.Get(ctx, p.spec.ID); got.Phase != backend.Paused {
 		t.Fatalf("source after a completed send: %s, want Paused", got.Phase)
 	}
-	if err := source.Resume(ctx, spec.ID); err != nil {
+	if err := p.source.Resume(ctx, p.spec.ID); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := source.Get(ctx, spec.ID); got.Phase != backend.Running || got.PID != orig.PID {
+	if got, _ := p.source.Get(ctx, p.spec.ID); got.Phase != backend.Running || got.PID != p.orig.PID {
 		t.Errorf("source after Resume: %+v, want the same process Running", got)
 	}
-	con.run(t, "cat /tmp/x", fmt.Sprint(token), 30*time.Second)
+	p.con.run(t, "cat /tmp/x", fmt.Sprint(p.token), 30*time.Second)
 }
