@@ -30,6 +30,7 @@ guest: ## Build the guest image (kernel + initramfs from Debian packages) into b
 generate: tools ## Regenerate deepcopy code and CRDs from api/.
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	cp config/crd/bases/*.yaml charts/kairon/crds/
 
 build: ## Build Kairon's commands into bin/.
 	$(GO) build -o $(BIN)/ ./cmd/...

@@ -94,6 +94,7 @@ type MachineMigrationStatus struct {
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.status.sourceNode`
 // +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.status.targetNode`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.reason`,priority=1
+// +kubebuilder:printcolumn:name="Downtime-ms",type=integer,JSONPath=`.status.downtimeMillis`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type MachineMigration struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -179,15 +179,19 @@ var kinds = []*Kind{
 	{
 		Resource: "machinemigrations", Singular: "machinemigration", Aliases: []string{"mmig", "migrations", "migration"},
 		GVR: kaironGVR("machinemigrations"), GoKind: "MachineMigration", Namespaced: true,
-		Columns: cols("NAME", "MACHINE", "STRATEGY", "PHASE", "SOURCE", "TARGET", "REASON*", "AGE"),
+		Columns: cols("NAME", "MACHINE", "STRATEGY", "PHASE", "SOURCE", "TARGET", "REASON*", "DOWNTIME*", "AGE"),
 		Row: rowOf(func(m *kaironv1.MachineMigration, rc *RowContext) []string {
 			target := m.Status.TargetNode
 			if target == "" {
 				target = m.Spec.TargetNode
 			}
+			downtime := ""
+			if m.Status.DowntimeMillis > 0 {
+				downtime = itoa(m.Status.DowntimeMillis) + "ms"
+			}
 			return []string{
 				m.Name, m.Spec.MachineName, string(m.Spec.Strategy), string(m.Status.Phase), m.Status.SourceNode,
-				target, m.Status.Reason, age(m.CreationTimestamp, rc.Now),
+				target, m.Status.Reason, downtime, age(m.CreationTimestamp, rc.Now),
 			}
 		}),
 	},
