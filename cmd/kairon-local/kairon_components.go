@@ -112,7 +112,10 @@ func nodeComponent(binDir, dataDir, kubeconfig string, i int, o nodeOptions) Com
 		"--state-dir", filepath.Join(dataDir, "nodes", name),
 		"--guest-dir", o.guestDir,
 		"--cpu", strconv.Itoa(o.cpu), "--memory", o.memory,
-		"--network-cidr", fmt.Sprintf("10.88.%d.0/24", i), "--bridge", "kairon" + strconv.Itoa(i),
+		// One guest network and bridge for all nodes, a pool of addresses
+		// each: a guest moved to another node keeps its address and stays
+		// reachable.
+		"--network-cidr", "10.88.0.0/16", "--address-pool", fmt.Sprintf("10.88.%d.0/24", i), "--bridge", "kairon0",
 		"--listen", "127.0.0.1:0",
 		"--migration-listen", "127.0.0.1:0", "--migration-tls-dir", controlplane.MigrationTLSDir(dataDir),
 		"--client-ca-file", filepath.Join(dataDir, "pki", "ca.crt"),

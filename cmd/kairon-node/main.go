@@ -38,6 +38,7 @@ type flags struct {
 	cpu          int64
 	memory       string
 	networkCIDR  string
+	addressPool  string
 	bridge       string
 	netns        string
 	noNetwork    bool
@@ -69,7 +70,8 @@ func run(args []string) error {
 	fs.StringVar(&f.guestDir, "guest-dir", defaultGuestDir(), "directory of guest images (<image>/vmlinux, <image>/initramfs.cpio.gz)")
 	fs.Int64Var(&f.cpu, "cpu", int64(runtime.NumCPU()), "vCPUs to offer Machines on a registered Node")
 	fs.StringVar(&f.memory, "memory", "8Gi", "memory to offer Machines on a registered Node")
-	fs.StringVar(&f.networkCIDR, "network-cidr", "10.88.0.0/24", "IPv4 range for this node's guests; the first address is the bridge's")
+	fs.StringVar(&f.networkCIDR, "network-cidr", "10.88.0.0/24", "IPv4 network of this node's guests; the first address is the bridge's")
+	fs.StringVar(&f.addressPool, "address-pool", "", "part of --network-cidr this node hands out (empty: all of it); for nodes sharing one network and bridge")
 	fs.StringVar(&f.bridge, "bridge", "kairon0", "name of the node's bridge")
 	fs.StringVar(&f.netns, "netns", "", "keep the bridge, taps and VMs in this existing network namespace")
 	fs.BoolVar(&f.noNetwork, "no-network", false, "run VMs without a network interface")
@@ -96,7 +98,13 @@ func run(args []string) error {
 		if err != nil {
 			return fmt.Errorf("--network-cidr %q: %w", f.networkCIDR, err)
 		}
-		network = &node.NetworkOptions{CIDR: cidr, Bridge: f.bridge, NetNS: f.netns, NoLinks: f.backend == "sim"}
+		var pool netip.Prefix
+		if f.addressPool != "" {
+			if pool, err = netip.ParsePrefix(f.addressPool); err != nil {
+				return fmt.Errorf("--address-pool %q: %w", f.addressPool, err)
+			}
+		}
+		network = &node.NetworkOptions{CIDR: cidr, Pool: pool, Bridge: f.bridge, NetNS: f.netns, NoLinks: f.backend == "sim"}
 	}
 	b, err := newBackend(f)
 	if err != nil {

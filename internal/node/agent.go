@@ -52,13 +52,13 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 	a := &Agent{opts: opts, instanceEvents: make(chan event.TypedGenericEvent[*kaironv1.Machine], 1024), restConfig: cfg}
 
 	if n := opts.Network; n != nil {
-		ipam, err := network.NewIPAM(n.CIDR, filepath.Join(opts.StateDir, "ipam.json"))
+		ipam, err := network.NewIPAM(n.CIDR, n.Pool, filepath.Join(opts.StateDir, "ipam.json"))
 		if err != nil {
 			return nil, err
 		}
 		a.ipam = ipam
 		if !n.NoLinks {
-			a.links = &network.Links{Bridge: n.Bridge, Gateway: ipam.Gateway(), NetNS: n.NetNS}
+			a.links = &network.Links{Bridge: n.Bridge, Gateway: ipam.Gateway(), NetNS: n.NetNS, Node: opts.NodeName}
 			if err := a.links.EnsureBridge(); err != nil {
 				return nil, fmt.Errorf("node network: %w", err)
 			}

@@ -55,8 +55,11 @@ type Options struct {
 
 // NetworkOptions describe the node network.
 type NetworkOptions struct {
-	// CIDR is the node's guest range; its first address is the bridge's.
+	// CIDR is the guests' network; its first address is the bridge's.
 	CIDR netip.Prefix
+	// Pool is the part of CIDR this node hands out (zero: all of it), for
+	// nodes that share one network.
+	Pool netip.Prefix
 	// Bridge is the bridge's name.
 	Bridge string
 	// NetNS, when set, keeps the bridge and taps in that network namespace.

@@ -80,7 +80,7 @@ spec: {}
 	if vms := vmProcesses(t, state); len(vms) != 0 {
 		t.Errorf("QEMU processes left after delete: %v", vms)
 	}
-	if out, _ := exec.Command("ip", "-n", netNS, "-o", "link", "show", "type", "tun").CombinedOutput(); strings.Contains(string(out), network.TapName("kairon0", ns+"_hello")) {
+	if out, _ := exec.Command("ip", "-n", netNS, "-o", "link", "show", "type", "tun").CombinedOutput(); strings.Contains(string(out), network.TapName("e2e-boot", ns+"_hello")) {
 		t.Errorf("tap left after delete:\n%s", out)
 	}
 	if left, _ := filepath.Glob(filepath.Join(state, "instances", "*")); len(left) != 0 {

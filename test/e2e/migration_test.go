@@ -255,13 +255,23 @@ func otherNode(node string) string {
 func TestMigrationKeepsTheGuestState(t *testing.T) {
 	c := startKaironLocal(t, 2)
 	c.kubectl("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata: {name: mover, namespace: default}\nspec: {}\n", "apply", "-f", "-")
-	var node string
+	var node, address string
 	eventually(t, 3*time.Minute, "machine mover Running", func() (bool, string) {
-		state := c.jsonpath("machine", "mover", "{.status.phase} {.spec.nodeName}")
-		phase, n, _ := strings.Cut(state, " ")
-		node = n
-		return phase == "Running" && n != "", state
+		state := c.jsonpath("machine", "mover", "{.status.phase} {.spec.nodeName} {.status.addresses[0].address}")
+		fields := strings.Fields(state)
+		if len(fields) != 3 {
+			return false, state
+		}
+		node, address = fields[1], fields[2]
+		return fields[0] == "Running", state
 	})
+	answers := func(when string) {
+		t.Helper()
+		if page, err := getInNetNS(c.netNS, "http://"+address+":8080/"); err != nil || !strings.Contains(page, "kairon guest mover") {
+			t.Errorf("%s: the guest did not answer at %s: %v %q", when, address, err, page)
+		}
+	}
+	answers("before any migration")
 	con := c.console(node, "default", "mover")
 	token := rand.IntN(1_000_000) + 1000
 	con.run(t, fmt.Sprintf("echo %d > /tmp/token; echo wrote:$((%d+1)).", token, token), regexp.MustCompile(fmt.Sprintf(`wrote:%d\.`, token+1)))
@@ -290,6 +300,10 @@ func TestMigrationKeepsTheGuestState(t *testing.T) {
 		}
 		con = c.console(node, "default", "mover")
 		state = checkGuestKeptState(t, con, state, "after the "+strategy+" migration")
+		if got := c.jsonpath("machine", "mover", "{.status.addresses[0].address}"); got != address {
+			t.Errorf("after the %s migration the machine reports address %q, want its %s kept", strategy, got, address)
+		}
+		answers("after the " + strategy + " migration")
 	}
 
 	// kairon-local's agents speak TLS on their migration endpoints: a

@@ -15,14 +15,18 @@ import (
 	"sync"
 )
 
-// IPAM hands out addresses from one IPv4 prefix and remembers them in a file,
+// IPAM hands out addresses of one IPv4 network and remembers them in a file,
 // so an agent restart keeps every Machine's address.
 //
-// The first address of the range is the gateway (the bridge); the network and
-// broadcast addresses are never handed out.
+// The first address of the network is the gateway (the bridge); the network
+// and broadcast addresses are never handed out. New addresses come from the
+// pool, a part of the network (all of it by default): agents that share one
+// network (kairon-local's nodes on one bridge) each get their own pool, and
+// a guest migrated from another node keeps its address from that node's pool.
 type IPAM struct {
 	mu     sync.Mutex
 	prefix netip.Prefix
+	pool   netip.Prefix
 	file   string
 	byID   map[string]netip.Addr
 }
@@ -35,12 +39,20 @@ type ipamState struct {
 // NewIPAM loads the allocations kept in file, or starts empty. A file written
 // for a different prefix is an error: silently re-addressing running guests
 // would break them.
-func NewIPAM(prefix netip.Prefix, file string) (*IPAM, error) {
+// A zero pool is the whole network.
+func NewIPAM(prefix, pool netip.Prefix, file string) (*IPAM, error) {
 	prefix = prefix.Masked()
 	if !prefix.Addr().Is4() || prefix.Bits() > 29 {
 		return nil, fmt.Errorf("network range %s: need an IPv4 prefix of /29 or larger", prefix)
 	}
-	ipam := &IPAM{prefix: prefix, file: file, byID: map[string]netip.Addr{}}
+	if !pool.IsValid() {
+		pool = prefix
+	}
+	pool = pool.Masked()
+	if !prefix.Contains(pool.Addr()) || pool.Bits() < prefix.Bits() {
+		return nil, fmt.Errorf("address pool %s is not inside the network %s", pool, prefix)
+	}
+	ipam := &IPAM{prefix: prefix, pool: pool, file: file, byID: map[string]netip.Addr{}}
 	data, err := os.ReadFile(file)
 	if errors.Is(err, os.ErrNotExist) {
 		return ipam, nil
@@ -76,8 +88,9 @@ func (a *IPAM) Allocate(id string) (netip.Prefix, error) {
 }
 
 // AllocatePreferring is Allocate, but a first assignment takes preferred if
-// it is a free guest address of the range. A migrated guest keeps the
-// address configured inside it this way, wherever the ranges agree.
+// it is a free guest address of the network, even outside the pool. A
+// migrated guest keeps the address configured inside it this way, wherever
+// the networks agree.
 func (a *IPAM) AllocatePreferring(id string, preferred netip.Addr) (netip.Prefix, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -92,8 +105,14 @@ func (a *IPAM) AllocatePreferring(id string, preferred netip.Addr) (netip.Prefix
 		if a.guestAddress(preferred) && !yield(preferred) {
 			return
 		}
-		for addr := a.Gateway().Addr().Next(); a.guestAddress(addr); addr = addr.Next() {
-			if !yield(addr) {
+		for addr := a.pool.Addr(); a.pool.Contains(addr); addr = addr.Next() {
+			// A pool's own first and last addresses (x.y.z.0 and .255 for a
+			// /24) are valid in a larger network but confuse people and
+			// some software; they are skipped.
+			if addr == a.pool.Addr() || !a.pool.Contains(addr.Next()) {
+				continue
+			}
+			if a.guestAddress(addr) && !yield(addr) {
 				return
 			}
 		}
@@ -109,7 +128,7 @@ func (a *IPAM) AllocatePreferring(id string, preferred netip.Addr) (netip.Prefix
 		}
 		return netip.PrefixFrom(addr, a.prefix.Bits()), nil
 	}
-	return netip.Prefix{}, fmt.Errorf("network range %s is full (%d addresses in use)", a.prefix, len(a.byID))
+	return netip.Prefix{}, fmt.Errorf("address pool %s is full (%d addresses in use)", a.pool, len(a.byID))
 }
 
 // guestAddress tells whether addr may be handed to a guest: in the range,

@@ -9,7 +9,7 @@ import (
 
 func TestIPAMAllocatesLowestFreeAndPersists(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "ipam.json")
-	ipam, err := NewIPAM(netip.MustParsePrefix("10.88.0.0/29"), file)
+	ipam, err := NewIPAM(netip.MustParsePrefix("10.88.0.0/29"), netip.Prefix{}, file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func TestIPAMAllocatesLowestFreeAndPersists(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	reloaded, err := NewIPAM(netip.MustParsePrefix("10.88.0.0/29"), file)
+	reloaded, err := NewIPAM(netip.MustParsePrefix("10.88.0.0/29"), netip.Prefix{}, file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,25 +55,25 @@ func TestIPAMRefusesBadRanges(t *testing.T) {
 		{"10.88.0.0/30", "/29 or larger"},
 		{"fd00::/64", "IPv4"},
 	} {
-		if _, err := NewIPAM(netip.MustParsePrefix(tt.prefix), filepath.Join(dir, "x.json")); err == nil || !strings.Contains(err.Error(), tt.want) {
+		if _, err := NewIPAM(netip.MustParsePrefix(tt.prefix), netip.Prefix{}, filepath.Join(dir, "x.json")); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: err = %v, want %q", tt.prefix, err, tt.want)
 		}
 	}
 	file := filepath.Join(dir, "ipam.json")
-	first, _ := NewIPAM(netip.MustParsePrefix("10.88.0.0/24"), file)
+	first, _ := NewIPAM(netip.MustParsePrefix("10.88.0.0/24"), netip.Prefix{}, file)
 	if _, err := first.Allocate("a"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewIPAM(netip.MustParsePrefix("10.89.0.0/24"), file); err == nil || !strings.Contains(err.Error(), "holds addresses from 10.88.0.0/24") {
+	if _, err := NewIPAM(netip.MustParsePrefix("10.89.0.0/24"), netip.Prefix{}, file); err == nil || !strings.Contains(err.Error(), "holds addresses from 10.88.0.0/24") {
 		t.Errorf("changed range accepted: %v", err)
 	}
 }
 
 func TestNamesAreStableAndShort(t *testing.T) {
-	if TapName("br0", "ns_a") != TapName("br0", "ns_a") || TapName("br0", "ns_a") == TapName("br0", "ns_b") || TapName("br0", "ns_a") == TapName("br1", "ns_a") {
+	if TapName("node-1", "ns_a") != TapName("node-1", "ns_a") || TapName("node-1", "ns_a") == TapName("node-1", "ns_b") || TapName("node-1", "ns_a") == TapName("node-2", "ns_a") {
 		t.Error("tap names are not stable and distinct")
 	}
-	if n := len(TapName("br0", strings.Repeat("x", 300))); n > 15 {
+	if n := len(TapName("node-1", strings.Repeat("x", 300))); n > 15 {
 		t.Errorf("tap name has %d characters; Linux allows 15", n)
 	}
 	if mac := MAC("ns_a"); !strings.HasPrefix(mac, "52:54:00:") || len(mac) != 17 {
@@ -82,7 +82,7 @@ func TestNamesAreStableAndShort(t *testing.T) {
 }
 
 func TestIPAMAllocatePreferring(t *testing.T) {
-	ipam, err := NewIPAM(netip.MustParsePrefix("10.9.0.0/29"), filepath.Join(t.TempDir(), "ipam.json"))
+	ipam, err := NewIPAM(netip.MustParsePrefix("10.9.0.0/29"), netip.Prefix{}, filepath.Join(t.TempDir(), "ipam.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,5 +114,36 @@ func TestIPAMAllocatePreferring(t *testing.T) {
 	}
 	if taken.String() != "10.9.0.2/29" {
 		t.Errorf("first allocation %s", taken)
+	}
+}
+
+// Two agents sharing one network hand out addresses from their own pools,
+// and a guest migrated between them keeps the address its first pool gave.
+func TestIPAMPoolsShareANetwork(t *testing.T) {
+	network := netip.MustParsePrefix("10.88.0.0/16")
+	one, err := NewIPAM(network, netip.MustParsePrefix("10.88.1.0/24"), filepath.Join(t.TempDir(), "ipam.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	two, err := NewIPAM(network, netip.MustParsePrefix("10.88.2.0/24"), filepath.Join(t.TempDir(), "ipam.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gw := one.Gateway().String(); gw != "10.88.0.1/16" || two.Gateway().String() != gw {
+		t.Errorf("gateways %s and %s, want the network's 10.88.0.1/16 for both", gw, two.Gateway())
+	}
+	first, _ := one.Allocate("ns_a")
+	if first.String() != "10.88.1.1/16" {
+		t.Errorf("first allocation %s, want 10.88.1.1/16: the pool's first usable address with the network's prefix", first)
+	}
+	if got, _ := two.Allocate("ns_b"); !netip.MustParsePrefix("10.88.2.0/24").Contains(got.Addr()) {
+		t.Errorf("second agent allocated %s outside its pool", got)
+	}
+	moved, err := two.AllocatePreferring("ns_a", first.Addr())
+	if err != nil || moved != first {
+		t.Errorf("migrated guest got %s, %v on the second agent, want its %s kept", moved, err, first)
+	}
+	if _, err := NewIPAM(network, netip.MustParsePrefix("10.89.0.0/24"), filepath.Join(t.TempDir(), "x.json")); err == nil || !strings.Contains(err.Error(), "not inside the network") {
+		t.Errorf("pool outside the network: %v", err)
 	}
 }

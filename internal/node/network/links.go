@@ -16,14 +16,16 @@ type Links struct {
 	Bridge  string
 	Gateway netip.Prefix
 	NetNS   string
+	// Node names the taps' owner: several agents may share a namespace and
+	// a bridge (kairon-local), and during a migration two of them hold a tap
+	// for the same Machine.
+	Node string
 }
 
-// TapName is the tap for a Machine ID on a bridge: short (IFNAMSIZ is 16)
-// and stable, so a restarted agent finds the taps it made. The bridge is
-// part of it because nodes may share a network namespace (kairon-local),
-// and during a migration both nodes hold a tap for the same Machine.
-func TapName(bridge, id string) string {
-	sum := sha256.Sum256([]byte(bridge + "/" + id))
+// TapName is a node's tap for a Machine ID: short (IFNAMSIZ is 16) and
+// stable, so a restarted agent finds the taps it made.
+func TapName(node, id string) string {
+	sum := sha256.Sum256([]byte(node + "/" + id))
 	return "kt" + hex.EncodeToString(sum[:])[:10]
 }
 
@@ -34,28 +36,29 @@ func MAC(id string) string {
 }
 
 // EnsureBridge creates the bridge with the gateway address and brings it up.
-// It is idempotent.
+// It is idempotent, also when agents sharing the bridge race to create it.
 func (l *Links) EnsureBridge() error {
 	if !l.exists(l.Bridge) {
-		if err := l.ip("link", "add", "name", l.Bridge, "type", "bridge"); err != nil {
+		if err := l.ip("link", "add", "name", l.Bridge, "type", "bridge"); err != nil && !l.exists(l.Bridge) {
 			return err
 		}
 	}
-	out, err := l.output("-o", "addr", "show", "dev", l.Bridge)
-	if err != nil {
-		return err
-	}
-	if !strings.Contains(out, " "+l.Gateway.String()+" ") {
-		if err := l.ip("addr", "add", l.Gateway.String(), "dev", l.Bridge); err != nil {
+	if !l.hasGateway() {
+		if err := l.ip("addr", "add", l.Gateway.String(), "dev", l.Bridge); err != nil && !l.hasGateway() {
 			return err
 		}
 	}
 	return l.ip("link", "set", l.Bridge, "up")
 }
 
+func (l *Links) hasGateway() bool {
+	out, err := l.output("-o", "addr", "show", "dev", l.Bridge)
+	return err == nil && strings.Contains(out, " "+l.Gateway.String()+" ")
+}
+
 // EnsureTap creates id's tap on the bridge, up. It is idempotent.
 func (l *Links) EnsureTap(id string) (string, error) {
-	tap := TapName(l.Bridge, id)
+	tap := TapName(l.Node, id)
 	if !l.exists(tap) {
 		if err := l.ip("tuntap", "add", "dev", tap, "mode", "tap"); err != nil {
 			return "", err
@@ -69,7 +72,7 @@ func (l *Links) EnsureTap(id string) (string, error) {
 
 // DeleteTap removes id's tap; a missing tap is not an error.
 func (l *Links) DeleteTap(id string) error {
-	tap := TapName(l.Bridge, id)
+	tap := TapName(l.Node, id)
 	if !l.exists(tap) {
 		return nil
 	}
