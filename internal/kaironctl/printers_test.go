@@ -371,7 +371,7 @@ func TestMigrationTableWide(t *testing.T) {
 			SourceNode: "node-1", TargetNode: "node-2", DowntimeMillis: 68}}
 	done.Name = "move-web-1"
 	failed := &kaironv1.MachineMigration{ObjectMeta: created(time.Minute),
-		Spec: kaironv1.MachineMigrationSpec{MachineName: "web-2", Strategy: kaironv1.MigrationCold},
+		Spec:   kaironv1.MachineMigrationSpec{MachineName: "web-2", Strategy: kaironv1.MigrationCold},
 		Status: kaironv1.MachineMigrationStatus{Phase: kaironv1.MigrationFailed, Reason: "TargetUnavailable", SourceNode: "node-1"}}
 	failed.Name = "move-web-2"
 	want := "" +
