@@ -122,13 +122,20 @@ func (a *agent) kill() {
 // startController runs bin/kairon-controller against the test API server.
 func startController(t testing.TB, env *testenv.Env) {
 	t.Helper()
+	startControllerWith(t, env)
+}
+
+// startControllerWith runs bin/kairon-controller with extra flags; later
+// flags override the defaults.
+func startControllerWith(t testing.TB, env *testenv.Env, flags ...string) {
+	t.Helper()
 	log, err := os.Create(filepath.Join(t.TempDir(), "controller.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(env.BinDir, "kairon-controller"),
+	cmd := exec.Command(filepath.Join(env.BinDir, "kairon-controller"), append([]string{
 		"-kubeconfig", env.Kubeconfig, "-interval", "2s",
-		"-metrics-bind-address", "0", "-health-probe-bind-address", "0")
+		"-metrics-bind-address", "0", "-health-probe-bind-address", "0"}, flags...)...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

@@ -1,0 +1,105 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/testenv"
+)
+
+// TestCordonEvacuationWithRealMigrations: kairon-controller with
+// -cordon-evacuate empties a cordoned node by itself, through the real
+// executor (two sim agents), one Machine at a time as the budget allows,
+// with cold migrations only, one per Machine, each Machine marked with the
+// attempt annotation.
+func TestCordonEvacuationWithRealMigrations(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	source, target := ns+"-src", ns+"-dst"
+	startControllerWith(t, env, "-interval", "1s", "-cordon-evacuate",
+		"-cordon-evacuate-strategy", "auto", "-cordon-evacuate-min-retry-interval", "2s")
+	startSimAgent(t, env, source, "10.88.63.0/24", 4, "4Gi")
+	startSimAgent(t, env, target, "10.88.64.0/24", 4, "4Gi")
+	deleteMachinesAtEnd(t, env, ns)
+	waitNodeReady(t, env, source)
+	waitNodeReady(t, env, target)
+
+	web := map[string]string{"app": ns}
+	createMachinesOn(t, env, ns, source, web, "web-1", "web-2", "web-3")
+	budget := &kaironv1.MachineDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web-tier"},
+		Spec:       kaironv1.MachineDisruptionBudgetSpec{Selector: web, MinAvailable: ptrTo(intstr.FromInt32(2))},
+	}
+	if err := env.Client.Create(ctx, budget); err != nil {
+		t.Fatal(err)
+	}
+	waitAllRunning(t, env, ns, source, 3)
+	if migs := migrationsIn(t, env, ns); len(migs) != 0 {
+		t.Fatalf("migrations before the cordon: %s", describeMigrations(migs))
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("objects:\n%s", kubectlQuiet(env, "-n", ns, "get", "machines,machinemigrations,machinedisruptionbudgets", "-o", "wide"))
+		}
+	})
+	rec := recordDisruptions(t, env, ns, web)
+
+	kubectl(t, env, "", "cordon", source)
+	waitAllRunning(t, env, ns, target, 3)
+
+	migs := migrationsIn(t, env, ns)
+	if len(migs) != 3 {
+		t.Errorf("%d migrations, want exactly one per Machine: %s", len(migs), describeMigrations(migs))
+	}
+	seen := map[string]bool{}
+	for _, mig := range migs {
+		if mig.Spec.Strategy != kaironv1.MigrationCold {
+			t.Errorf("migration %s has strategy %q: cordon evacuation must never migrate live", mig.Name, mig.Spec.Strategy)
+		}
+		if mig.Status.Phase != kaironv1.MigrationSucceeded || mig.Status.SourceNode != source || mig.Status.TargetNode != target {
+			t.Errorf("migration %s: %s", mig.Name, describeMigrations([]kaironv1.MachineMigration{mig}))
+		}
+		if seen[mig.Spec.MachineName] {
+			t.Errorf("a second migration for %s", mig.Spec.MachineName)
+		}
+		seen[mig.Spec.MachineName] = true
+	}
+	var machines kaironv1.MachineList
+	if err := env.Client.List(ctx, &machines, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range machines.Items {
+		at, err := time.Parse(time.RFC3339, m.Annotations[kaironv1.AnnotationCordonEvacuateAttemptedAt])
+		if err != nil {
+			t.Errorf("machine %s: annotation %s = %q: %v", m.Name, kaironv1.AnnotationCordonEvacuateAttemptedAt,
+				m.Annotations[kaironv1.AnnotationCordonEvacuateAttemptedAt], err)
+		} else if time.Since(at) > 5*time.Minute {
+			t.Errorf("machine %s: attempt recorded at %s, before this test", m.Name, at)
+		}
+	}
+
+	states := rec.replay(t, source)
+	fewest, most := 3, 0
+	for _, s := range states {
+		fewest = min(fewest, s.healthy)
+		most = max(most, s.inFlight)
+	}
+	t.Logf("%d states recorded; fewest healthy %d, most migrations in flight %d", len(states), fewest, most)
+	if fewest < 2 {
+		t.Errorf("only %d of 3 Machines were healthy at one point: the budget (minAvailable 2) was broken", fewest)
+	}
+	if most != 1 {
+		t.Errorf("at most %d migrations were in flight, want exactly 1 (the budget allows one at a time)", most)
+	}
+	if got := strings.TrimSpace(kubectl(t, env, "", "get", "node", source, "-o", "jsonpath={.spec.unschedulable}")); got != "true" {
+		t.Errorf("source node unschedulable=%q after evacuation, want it still cordoned", got)
+	}
+}
