@@ -124,7 +124,7 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 
 	warm, syncErr := r.syncMembers(ctx, &pool, hash, current, stale, createsInFlight)
 	status := computePoolStatus(&pool, warm, members.claimed, syncErr)
-	if err := r.patchStatus(ctx, &pool, status); err != nil {
+	if err := patchWholeStatus(ctx, r.Client, &pool, &pool.Status, status); err != nil {
 		return reconcile.Result{}, errors.Join(syncErr, err)
 	}
 	if syncErr != nil {
@@ -370,31 +370,6 @@ func computePoolStatus(pool *kaironv1.MachinePool, warm, claimed []*kaironv1.Mac
 		}
 	}
 	meta.SetStatusCondition(&status.Conditions, ready)
-
-	if syncErr == nil {
-		meta.RemoveStatusCondition(&status.Conditions, ConditionReplicaFailure)
-		return status
-	}
-	reason := ReasonFailedDelete
-	if status.Warm < desired {
-		reason = ReasonFailedCreate
-	}
-	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
-		Type: ConditionReplicaFailure, Status: metav1.ConditionTrue, Reason: reason,
-		Message: syncErr.Error(), ObservedGeneration: pool.Generation,
-	})
+	setReplicaFailure(&status.Conditions, syncErr, status.Warm, desired, pool.Generation)
 	return status
-}
-
-// patchStatus sends the whole status when it changed: this controller owns
-// it, and a diff would leave out zero counts that kubectl then prints blank.
-func (r *MachinePoolReconciler) patchStatus(ctx context.Context, pool *kaironv1.MachinePool, status *kaironv1.MachinePoolStatus) error {
-	if equality.Semantic.DeepEqual(&pool.Status, status) {
-		return nil
-	}
-	body, err := json.Marshal(map[string]any{"status": status})
-	if err != nil {
-		return err
-	}
-	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, pool.DeepCopy(), client.RawPatch(types.MergePatchType, body)))
 }

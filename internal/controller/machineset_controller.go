@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -10,12 +9,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -28,17 +25,12 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
 
-// ConditionReplicaFailure is True on a MachineSet while it cannot create or
-// delete Machines, as on a ReplicaSet.
-const ConditionReplicaFailure = "ReplicaFailure"
-
-// Reasons of MachineSet conditions.
+// Reasons of the MachineSet Ready condition; ReplicaFailure's are
+// ReasonFailedCreate and ReasonFailedDelete.
 const (
 	ReasonAllReplicasReady = "AllReplicasReady"
 	ReasonReplicasNotReady = "ReplicasNotReady"
 	ReasonInvalidSelector  = "InvalidSelector"
-	ReasonFailedCreate     = "FailedCreate"
-	ReasonFailedDelete     = "FailedDelete"
 )
 
 var machineSetKind = kaironv1.GroupVersion.WithKind("MachineSet")
@@ -131,7 +123,7 @@ func (r *MachineSetReconciler) Reconcile(ctx context.Context, req reconcile.Requ
 			Message: err.Error(), ObservedGeneration: set.Generation,
 		})
 		// Retrying cannot help until the spec changes, which requeues.
-		return reconcile.Result{}, r.patchStatus(ctx, &set, status)
+		return reconcile.Result{}, patchWholeStatus(ctx, r.Client, &set, &set.Status, status)
 	}
 
 	owned, err := r.claimMachines(ctx, &set, selector)
@@ -143,7 +135,7 @@ func (r *MachineSetReconciler) Reconcile(ctx context.Context, req reconcile.Requ
 	syncErr := r.syncReplicas(ctx, &set, live, createsInFlight)
 	setReplicaCounts(status, live)
 	setMachineSetConditions(status, &set, syncErr)
-	if err := r.patchStatus(ctx, &set, status); err != nil {
+	if err := patchWholeStatus(ctx, r.Client, &set, &set.Status, status); err != nil {
 		return reconcile.Result{}, errors.Join(syncErr, err)
 	}
 	if syncErr != nil {
@@ -335,32 +327,5 @@ func setMachineSetConditions(status *kaironv1.MachineSetStatus, set *kaironv1.Ma
 		}
 	}
 	meta.SetStatusCondition(&status.Conditions, ready)
-
-	if syncErr == nil {
-		meta.RemoveStatusCondition(&status.Conditions, ConditionReplicaFailure)
-		return
-	}
-	reason := ReasonFailedDelete
-	if status.Replicas < desired {
-		reason = ReasonFailedCreate
-	}
-	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
-		Type: ConditionReplicaFailure, Status: metav1.ConditionTrue, Reason: reason,
-		Message: syncErr.Error(), ObservedGeneration: set.Generation,
-	})
-}
-
-// patchStatus writes status if it changed. The controller owns the whole
-// status of a MachineSet, so it sends all of it rather than a diff: a diff
-// against a status the server has never seen leaves out zero counts
-// (readyReplicas: 0), which kubectl then prints as blank.
-func (r *MachineSetReconciler) patchStatus(ctx context.Context, set *kaironv1.MachineSet, status *kaironv1.MachineSetStatus) error {
-	if equality.Semantic.DeepEqual(&set.Status, status) {
-		return nil
-	}
-	body, err := json.Marshal(map[string]any{"status": status})
-	if err != nil {
-		return err
-	}
-	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, set.DeepCopy(), client.RawPatch(types.MergePatchType, body)))
+	setReplicaFailure(&status.Conditions, syncErr, status.Replicas, desired, set.Generation)
 }
