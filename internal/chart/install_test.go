@@ -525,7 +525,7 @@ const leaderElectionID = "kairon-controller.kairon.zyvor.dev"
 // does with -leader-elect, cluster-wide, until the test ends.
 func startControllers(t *testing.T, env *testenv.Env, cfg *rest.Config, ns string, opts controller.Options) {
 	t.Helper()
-	logs := &testLogWriter{t: t}
+	logs := testenv.NewLogWriter(t) // stops after the manager stopped
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        env.Scheme,
 		Logger:                        zap.New(zap.WriteTo(logs), zap.ConsoleEncoder()),
@@ -543,7 +543,6 @@ func startControllers(t *testing.T, env *testenv.Env, cfg *rest.Config, ns strin
 	if err := controller.SetupWithManager(mgr, opts); err != nil {
 		t.Fatalf("setting up controllers: %v", err)
 	}
-	t.Cleanup(logs.stop) // runs after the manager stopped
 	runUntilCleanup(t, "controller manager", mgr.Start)
 }
 
@@ -687,27 +686,4 @@ func eventually(t *testing.T, what string, check func() (done bool, saw string))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-// testLogWriter sends controller logs to the test's log, shown when it
-// fails, and drops what arrives after the test ended.
-type testLogWriter struct {
-	mu      sync.Mutex
-	t       *testing.T
-	stopped bool
-}
-
-func (w *testLogWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.stopped {
-		w.t.Log(strings.TrimRight(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-func (w *testLogWriter) stop() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.stopped = true
 }

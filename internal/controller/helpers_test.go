@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -39,13 +37,13 @@ const waitTimeout = 30 * time.Second
 
 // startControllers runs every Kairon controller, as kairon-controller
 // does, in a manager whose cache sees only namespace ns (and the cluster's
-// Nodes), until the test ends.
-func startControllers(t *testing.T, env *testenv.Env, ns string, opts Options, customize ...func(*ctrl.Options)) {
+// Nodes), until the test ends or it calls stop, whichever comes first.
+func startControllers(t *testing.T, env *testenv.Env, ns string, opts Options, customize ...func(*ctrl.Options)) (stop func()) {
 	t.Helper()
 	if opts.Interval == 0 {
 		opts.Interval = testInterval
 	}
-	logs := &testLogWriter{t: t}
+	logs := testenv.NewLogWriter(t)
 	mgrOpts := ctrl.Options{
 		Scheme:                 env.Scheme,
 		Logger:                 zap.New(zap.WriteTo(logs), zap.ConsoleEncoder()),
@@ -69,41 +67,25 @@ func startControllers(t *testing.T, env *testenv.Env, ns string, opts Options, c
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("manager: %v", err)
 		}
-		logs.stop()
-	})
+		logs.Stop()
+	}
+	t.Cleanup(stop)
 	syncCtx, cancelSync := context.WithTimeout(ctx, waitTimeout)
 	defer cancelSync()
 	if !mgr.GetCache().WaitForCacheSync(syncCtx) {
 		t.Fatal("manager cache did not sync")
 	}
-}
-
-// testLogWriter sends controller logs to the test's log, shown when it
-// fails, and drops what arrives after the test ended.
-type testLogWriter struct {
-	mu      sync.Mutex
-	t       *testing.T
-	stopped bool
-}
-
-func (w *testLogWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.stopped {
-		w.t.Log(strings.TrimRight(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-func (w *testLogWriter) stop() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.stopped = true
+	return stop
 }
 
 // createNode creates a ready Kairon node, named after the test's namespace
@@ -187,13 +169,23 @@ func listMachines(t *testing.T, env *testenv.Env, ns string, opts ...client.List
 	return list.Items
 }
 
+// getObject reads ns/name, an object of kind T, from the API server (not
+// a cache), failing the test if it cannot.
+func getObject[T any, PT interface {
+	*T
+	client.Object
+}](t *testing.T, env *testenv.Env, ns, name string) PT {
+	t.Helper()
+	obj := PT(new(T))
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, obj); err != nil {
+		t.Fatalf("getting %T %s: %v", obj, name, err)
+	}
+	return obj
+}
+
 func getMachine(t *testing.T, env *testenv.Env, ns, name string) *kaironv1.Machine {
 	t.Helper()
-	var m kaironv1.Machine
-	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &m); err != nil {
-		t.Fatalf("getting machine %s: %v", name, err)
-	}
-	return &m
+	return getObject[kaironv1.Machine](t, env, ns, name)
 }
 
 // describeMachine is one line of what a test needs to see when it fails.

@@ -38,11 +38,7 @@ func createClaim(t *testing.T, env *testenv.Env, ns, name, pool string, mutate .
 
 func getClaim(t *testing.T, env *testenv.Env, ns, name string) *kaironv1.MachineClaim {
 	t.Helper()
-	var c kaironv1.MachineClaim
-	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &c); err != nil {
-		t.Fatalf("getting claim %s: %v", name, err)
-	}
-	return &c
+	return getObject[kaironv1.MachineClaim](t, env, ns, name)
 }
 
 func claimGone(t *testing.T, env *testenv.Env, ns, name string) bool {
@@ -165,7 +161,7 @@ func TestMachineClaimBindOrder(t *testing.T) {
 	env := testenv.Get(t)
 	ns := prepareNamespace(t, env)
 	createNode(t, env, ns, "n1", 16, "16Gi")
-	stop := startStoppableControllers(t, env, ns)
+	stop := startControllers(t, env, ns, Options{})
 	createPool(t, env, ns, "agents", 1)
 	// creationTimestamp has whole seconds: a second between members.
 	for n := 1; n <= 3; n++ {

@@ -19,13 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/backend/sim"
@@ -101,49 +96,6 @@ func runSimAgent(t *testing.T, env *testenv.Env, ns, name, cidr string, cpu int6
 	return nodeName
 }
 
-// startStoppableControllers is startControllers with a way to stop the
-// manager before the test ends.
-func startStoppableControllers(t *testing.T, env *testenv.Env, ns string) (stop func()) {
-	t.Helper()
-	logs := &testLogWriter{t: t}
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme:                 env.Scheme,
-		Logger:                 zap.New(zap.WriteTo(logs), zap.ConsoleEncoder()),
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		t.Fatalf("creating manager: %v", err)
-	}
-	if err := SetupWithManager(mgr, Options{Interval: testInterval}); err != nil {
-		t.Fatalf("setting up controllers: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
-		logs.stop()
-	}
-	t.Cleanup(stop)
-	syncCtx, cancelSync := context.WithTimeout(ctx, waitTimeout)
-	defer cancelSync()
-	if !mgr.GetCache().WaitForCacheSync(syncCtx) {
-		t.Fatal("manager cache did not sync")
-	}
-	return stop
-}
-
 func poolTemplate() kaironv1.MachineTemplateSpec {
 	return kaironv1.MachineTemplateSpec{
 		Metadata: kaironv1.MachineTemplateMeta{Labels: map[string]string{"app": "agent"}},
@@ -165,11 +117,7 @@ func createPool(t *testing.T, env *testenv.Env, ns, name string, replicas int32)
 
 func getPool(t *testing.T, env *testenv.Env, ns, name string) *kaironv1.MachinePool {
 	t.Helper()
-	var pool kaironv1.MachinePool
-	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &pool); err != nil {
-		t.Fatalf("getting pool %s: %v", name, err)
-	}
-	return &pool
+	return getObject[kaironv1.MachinePool](t, env, ns, name)
 }
 
 func scalePool(t *testing.T, env *testenv.Env, ns, name string, replicas int32) {

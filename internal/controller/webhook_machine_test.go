@@ -12,7 +12,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,9 +20,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/testenv"
@@ -37,12 +33,9 @@ func TestMachineWebhook(t *testing.T) {
 	node := createNode(t, env, ns, "a", 16, "16Gi")
 	createQuota(t, env, ns, 1)
 
-	certDir, caPEM := writeServingCert(t)
-	port := freePort(t)
-	startControllers(t, env, ns, Options{Webhook: true}, func(o *ctrl.Options) {
-		o.WebhookServer = webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: port, CertDir: certDir})
-	})
-	registerMachineWebhook(t, env, ns, caPEM, port)
+	srv := startWebhookControllers(t, env, ns, Options{})
+	srv.register(t, env, ns, MachineWebhookPath,
+		[]admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}, "machines")
 
 	ctx := context.Background()
 	tryCreate := func(name string, mutate func(*kaironv1.Machine)) error {
@@ -87,45 +80,6 @@ func TestMachineWebhook(t *testing.T) {
 	}); err == nil || !strings.Contains(err.Error(), "machines 1/1 used") {
 		t.Errorf("Machine placed by hand over quota: %v", err)
 	}
-}
-
-// registerMachineWebhook points the API server at the test's webhook for
-// Machines in ns only, so other tests sharing the API server are not
-// affected, and removes the configuration when the test ends.
-func registerMachineWebhook(t *testing.T, env *testenv.Env, ns string, caPEM []byte, port int) {
-	t.Helper()
-	url := "https://127.0.0.1:" + strconv.Itoa(port) + MachineWebhookPath
-	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: ns + "-machines"},
-		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name:                    "machines.kairon.zyvor.dev",
-			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM},
-			AdmissionReviewVersions: []string{"v1"},
-			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
-			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
-			TimeoutSeconds:          ptr.To[int32](10),
-			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{
-				"kubernetes.io/metadata.name": ns,
-			}},
-			Rules: []admissionregistrationv1.RuleWithOperations{{
-				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
-				Rule: admissionregistrationv1.Rule{
-					APIGroups:   []string{kaironv1.GroupVersion.Group},
-					APIVersions: []string{kaironv1.GroupVersion.Version},
-					Resources:   []string{"machines"},
-					Scope:       ptr.To(admissionregistrationv1.NamespacedScope),
-				},
-			}},
-		}},
-	}
-	if err := env.Client.Create(context.Background(), cfg); err != nil {
-		t.Fatalf("creating webhook configuration: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := env.Client.Delete(context.Background(), cfg); err != nil && !apierrors.IsNotFound(err) {
-			t.Errorf("deleting webhook configuration: %v", err)
-		}
-	})
 }
 
 // writeServingCert writes tls.crt and tls.key for 127.0.0.1, signed by a

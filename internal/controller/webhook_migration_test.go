@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -11,9 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/testenv"
@@ -48,13 +45,12 @@ func TestMachineMigrationWebhook(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	certDir, caPEM := writeServingCert(t)
-	port := freePort(t)
 	// Migration phases are set by hand here.
-	startControllers(t, env, ns, Options{Webhook: true, NoMigrationController: true}, func(o *ctrl.Options) {
-		o.WebhookServer = webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: port, CertDir: certDir})
-	})
-	cfg := registerMigrationWebhook(t, env, ns, caPEM, port)
+	srv := startWebhookControllers(t, env, ns, Options{NoMigrationController: true})
+	// Updates and deletes too, so the test sees the webhook allow them.
+	cfg := srv.register(t, env, ns, MachineMigrationWebhookPath, []admissionregistrationv1.OperationType{
+		admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete,
+	}, "machinemigrations", "machinemigrations/status")
 
 	migrate := func(name, machine string) error {
 		return env.Client.Create(ctx, &kaironv1.MachineMigration{
@@ -153,46 +149,4 @@ func TestMachineMigrationWebhook(t *testing.T) {
 		}
 		return true, ""
 	})
-}
-
-// registerMigrationWebhook points the API server at the test's webhook for
-// MachineMigrations in ns only (CREATE, UPDATE and DELETE, so the test sees
-// the webhook allow the last two), and removes it when the test ends.
-func registerMigrationWebhook(t *testing.T, env *testenv.Env, ns string, caPEM []byte, port int) *admissionregistrationv1.ValidatingWebhookConfiguration {
-	t.Helper()
-	url := "https://127.0.0.1:" + strconv.Itoa(port) + MachineMigrationWebhookPath
-	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: ns + "-machinemigrations"},
-		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name:                    "machinemigrations.kairon.zyvor.dev",
-			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM},
-			AdmissionReviewVersions: []string{"v1"},
-			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
-			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
-			TimeoutSeconds:          ptr.To[int32](10),
-			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{
-				"kubernetes.io/metadata.name": ns,
-			}},
-			Rules: []admissionregistrationv1.RuleWithOperations{{
-				Operations: []admissionregistrationv1.OperationType{
-					admissionregistrationv1.Create, admissionregistrationv1.Update, admissionregistrationv1.Delete,
-				},
-				Rule: admissionregistrationv1.Rule{
-					APIGroups:   []string{kaironv1.GroupVersion.Group},
-					APIVersions: []string{kaironv1.GroupVersion.Version},
-					Resources:   []string{"machinemigrations", "machinemigrations/status"},
-					Scope:       ptr.To(admissionregistrationv1.NamespacedScope),
-				},
-			}},
-		}},
-	}
-	if err := env.Client.Create(context.Background(), cfg); err != nil {
-		t.Fatalf("creating webhook configuration: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := env.Client.Delete(context.Background(), cfg); err != nil && !apierrors.IsNotFound(err) {
-			t.Errorf("deleting webhook configuration: %v", err)
-		}
-	})
-	return cfg
 }
