@@ -36,6 +36,7 @@ var verbs = []func(*Options) *cobra.Command{
 	newClaimCommand,
 	newReleaseCommand,
 	newEvacuateCommand,
+	newMigrateCommand,
 	newMCPCommand,
 	newLogsCommand,
 	newVersionCommand,

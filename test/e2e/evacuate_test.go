@@ -45,7 +45,7 @@ import (
 // and its agent endpoint (consoles, saved migration state) listens on
 // loopback. The Node is deleted after the agent is stopped; on failure the
 // agent's log is printed.
-func startSimAgent(t testing.TB, env *testenv.Env, nodeName, cidr string, cpu int, memory string) *agent {
+func startSimAgent(t testing.TB, env *testenv.Env, nodeName, cidr string, cpu int, memory string, extraFlags ...string) *agent {
 	t.Helper()
 	// Registered first so it runs last, once the agent can no longer
 	// recreate the Node with a heartbeat.
@@ -56,12 +56,12 @@ func startSimAgent(t testing.TB, env *testenv.Env, nodeName, cidr string, cpu in
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(env.BinDir, "kairon-node"),
+	cmd := exec.Command(filepath.Join(env.BinDir, "kairon-node"), append([]string{
 		"--kubeconfig", env.Kubeconfig, "--node-name", nodeName, "--register",
 		"--backend", "sim", "--sim-boot-delay", "200ms",
 		"--state-dir", stateDir, "--cpu", strconv.Itoa(cpu), "--memory", memory,
 		"--network-cidr", cidr, "--listen", "127.0.0.1:0", "--interval", "2s",
-		"--client-ca-file", filepath.Join(env.DataDir, "pki", "ca.crt"))
+		"--client-ca-file", filepath.Join(env.DataDir, "pki", "ca.crt")}, extraFlags...)...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

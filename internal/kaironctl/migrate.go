@@ -1,0 +1,182 @@
+package kaironctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/controller"
+)
+
+const (
+	defaultMigrateTimeout = 5 * time.Minute
+	// migratePoll is how often --wait looks at the migration.
+	migratePoll = 250 * time.Millisecond
+)
+
+type migrateFlags struct {
+	to       string
+	strategy string
+	wait     bool
+	timeout  time.Duration
+}
+
+func newMigrateCommand(o *Options) *cobra.Command {
+	f := &migrateFlags{}
+	cmd := &cobra.Command{
+		Use:   "migrate MACHINE [--to NODE] [--strategy cold|live] [--wait] [--timeout 5m]",
+		Short: "Move one Machine to another node, if its disruption budgets allow it",
+		Long: `Create a MachineMigration for MACHINE (in the current namespace, or -n).
+
+Like evacuate, migrate asks the MachineDisruptionBudgets first: a Machine a
+budget does not allow to be disrupted now is not migrated, and the error
+names the budget and its numbers. A Machine that already has a migration in
+flight keeps it.
+
+Without --to the target is the scheduler's choice among the other nodes.
+--strategy live moves the guest while it runs (milliseconds of downtime);
+cold, the default, pauses it for the move (seconds).
+
+With --wait, migrate follows the migration and prints where the Machine went
+and how long the guest did not run; it exits non-zero if the migration
+fails or --timeout passes first.`,
+		Example: `  kaironctl migrate web-1
+  kaironctl migrate web-1 --to node-2 --strategy live --wait`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			switch {
+			case len(args) == 0:
+				return usageError(cmd, "migrate needs a MACHINE")
+			case len(args) > 1:
+				return usageError(cmd, "migrate takes one MACHINE, got %d arguments", len(args))
+			case args[0] == "":
+				return usageError(cmd, "MACHINE must not be empty")
+			}
+			strategy := kaironv1.MigrationStrategy(f.strategy)
+			if strategy != kaironv1.MigrationCold && strategy != kaironv1.MigrationLive {
+				return usageError(cmd, "invalid --strategy %q: use cold or live", f.strategy)
+			}
+			if !f.wait && cmd.Flags().Changed("timeout") {
+				return usageError(cmd, "--timeout only applies with --wait")
+			}
+			if f.timeout <= 0 {
+				return usageError(cmd, "--timeout must be positive, got %s", f.timeout)
+			}
+			return o.runMigrate(cmd.Context(), args[0], strategy, f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.to, "to", "", "Target node (default: the scheduler's choice)")
+	fl.StringVar(&f.strategy, "strategy", string(kaironv1.MigrationCold), "How to move the Machine: cold or live")
+	fl.BoolVar(&f.wait, "wait", false, "Wait until the migration succeeded or failed")
+	fl.DurationVar(&f.timeout, "timeout", defaultMigrateTimeout, "With --wait: give up, and exit non-zero, after this long")
+	fl.Lookup("timeout").DefValue = "5m"
+	return cmd
+}
+
+func (o *Options) runMigrate(ctx context.Context, name string, strategy kaironv1.MigrationStrategy, f *migrateFlags) error {
+	ns, err := o.Namespace()
+	if err != nil {
+		return err
+	}
+	c, err := o.typedClient()
+	if err != nil {
+		return err
+	}
+	machine := &kaironv1.Machine{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, machine); err != nil {
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("machine %s/%s not found", ns, name)
+		}
+		return err
+	}
+	if machine.Spec.NodeName == "" {
+		return fmt.Errorf("machine %s/%s is not on a node yet (phase %s): nothing to migrate", ns, name, orDash(string(machine.Status.Phase)))
+	}
+	if f.to != "" && f.to == machine.Spec.NodeName {
+		return fmt.Errorf("machine %s/%s already runs on node %s", ns, name, f.to)
+	}
+	snap, err := controller.LoadEvacuationSnapshot(ctx, c)
+	if err != nil {
+		return err
+	}
+	decision := snap.Plan([]*kaironv1.Machine{machine})[0]
+	switch decision.Verdict {
+	case controller.EvacuationDeleting:
+		return fmt.Errorf("machine %s/%s is being deleted", ns, name)
+	case controller.EvacuationInFlight:
+		return fmt.Errorf("machine %s/%s already has migration %s in flight (%s)", ns, name, decision.Migration.Name, migrationPhase(decision.Migration))
+	case controller.EvacuationBlocked:
+		return fmt.Errorf("machine %s/%s not migrated: %s", ns, name, decision.Reason)
+	}
+
+	mig := &kaironv1.MachineMigration{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: name + "-mig-"},
+		Spec:       kaironv1.MachineMigrationSpec{MachineName: name, Strategy: strategy, TargetNode: f.to},
+	}
+	if err := c.Create(ctx, mig); err != nil {
+		if isAdmissionDenial(err) {
+			return fmt.Errorf("machine %s/%s not migrated: %w", ns, name, err)
+		}
+		return fmt.Errorf("creating the migration of machine %s/%s: %w", ns, name, err)
+	}
+	target := f.to
+	if target == "" {
+		target = "the scheduler's choice"
+	}
+	fmt.Fprintf(o.Out, "machinemigration %s/%s created: machine %s from node %s to %s (%s)\n",
+		ns, mig.Name, name, machine.Spec.NodeName, target, strategy)
+	if !f.wait {
+		return nil
+	}
+	return o.waitMigration(ctx, c, client.ObjectKeyFromObject(mig), f.timeout)
+}
+
+// waitMigration follows a migration until it ends and reports how.
+func (o *Options) waitMigration(ctx context.Context, c client.Client, key client.ObjectKey, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	began := time.Now()
+	mig := &kaironv1.MachineMigration{}
+	for {
+		err := c.Get(ctx, key, mig)
+		switch {
+		case apierrors.IsNotFound(err):
+			return fmt.Errorf("machinemigration %s was deleted before it finished", key)
+		case err != nil && !errors.Is(err, context.DeadlineExceeded):
+			return err
+		case err == nil && mig.Status.Phase == kaironv1.MigrationSucceeded:
+			fmt.Fprintf(o.Out, "machine %s/%s moved from node %s to node %s (%s) in %s; the guest did not run for %dms\n",
+				key.Namespace, mig.Spec.MachineName, mig.Status.SourceNode, mig.Status.TargetNode, orCold(mig.Spec.Strategy),
+				shortDuration(time.Since(began)), mig.Status.DowntimeMillis)
+			return nil
+		case err == nil && mig.Status.Phase == kaironv1.MigrationFailed:
+			return fmt.Errorf("machinemigration %s failed (%s): %s", key, mig.Status.Reason, mig.Status.Message)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("machinemigration %s still %s after %s", key, migrationPhase(mig), timeout)
+		case <-time.After(migratePoll):
+		}
+	}
+}
+
+func orCold(s kaironv1.MigrationStrategy) kaironv1.MigrationStrategy {
+	if s == "" {
+		return kaironv1.MigrationCold
+	}
+	return s
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
