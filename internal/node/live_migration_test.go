@@ -24,6 +24,7 @@ import (
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/backend/sim"
 	"github.com/zyvor/kairon/internal/node"
+	"github.com/zyvor/kairon/internal/testenv"
 )
 
 // failingReceive is a sim backend that cannot load an incoming guest.
@@ -79,6 +80,20 @@ func withTLS(dir string) func(*node.Options) {
 	return func(o *node.Options) { o.MigrationTLSDir = dir }
 }
 
+// migrateLive creates the live migration "live" of machine and waits for
+// it to reach want.
+func migrateLive(t *testing.T, env *testenv.Env, ns, machine string, want kaironv1.MigrationPhase) *kaironv1.MachineMigration {
+	t.Helper()
+	mig := &kaironv1.MachineMigration{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "live"},
+		Spec:       kaironv1.MachineMigrationSpec{MachineName: machine, Strategy: kaironv1.MigrationLive},
+	}
+	if err := env.Client.Create(context.Background(), mig); err != nil {
+		t.Fatal(err)
+	}
+	return waitMigration(t, env, client.ObjectKeyFromObject(mig), want)
+}
+
 func instancePaused(t *testing.T, stateDir, ns, name string) bool {
 	t.Helper()
 	b, err := sim.New(sim.Options{StateDir: filepath.Join(stateDir, "instances")})
@@ -105,14 +120,7 @@ func TestLiveMigrationMovesARunningMachine(t *testing.T) {
 	if len(m.Status.Addresses) != 1 || m.Status.Addresses[0].Address != "10.88.7.3" {
 		t.Fatalf("second Machine on live-a has addresses %v, want 10.88.7.3", m.Status.Addresses)
 	}
-	mig := &kaironv1.MachineMigration{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "live"},
-		Spec:       kaironv1.MachineMigrationSpec{MachineName: "vm2", Strategy: kaironv1.MigrationLive},
-	}
-	if err := env.Client.Create(ctx, mig); err != nil {
-		t.Fatal(err)
-	}
-	mig = waitMigration(t, env, client.ObjectKeyFromObject(mig), kaironv1.MigrationSucceeded)
+	mig := migrateLive(t, env, ns, "vm2", kaironv1.MigrationSucceeded)
 	if mig.Status.SourceNode != "live-a" || mig.Status.TargetNode != "live-b" || mig.Status.DowntimeMillis <= 0 {
 		t.Errorf("status %+v, want live-a → live-b with a downtime", mig.Status)
 	}
@@ -141,15 +149,7 @@ func TestLiveMigrationMovesARunningMachine(t *testing.T) {
 func TestLiveMigrationFailureLeavesTheMachineOnTheSource(t *testing.T) {
 	env, ns, sourceState, targetState, m := startMigrationPair(t, "live-fail-a", "live-fail-b",
 		func(b *sim.Backend) backend.Backend { return failingReceive{b} }, nil, nil)
-	ctx := context.Background()
-	mig := &kaironv1.MachineMigration{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "live"},
-		Spec:       kaironv1.MachineMigrationSpec{MachineName: "vm", Strategy: kaironv1.MigrationLive},
-	}
-	if err := env.Client.Create(ctx, mig); err != nil {
-		t.Fatal(err)
-	}
-	mig = waitMigration(t, env, client.ObjectKeyFromObject(mig), kaironv1.MigrationFailed)
+	mig := migrateLive(t, env, ns, "vm", kaironv1.MigrationFailed)
 	if mig.Status.Reason != "ReceiveFailed" || !strings.Contains(mig.Status.Message, "injected receive failure") {
 		t.Errorf("failed with %s: %s; want ReceiveFailed naming the target's error", mig.Status.Reason, mig.Status.Message)
 	}
@@ -168,15 +168,7 @@ func TestLiveMigrationFailureLeavesTheMachineOnTheSource(t *testing.T) {
 func TestLiveMigrationRefusesAnAgentWithoutTheClusterCertificate(t *testing.T) {
 	env, ns, _, targetState, m := startMigrationPair(t, "live-tls-a", "live-tls-b", nil,
 		withTLS(migrationTLSDir(t, "intruder")), withTLS(migrationTLSDir(t, "kairon-node")))
-	ctx := context.Background()
-	mig := &kaironv1.MachineMigration{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "live"},
-		Spec:       kaironv1.MachineMigrationSpec{MachineName: "vm", Strategy: kaironv1.MigrationLive},
-	}
-	if err := env.Client.Create(ctx, mig); err != nil {
-		t.Fatal(err)
-	}
-	mig = waitMigration(t, env, client.ObjectKeyFromObject(mig), kaironv1.MigrationFailed)
+	mig := migrateLive(t, env, ns, "vm", kaironv1.MigrationFailed)
 	if mig.Status.Reason != "TargetUnreachable" || !strings.Contains(mig.Status.Message, "TLS") {
 		t.Errorf("failed with %s: %s; want TargetUnreachable from the TLS handshake", mig.Status.Reason, mig.Status.Message)
 	}
