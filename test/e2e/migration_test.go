@@ -11,7 +11,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -112,62 +111,10 @@ func (c *localCluster) agentPID(node string) int {
 	return 0
 }
 
-// guestConsole is a client of a VM's serial console socket, where the
-// default guest keeps a shell.
-type guestConsole struct {
-	conn net.Conn
-	mu   sync.Mutex
-	seen strings.Builder
-}
-
-func (c *localCluster) console(node, namespace, machine string) *guestConsole {
+// console connects to the serial console of a Machine's VM on node.
+func (c *localCluster) console(node, namespace, machine string) *testenv.Console {
 	c.t.Helper()
-	path := filepath.Join(c.dataDir, "nodes", node, "instances", namespace+"_"+machine, "console.sock")
-	conn, err := net.Dial("unix", path)
-	if err != nil {
-		c.t.Fatalf("console of %s/%s on %s: %v", namespace, machine, node, err)
-	}
-	con := &guestConsole{conn: conn}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		r := bufio.NewReader(conn)
-		buf := make([]byte, 4096)
-		for {
-			n, err := r.Read(buf)
-			con.mu.Lock()
-			con.seen.Write(buf[:n])
-			con.mu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	}()
-	c.t.Cleanup(func() { conn.Close(); <-done })
-	return con
-}
-
-// run types line and returns the first match of want in what the console
-// printed after it.
-func (con *guestConsole) run(t *testing.T, line string, want *regexp.Regexp) []string {
-	t.Helper()
-	con.mu.Lock()
-	from := con.seen.Len()
-	con.mu.Unlock()
-	if _, err := con.conn.Write([]byte(line + "\n")); err != nil {
-		t.Fatalf("console: %v", err)
-	}
-	var out string
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		con.mu.Lock()
-		out = con.seen.String()[from:]
-		con.mu.Unlock()
-		if m := want.FindStringSubmatch(out); m != nil {
-			return m
-		}
-	}
-	t.Fatalf("console: %q printed no %s within 30s: %q", line, want, out)
-	return nil
+	return testenv.DialConsole(c.t, filepath.Join(c.dataDir, "nodes", node, "instances", namespace+"_"+machine, "console.sock"))
 }
 
 var (
@@ -182,16 +129,16 @@ type guestState struct {
 	token, counter int
 }
 
-func readGuestState(t *testing.T, con *guestConsole) guestState {
+func readGuestState(t *testing.T, con *testenv.Console) guestState {
 	t.Helper()
-	token, _ := strconv.Atoi(con.run(t, "echo token:$(cat /tmp/token).", tokenOutput)[1])
-	counter, _ := strconv.Atoi(con.run(t, "echo counter:$(cat /tmp/counter).", counterOutput)[1])
+	token, _ := strconv.Atoi(con.Expect(t, "echo token:$(cat /tmp/token).", tokenOutput, 30*time.Second)[1])
+	counter, _ := strconv.Atoi(con.Expect(t, "echo counter:$(cat /tmp/counter).", counterOutput, 30*time.Second)[1])
 	return guestState{token: token, counter: counter}
 }
 
 // checkGuestKeptState: same token, the counter went on from where it was
 // (never back to zero, as after a reboot) and still counts.
-func checkGuestKeptState(t *testing.T, con *guestConsole, before guestState, after string) guestState {
+func checkGuestKeptState(t *testing.T, con *testenv.Console, before guestState, after string) guestState {
 	t.Helper()
 	now := readGuestState(t, con)
 	if now.token != before.token {
@@ -274,8 +221,8 @@ func TestMigrationKeepsTheGuestState(t *testing.T) {
 	answers("before any migration")
 	con := c.console(node, "default", "mover")
 	token := rand.IntN(1_000_000) + 1000
-	con.run(t, fmt.Sprintf("echo %d > /tmp/token; echo wrote:$((%d+1)).", token, token), regexp.MustCompile(fmt.Sprintf(`wrote:%d\.`, token+1)))
-	con.run(t, "(i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; usleep 100000; done) & echo started:$((1+1)).", regexp.MustCompile(`started:2\.`))
+	con.Expect(t, fmt.Sprintf("echo %d > /tmp/token; echo wrote:$((%d+1)).", token, token), regexp.MustCompile(fmt.Sprintf(`wrote:%d\.`, token+1)), 30*time.Second)
+	con.Expect(t, "(i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; usleep 100000; done) & echo started:$((1+1)).", regexp.MustCompile(`started:2\.`), 30*time.Second)
 	time.Sleep(500 * time.Millisecond)
 	state := readGuestState(t, con)
 

@@ -1,18 +1,15 @@
 package qemu
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -226,66 +223,6 @@ func qmpStatusOf(tb testing.TB, b *Backend, id string) string {
 		tb.Fatalf("query-status %s: %v", id, err)
 	}
 	return st.Status
-}
-
-// console is a client of a VM's serial console socket.
-type console struct {
-	c    net.Conn
-	mu   sync.Mutex
-	seen strings.Builder
-	done chan struct{}
-}
-
-func dialConsole(tb testing.TB, path string) *console {
-	tb.Helper()
-	c, err := dialUnix(path, 5*time.Second)
-	if err != nil {
-		tb.Fatalf("console %s: %v", path, err)
-	}
-	con := &console{c: c, done: make(chan struct{})}
-	go func() {
-		defer close(con.done)
-		r := bufio.NewReader(c)
-		buf := make([]byte, 4096)
-		for {
-			n, err := r.Read(buf)
-			con.mu.Lock()
-			con.seen.Write(buf[:n])
-			con.mu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	}()
-	tb.Cleanup(func() { c.Close(); <-con.done })
-	return con
-}
-
-// run types line into the console and waits until want shows up in what
-// the console printed since.
-func (con *console) run(tb testing.TB, line, want string, timeout time.Duration) string {
-	tb.Helper()
-	con.mu.Lock()
-	start := con.seen.Len()
-	con.mu.Unlock()
-	if _, err := con.c.Write([]byte(line + "\n")); err != nil {
-		tb.Fatalf("console write: %v", err)
-	}
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		con.mu.Lock()
-		out := con.seen.String()[start:]
-		con.mu.Unlock()
-		if strings.Contains(out, want) {
-			return out
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	con.mu.Lock()
-	out := con.seen.String()[start:]
-	con.mu.Unlock()
-	tb.Fatalf("console: %q did not print %q within %s; printed %q", line, want, timeout, out)
-	return ""
 }
 
 // testNetns is a network namespace made by a test, deleted when it ends.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/zyvor/kairon/internal/backend"
+	"github.com/zyvor/kairon/internal/testenv"
 )
 
 // tcpPair is both ends of one loopback TCP connection, as the node agents
@@ -45,28 +46,10 @@ func tcpPair(t testing.TB) (send, receive net.Conn) {
 var counterOutput = regexp.MustCompile(`counter:(\d+)\.`)
 
 // readCounter prints the guest's counter file and returns its value.
-func readCounter(t *testing.T, con *console) int {
+func readCounter(t *testing.T, con *testenv.Console) int {
 	t.Helper()
-	con.mu.Lock()
-	from := con.seen.Len()
-	con.mu.Unlock()
-	if _, err := con.c.Write([]byte("echo counter:$(cat /tmp/counter).\n")); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		con.mu.Lock()
-		out := con.seen.String()[from:]
-		con.mu.Unlock()
-		if m := counterOutput.FindStringSubmatch(out); m != nil {
-			n, _ := strconv.Atoi(m[1])
-			return n
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no counter value on the console: %q", out)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	n, _ := strconv.Atoi(con.Expect(t, "echo counter:$(cat /tmp/counter).", counterOutput, 30*time.Second)[1])
+	return n
 }
 
 // livePair is a guest running on the first of two Backends (two nodes'
@@ -75,7 +58,7 @@ type livePair struct {
 	source, target *Backend
 	spec           backend.Spec
 	orig           backend.Instance
-	con            *console
+	con            *testenv.Console
 	token          int
 }
 
@@ -91,8 +74,8 @@ func startLivePair(t *testing.T, name string) *livePair {
 		t.Fatal(err)
 	}
 	p.orig = waitPhase(t, p.source, p.spec.ID, backend.Running, bootTimeout)
-	p.con = dialConsole(t, p.source.ConsoleSocket(p.spec.ID))
-	p.con.run(t, fmt.Sprintf("echo %d > /tmp/x; echo wrote-$((%d+1))", p.token, p.token), fmt.Sprintf("wrote-%d", p.token+1), 30*time.Second)
+	p.con = testenv.DialConsole(t, p.source.ConsoleSocket(p.spec.ID))
+	p.con.ExpectText(t, fmt.Sprintf("echo %d > /tmp/x; echo wrote-$((%d+1))", p.token, p.token), fmt.Sprintf("wrote-%d", p.token+1), 30*time.Second)
 	return p
 }
 
@@ -118,7 +101,7 @@ func (p *livePair) migrate(t *testing.T, receiveSpec backend.Spec) (downtime tim
 func TestLiveMigration(t *testing.T) {
 	ctx := context.Background()
 	p := startLivePair(t, "live")
-	p.con.run(t, `(i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; usleep 100000; done) & echo counting`, "counting", 30*time.Second)
+	p.con.ExpectText(t, `(i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; usleep 100000; done) & echo counting`, "counting", 30*time.Second)
 	time.Sleep(500 * time.Millisecond)
 	before := readCounter(t, p.con)
 
@@ -142,8 +125,8 @@ func TestLiveMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	con := dialConsole(t, p.target.ConsoleSocket(p.spec.ID))
-	con.run(t, "cat /tmp/x", fmt.Sprint(p.token), 30*time.Second)
+	con := testenv.DialConsole(t, p.target.ConsoleSocket(p.spec.ID))
+	con.ExpectText(t, "cat /tmp/x", fmt.Sprint(p.token), 30*time.Second)
 	after := readCounter(t, con)
 	if after < before {
 		t.Errorf("counter went back from %d to %d: the guest lost its state", before, after)
@@ -187,7 +170,7 @@ func TestLiveMigrationRefusedKeepsTheSourceRunning(t *testing.T) {
 	if got, _ := p.source.Get(ctx, p.spec.ID); got.Phase != backend.Running || got.PID != p.orig.PID {
 		t.Errorf("source after the failed migration: %+v, want the same process Running", got)
 	}
-	p.con.run(t, "cat /tmp/x", fmt.Sprint(p.token), 30*time.Second)
+	p.con.ExpectText(t, "cat /tmp/x", fmt.Sprint(p.token), 30*time.Second)
 }
 
 // TestLiveMigrationSourceResumesWhenTheTargetGivesUp: the stream completed,
@@ -212,5 +195,5 @@ func TestLiveMigrationSourceResumesWhenTheTargetGivesUp(t *testing.T) {
 	if got, _ := p.source.Get(ctx, p.spec.ID); got.Phase != backend.Running || got.PID != p.orig.PID {
 		t.Errorf("source after Resume: %+v, want the same process Running", got)
 	}
-	p.con.run(t, "cat /tmp/x", fmt.Sprint(p.token), 30*time.Second)
+	p.con.ExpectText(t, "cat /tmp/x", fmt.Sprint(p.token), 30*time.Second)
 }

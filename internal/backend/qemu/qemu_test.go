@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/zyvor/kairon/internal/backend"
+	"github.com/zyvor/kairon/internal/testenv"
 )
 
 // TestBootNetworkPauseResumeStop boots the default guest on a tap inside a
@@ -332,8 +333,8 @@ func TestSaveRestore(t *testing.T) {
 	orig := waitPhase(t, b, spec.ID, backend.Running, bootTimeout)
 
 	token := rand.IntN(1_000_000) + 1000
-	con := dialConsole(t, b.ConsoleSocket(spec.ID))
-	con.run(t, fmt.Sprintf("echo $((%d+1)) > /tmp/x; echo wrote-$((%d+1))", token, token), fmt.Sprintf("wrote-%d", token+1), 30*time.Second)
+	con := testenv.DialConsole(t, b.ConsoleSocket(spec.ID))
+	con.ExpectText(t, fmt.Sprintf("echo $((%d+1)) > /tmp/x; echo wrote-$((%d+1))", token, token), fmt.Sprintf("wrote-%d", token+1), 30*time.Second)
 
 	saved := filepath.Join(t.TempDir(), "vm.state")
 	start := time.Now()
@@ -378,8 +379,8 @@ func TestSaveRestore(t *testing.T) {
 	if inst.Phase != backend.Running || inst.PID == orig.PID {
 		t.Errorf("after Restore: %+v, want Running at once in a new process", inst)
 	}
-	con = dialConsole(t, b.ConsoleSocket(spec.ID))
-	con.run(t, "cat /tmp/x", fmt.Sprint(token+1), 30*time.Second)
+	con = testenv.DialConsole(t, b.ConsoleSocket(spec.ID))
+	con.ExpectText(t, "cat /tmp/x", fmt.Sprint(token+1), 30*time.Second)
 	if got := qmpStatusOf(t, b, spec.ID); got != "running" {
 		t.Errorf("QMP status after Restore: %q", got)
 	}
