@@ -50,6 +50,8 @@ type MachineMigrationReconciler struct {
 	// (zero means DefaultMigrationTimeout).
 	Interval time.Duration
 	Timeout  time.Duration
+
+	ended migrationEnds
 }
 
 // SetupWithManager registers the reconciler with mgr.
@@ -57,6 +59,7 @@ func (r *MachineMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Timeout <= 0 {
 		r.Timeout = DefaultMigrationTimeout
 	}
+	r.ended.since = time.Now()
 	return builder.ControllerManagedBy(mgr).
 		Named("machinemigration").
 		For(&kaironv1.MachineMigration{}).
@@ -87,7 +90,12 @@ func (r *MachineMigrationReconciler) Reconcile(ctx context.Context, req reconcil
 	if err := r.Client.Get(ctx, req.NamespacedName, mig); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if mig.Status.Phase.IsTerminal() || mig.DeletionTimestamp != nil {
+	if mig.Status.Phase.IsTerminal() {
+		// Ended here or by a node agent: counted once either way.
+		r.ended.record(mig)
+		return reconcile.Result{}, nil
+	}
+	if mig.DeletionTimestamp != nil {
 		return reconcile.Result{}, nil
 	}
 	desired := mig.DeepCopy()

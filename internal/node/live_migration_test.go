@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"math/big"
 	"os"
@@ -17,8 +18,10 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/backend"
@@ -80,6 +83,41 @@ func withTLS(dir string) func(*node.Options) {
 	return func(o *node.Options) { o.MigrationTLSDir = dir }
 }
 
+// migrationMetric reads kairon_machinemigrations_total for the labels, and
+// the number of downtimes kairon_machinemigration_downtime_seconds holds for
+// strategy, from the registry the in-process controllers publish to.
+func migrationMetric(t *testing.T, strategy, phase, reason string) (ended float64, downtimes uint64) {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	has := func(m *dto.Metric, want map[string]string) bool {
+		n := 0
+		for _, l := range m.GetLabel() {
+			if v, ok := want[l.GetName()]; ok && v == l.GetValue() {
+				n++
+			}
+		}
+		return n == len(want)
+	}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			switch f.GetName() {
+			case "kairon_machinemigrations_total":
+				if has(m, map[string]string{"strategy": strategy, "phase": phase, "reason": reason}) {
+					ended = m.GetCounter().GetValue()
+				}
+			case "kairon_machinemigration_downtime_seconds":
+				if has(m, map[string]string{"strategy": strategy}) {
+					downtimes = m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return ended, downtimes
+}
+
 // migrateLive creates the live migration "live" of machine and waits for
 // it to reach want.
 func migrateLive(t *testing.T, env *testenv.Env, ns, machine string, want kaironv1.MigrationPhase) *kaironv1.MachineMigration {
@@ -120,6 +158,7 @@ func TestLiveMigrationMovesARunningMachine(t *testing.T) {
 	if len(m.Status.Addresses) != 1 || m.Status.Addresses[0].Address != "10.88.7.3" {
 		t.Fatalf("second Machine on live-a has addresses %v, want 10.88.7.3", m.Status.Addresses)
 	}
+	endedBefore, downtimesBefore := migrationMetric(t, "live", "Succeeded", "Succeeded")
 	mig := migrateLive(t, env, ns, "vm2", kaironv1.MigrationSucceeded)
 	if mig.Status.SourceNode != "live-a" || mig.Status.TargetNode != "live-b" || mig.Status.DowntimeMillis <= 0 {
 		t.Errorf("status %+v, want live-a → live-b with a downtime", mig.Status)
@@ -130,6 +169,11 @@ func TestLiveMigrationMovesARunningMachine(t *testing.T) {
 	if mig.Annotations[kaironv1.AnnotationMigrationStateSaved] != "true" || mig.Annotations[kaironv1.AnnotationMigrationDowntimeMillis] == "" {
 		t.Errorf("annotations %v, want the source's hand-over and downtime", mig.Annotations)
 	}
+	eventually(t, "the migration counted in the metrics", func() (bool, string) {
+		ended, downtimes := migrationMetric(t, "live", "Succeeded", "Succeeded")
+		return ended == endedBefore+1 && downtimes == downtimesBefore+1,
+			fmt.Sprintf("ended %v (before %v), downtimes %d (before %d)", ended, endedBefore, downtimes, downtimesBefore)
+	})
 	moved := waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
 	if moved.Spec.NodeName != "live-b" {
 		t.Errorf("machine on %q after the migration, want live-b", moved.Spec.NodeName)
@@ -149,7 +193,12 @@ func TestLiveMigrationMovesARunningMachine(t *testing.T) {
 func TestLiveMigrationFailureLeavesTheMachineOnTheSource(t *testing.T) {
 	env, ns, sourceState, targetState, m := startMigrationPair(t, "live-fail-a", "live-fail-b",
 		func(b *sim.Backend) backend.Backend { return failingReceive{b} }, nil, nil)
+	failedBefore, _ := migrationMetric(t, "live", "Failed", "ReceiveFailed")
 	mig := migrateLive(t, env, ns, "vm", kaironv1.MigrationFailed)
+	eventually(t, "the failure counted in the metrics", func() (bool, string) {
+		failed, _ := migrationMetric(t, "live", "Failed", "ReceiveFailed")
+		return failed == failedBefore+1, fmt.Sprintf("%v, before %v", failed, failedBefore)
+	})
 	if mig.Status.Reason != "ReceiveFailed" || !strings.Contains(mig.Status.Message, "injected receive failure") {
 		t.Errorf("failed with %s: %s; want ReceiveFailed naming the target's error", mig.Status.Reason, mig.Status.Message)
 	}
