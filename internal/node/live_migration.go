@@ -194,7 +194,7 @@ func (a *Agent) receiveLive(ctx context.Context, conn net.Conn) {
 	began := time.Now()
 	_, err = a.opts.Backend.(backend.LiveMigrator).ReceiveLive(receiveCtx, spec, in)
 	if err == nil {
-		err = a.switchToThisNode(ctx, machine, mig.Status.SourceNode)
+		err = a.switchToThisNode(ctx, machine, mig)
 	}
 	if err != nil {
 		_ = a.teardown(ctx, id)
@@ -247,11 +247,14 @@ func (a *Agent) prepareLiveTarget(ctx context.Context, key client.ObjectKey) (*k
 	return mig, machine, spec, nil
 }
 
-// switchToThisNode moves the Machine's spec.nodeName from source to this
-// node: the moment a migration commits. It never overrides another change.
-func (a *Agent) switchToThisNode(ctx context.Context, machine *kaironv1.Machine, source string) error {
+// switchToThisNode moves the Machine's spec.nodeName from the migration's
+// source to this node: the moment a migration commits. It never overrides
+// another change.
+func (a *Agent) switchToThisNode(ctx context.Context, machine *kaironv1.Machine, mig *kaironv1.MachineMigration) error {
 	key := client.ObjectKeyFromObject(machine)
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	source := mig.Status.SourceNode
+	switched := false
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		current := &kaironv1.Machine{}
 		if err := a.mgr.GetAPIReader().Get(ctx, key, current); err != nil {
 			return err
@@ -264,8 +267,20 @@ func (a *Agent) switchToThisNode(ctx context.Context, machine *kaironv1.Machine,
 		}
 		base := current.DeepCopy()
 		current.Spec.NodeName = a.opts.NodeName
-		return a.client.Patch(ctx, current, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+		if err := a.client.Patch(ctx, current, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+			return err
+		}
+		machine, switched = current, true
+		return nil
 	})
+	if switched {
+		strategy := mig.Spec.Strategy
+		if strategy == "" {
+			strategy = kaironv1.MigrationCold
+		}
+		a.event(machine, "Normal", "Migrated", fmt.Sprintf("moved from node %s to node %s (%s, migration %s)", source, a.opts.NodeName, strategy, mig.Name))
+	}
+	return err
 }
 
 // migrateSourceLive is the source's side of a live migration.

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -173,6 +174,18 @@ func TestLiveMigrationMovesARunningMachine(t *testing.T) {
 		ended, downtimes := migrationMetric(t, "live", "Succeeded", "Succeeded")
 		return ended == endedBefore+1 && downtimes == downtimesBefore+1,
 			fmt.Sprintf("ended %v (before %v), downtimes %d (before %d)", ended, endedBefore, downtimes, downtimesBefore)
+	})
+	eventually(t, "a Migrated event on the Machine", func() (bool, string) {
+		var l eventsv1.EventList
+		if err := env.Client.List(ctx, &l, client.InNamespace(ns)); err != nil {
+			return false, err.Error()
+		}
+		for _, e := range l.Items {
+			if e.Regarding.Kind == "Machine" && e.Regarding.Name == "vm2" && e.Reason == "Migrated" {
+				return e.Note == "moved from node live-a to node live-b (live, migration live)", e.Note
+			}
+		}
+		return false, fmt.Sprintf("%d events, none Migrated", len(l.Items))
 	})
 	moved := waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
 	if moved.Spec.NodeName != "live-b" {

@@ -275,7 +275,7 @@ func (a *Agent) migrateTarget(ctx context.Context, mig *kaironv1.MachineMigratio
 		}
 	}
 
-	if err := a.switchToThisNode(ctx, machine, mig.Status.SourceNode); err != nil {
+	if err := a.switchToThisNode(ctx, machine, mig); err != nil {
 		return reconcile.Result{}, err
 	}
 	_ = os.Remove(incoming)
