@@ -119,6 +119,28 @@ func migrationMetric(t *testing.T, strategy, phase, reason string) (ended float6
 	return ended, downtimes
 }
 
+// waitEvent waits for an event with reason about the object kind/name whose
+// note is note.
+func waitEvent(t *testing.T, env *testenv.Env, ns, kind, name, reason, note string) {
+	t.Helper()
+	eventually(t, "a "+reason+" event on "+kind+" "+name, func() (bool, string) {
+		var l eventsv1.EventList
+		if err := env.Client.List(context.Background(), &l, client.InNamespace(ns)); err != nil {
+			return false, err.Error()
+		}
+		var notes []string
+		for _, e := range l.Items {
+			if e.Regarding.Kind == kind && e.Regarding.Name == name && e.Reason == reason {
+				if e.Note == note {
+					return true, ""
+				}
+				notes = append(notes, e.Note)
+			}
+		}
+		return false, fmt.Sprintf("%d events, %s ones: %q", len(l.Items), reason, notes)
+	})
+}
+
 // migrateLive creates the live migration "live" of machine and waits for
 // it to reach want.
 func migrateLive(t *testing.T, env *testenv.Env, ns, machine string, want kaironv1.MigrationPhase) *kaironv1.MachineMigration {
@@ -175,18 +197,7 @@ func TestLiveMigrationMovesARunningMachine(t *testing.T) {
 		return ended == endedBefore+1 && downtimes == downtimesBefore+1,
 			fmt.Sprintf("ended %v (before %v), downtimes %d (before %d)", ended, endedBefore, downtimes, downtimesBefore)
 	})
-	eventually(t, "a Migrated event on the Machine", func() (bool, string) {
-		var l eventsv1.EventList
-		if err := env.Client.List(ctx, &l, client.InNamespace(ns)); err != nil {
-			return false, err.Error()
-		}
-		for _, e := range l.Items {
-			if e.Regarding.Kind == "Machine" && e.Regarding.Name == "vm2" && e.Reason == "Migrated" {
-				return e.Note == "moved from node live-a to node live-b (live, migration live)", e.Note
-			}
-		}
-		return false, fmt.Sprintf("%d events, none Migrated", len(l.Items))
-	})
+	waitEvent(t, env, ns, "Machine", "vm2", "Migrated", "moved from node live-a to node live-b (live, migration live)")
 	moved := waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
 	if moved.Spec.NodeName != "live-b" {
 		t.Errorf("machine on %q after the migration, want live-b", moved.Spec.NodeName)
@@ -208,6 +219,7 @@ func TestLiveMigrationFailureLeavesTheMachineOnTheSource(t *testing.T) {
 		func(b *sim.Backend) backend.Backend { return failingReceive{b} }, nil, nil)
 	failedBefore, _ := migrationMetric(t, "live", "Failed", "ReceiveFailed")
 	mig := migrateLive(t, env, ns, "vm", kaironv1.MigrationFailed)
+	waitEvent(t, env, ns, "MachineMigration", "live", "ReceiveFailed", "receiving the guest on node live-fail-b: injected receive failure")
 	eventually(t, "the failure counted in the metrics", func() (bool, string) {
 		failed, _ := migrationMetric(t, "live", "Failed", "ReceiveFailed")
 		return failed == failedBefore+1, fmt.Sprintf("%v, before %v", failed, failedBefore)

@@ -385,7 +385,11 @@ func (a *Agent) failMigration(ctx context.Context, mig *kaironv1.MachineMigratio
 	mig.Status.Message = message
 	mig.Status.CompletionTime = &now
 	log.FromContext(ctx).Info("migration failed", "migration", mig.Name, "reason", reason, "message", message)
-	return a.client.Status().Patch(ctx, mig, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+	if err := a.client.Status().Patch(ctx, mig, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		return err
+	}
+	a.recorder.Eventf(mig, nil, "Warning", reason, "Migrate", "%s", message)
+	return nil
 }
 
 // migrationHolds reports whether a Running migration of the Machine
