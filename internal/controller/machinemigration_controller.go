@@ -262,9 +262,10 @@ func (r *MachineMigrationReconciler) watchRunning(mig *kaironv1.MachineMigration
 
 // downtimeMillis is how long the guest did not run: as the source's
 // hypervisor measured it (live), else from when the source stopped it to now.
+// Under a millisecond counts as 1, since 0 would read as not measured.
 func downtimeMillis(mig *kaironv1.MachineMigration, now time.Time) int64 {
-	if ms, err := strconv.ParseInt(mig.Annotations[kaironv1.AnnotationMigrationDowntimeMillis], 10, 64); err == nil && ms > 0 {
-		return ms
+	if ms, err := strconv.ParseInt(mig.Annotations[kaironv1.AnnotationMigrationDowntimeMillis], 10, 64); err == nil && ms >= 0 {
+		return max(ms, 1)
 	}
 	down := mig.Status.StartTime.Time
 	if at, err := time.Parse(time.RFC3339Nano, mig.Annotations[kaironv1.AnnotationMigrationStateSavedAt]); err == nil {

@@ -302,7 +302,7 @@ func (a *Agent) migrateSourceLive(ctx context.Context, mig *kaironv1.MachineMigr
 	if _, err := os.Stat(marker); err == nil {
 		// A send began before and its outcome was not recorded.
 		if machine.Spec.NodeName == mig.Status.TargetNode {
-			return reconcile.Result{}, a.recordHandOver(ctx, mig, 0)
+			return reconcile.Result{}, a.recordHandOver(ctx, mig, unknownDowntime)
 		}
 		return reconcile.Result{}, a.failMigration(ctx, mig, "TransferInterrupted",
 			fmt.Sprintf("the live migration from node %s was interrupted (agent restarted?); the guest stays there", a.opts.NodeName))
@@ -329,7 +329,7 @@ func (a *Agent) migrateSourceLive(ctx context.Context, mig *kaironv1.MachineMigr
 		if reason == "" { // unclear outcome: the Machine's node tells
 			current := &kaironv1.Machine{}
 			if getErr := a.mgr.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(machine), current); getErr == nil && current.Spec.NodeName == mig.Status.TargetNode {
-				return reconcile.Result{}, a.recordHandOver(ctx, mig, 0)
+				return reconcile.Result{}, a.recordHandOver(ctx, mig, unknownDowntime)
 			}
 			reason = "TransferInterrupted"
 		}
@@ -424,17 +424,22 @@ func (a *Agent) dialLive(ctx context.Context, nodeName string) (net.Conn, error)
 	return tc, nil
 }
 
+// unknownDowntime is the downtime of a hand-over the source only learnt of
+// afterwards (from the Machine's node), without the hypervisor's measure.
+const unknownDowntime = time.Duration(-1)
+
 // recordHandOver annotates the migration once the target took the guest
-// over, for the controller to finish it.
+// over, for the controller to finish it, with the downtime the source's
+// hypervisor measured (0 is a measure: less than a millisecond).
 func (a *Agent) recordHandOver(ctx context.Context, mig *kaironv1.MachineMigration, downtime time.Duration) error {
 	base := mig.DeepCopy()
 	if mig.Annotations == nil {
 		mig.Annotations = map[string]string{}
 	}
 	mig.Annotations[kaironv1.AnnotationMigrationStateSaved] = "true"
-	mig.Annotations[kaironv1.AnnotationMigrationStateSavedAt] = time.Now().Add(-downtime).UTC().Format(time.RFC3339Nano)
-	if downtime > 0 {
-		mig.Annotations[kaironv1.AnnotationMigrationDowntimeMillis] = strconv.FormatInt(max(downtime.Milliseconds(), 1), 10)
+	mig.Annotations[kaironv1.AnnotationMigrationStateSavedAt] = time.Now().Add(-max(downtime, 0)).UTC().Format(time.RFC3339Nano)
+	if downtime >= 0 {
+		mig.Annotations[kaironv1.AnnotationMigrationDowntimeMillis] = strconv.FormatInt(downtime.Milliseconds(), 10)
 	}
 	return a.client.Patch(ctx, mig, client.MergeFrom(base))
 }

@@ -111,8 +111,11 @@ func TestLiveMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("live migration took %s, downtime %s", time.Since(start), downtime)
-	if downtime <= 0 {
-		t.Errorf("downtime %s, want QEMU's measured downtime", downtime)
+	// QEMU measures the final pause in whole milliseconds; an idle guest
+	// may take less than one. A live migration that paused the guest for
+	// the whole copy would show seconds.
+	if downtime < 0 || downtime > time.Second {
+		t.Errorf("downtime %s, want QEMU's measure of a short final pause", downtime)
 	}
 	if got, _ := p.source.Get(ctx, p.spec.ID); got.Phase != backend.Paused || got.PID != p.orig.PID {
 		t.Errorf("source after SendLive: %+v, want the same process Paused", got)
