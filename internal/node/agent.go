@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -35,6 +36,9 @@ type Agent struct {
 	// migrationListener accepts live migrations; migrationTLS secures them.
 	migrationListener net.Listener
 	migrationTLS      *migrationTLS
+	// receiving holds the migrations (client.ObjectKey) whose stream this
+	// agent is taking in, so that a second connection cannot race the first.
+	receiving sync.Map
 	// instanceEvents wakes the Machine reconciler when the backend reports a
 	// change (guest ready, VM died) so status follows within a poll interval.
 	instanceEvents chan event.TypedGenericEvent[*kaironv1.Machine]

@@ -176,6 +176,11 @@ func (a *Agent) receiveLive(ctx context.Context, conn net.Conn) {
 		return
 	}
 	logger = logger.WithValues("migration", key.String())
+	if _, busy := a.receiving.LoadOrStore(key, true); busy {
+		reply(conn, "ERR node "+a.opts.NodeName+" is already receiving migration "+key.String())
+		return
+	}
+	defer a.receiving.Delete(key)
 	mig, machine, spec, err := a.prepareLiveTarget(ctx, key)
 	if err != nil {
 		logger.Info("live migration refused", "why", err.Error())
