@@ -1,6 +1,7 @@
 package node_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -12,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,6 +21,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -249,5 +252,82 @@ func TestLiveMigrationRefusesAnAgentWithoutTheClusterCertificate(t *testing.T) {
 	stayed := waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
 	if stayed.Spec.NodeName != "live-tls-a" || instanceExists(targetState, ns, "vm") {
 		t.Errorf("machine on %q (target holds a copy: %v), want it on live-tls-a only", stayed.Spec.NodeName, instanceExists(targetState, ns, "vm"))
+	}
+}
+
+// TestLiveMigrationTargetTakesOneStream plays a source by hand against a
+// real target agent: the target accepts the first request for a Running
+// live migration, refuses a second one meanwhile, and when the first
+// stream breaks it fails the migration and keeps nothing.
+func TestLiveMigrationTargetTakesOneStream(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	runControllers(t, env)
+	targetState := t.TempDir()
+	runMigrationAgent(t, env, "one-b", targetState, nil)
+	// The source is a Node without an agent, so nobody else connects.
+	source := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "one-a", Labels: map[string]string{kaironv1.LabelNode: "true"}},
+	}
+	if err := env.Client.Create(ctx, source); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), source) })
+	m := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm"}, Spec: kaironv1.MachineSpec{NodeName: "one-a"}}
+	if err := env.Client.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	m.Status.Phase = kaironv1.MachineRunning
+	m.Status.ObservedGeneration = m.Generation
+	if err := env.Client.Status().Update(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	mig := &kaironv1.MachineMigration{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "live"},
+		Spec:       kaironv1.MachineMigrationSpec{MachineName: "vm", Strategy: kaironv1.MigrationLive, TargetNode: "one-b"},
+	}
+	if err := env.Client.Create(ctx, mig); err != nil {
+		t.Fatal(err)
+	}
+	waitMigration(t, env, client.ObjectKeyFromObject(mig), kaironv1.MigrationRunning)
+
+	target := &corev1.Node{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: "one-b"}, target); err != nil {
+		t.Fatal(err)
+	}
+	endpoint := target.Annotations[kaironv1.AnnotationNodeMigrationEndpoint]
+	ask := func() (net.Conn, string) {
+		t.Helper()
+		conn, err := net.DialTimeout("tcp", endpoint, 5*time.Second)
+		if err != nil {
+			t.Fatalf("migration endpoint %q: %v", endpoint, err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := fmt.Fprintf(conn, "KAIRON-LIVE/1 %s live\n", ns); err != nil {
+			t.Fatal(err)
+		}
+		answer, _ := bufio.NewReader(conn).ReadString('\n')
+		return conn, answer
+	}
+	first, answer := ask()
+	if answer != "OK\n" {
+		t.Fatalf("first request answered %q, want OK", answer)
+	}
+	if _, answer := ask(); !strings.HasPrefix(answer, "ERR node one-b is already receiving migration "+ns+"/live") {
+		t.Errorf("second request answered %q, want a refusal while the first streams", answer)
+	}
+	first.Close() // the stream breaks before anything was sent
+
+	failed := waitMigration(t, env, client.ObjectKeyFromObject(mig), kaironv1.MigrationFailed)
+	if failed.Status.Reason != "ReceiveFailed" {
+		t.Errorf("failed with %s: %s; want ReceiveFailed", failed.Status.Reason, failed.Status.Message)
+	}
+	if instanceExists(targetState, ns, "vm") {
+		t.Error("the target kept an instance of the broken stream")
+	}
+	if got := &(kaironv1.Machine{}); env.Client.Get(ctx, client.ObjectKeyFromObject(m), got) == nil && got.Spec.NodeName != "one-a" {
+		t.Errorf("machine moved to %q on a broken stream", got.Spec.NodeName)
 	}
 }
