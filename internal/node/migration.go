@@ -50,7 +50,12 @@ import (
 // failed, with its reason, or by the controller on a timeout); the source
 // then resumes its VM, which never left it. While a migration is Running,
 // neither agent's Machine reconciler tears down the copy it holds
-// (migrationHolds).
+// (migrationHolds). Before the source pauses or sends the guest it puts its
+// finalizer on the migration (holdAsSource), so that deleting a migration
+// in flight still ends with the guest running somewhere (releaseSource).
+//
+// Live migrations share this file's dispatch, finalizer and clean-up; their
+// transfer is in live_migration.go.
 
 // migrationRetry is how soon an agent looks again at a migration waiting
 // for something that sends no event it watches (a restored VM booting).
