@@ -95,6 +95,15 @@ func (a *Agent) reconcileMigration(ctx context.Context, req reconcile.Request) (
 	if mig.Spec.MachineName == "" {
 		return reconcile.Result{}, nil
 	}
+	if mig.Status.SourceNode == a.opts.NodeName && !mig.Status.Phase.IsTerminal() {
+		// The source acts on what it last wrote itself (its finalizer, the
+		// hand-over annotation), and the event of one write can bring it
+		// here before the cache has the next: a stale view would save or
+		// send the guest a second time.
+		if err := a.mgr.GetAPIReader().Get(ctx, req.NamespacedName, mig); err != nil {
+			return reconcile.Result{}, client.IgnoreNotFound(err)
+		}
+	}
 	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("machine", mig.Spec.MachineName))
 	if !mig.DeletionTimestamp.IsZero() {
 		// Deleted in flight: the source must not leave its guest paused.
@@ -141,8 +150,11 @@ func (a *Agent) migrateSource(ctx context.Context, mig *kaironv1.MachineMigratio
 		return reconcile.Result{}, err
 	}
 	savedAt := time.Now()
-	if err := a.opts.Backend.Save(ctx, id, path); err != nil {
-		_ = os.Remove(path)
+	if info, err := os.Stat(path); err == nil {
+		// Saved before, and the annotation below failed: the file is
+		// complete (it only gets its name once it is), so announce it.
+		savedAt = info.ModTime()
+	} else if err := a.save(ctx, id, path); err != nil {
 		if resumeErr := a.opts.Backend.Resume(ctx, id); resumeErr != nil && !errors.Is(resumeErr, backend.ErrNotFound) {
 			log.FromContext(ctx).Error(resumeErr, "resuming VM after a failed save")
 		}
@@ -155,11 +167,26 @@ func (a *Agent) migrateSource(ctx context.Context, mig *kaironv1.MachineMigratio
 	mig.Annotations[kaironv1.AnnotationMigrationStateSaved] = "true"
 	mig.Annotations[kaironv1.AnnotationMigrationStateSavedAt] = savedAt.UTC().Format(time.RFC3339Nano)
 	if err := a.client.Patch(ctx, mig, client.MergeFrom(base)); err != nil {
-		// Saving again on the retry is harmless; the VM stays paused meanwhile.
+		// The retry announces the saved file; the VM stays paused meanwhile.
 		return reconcile.Result{}, err
 	}
 	log.FromContext(ctx).Info("VM saved for migration", "migration", mig.Name, "target", mig.Status.TargetNode)
 	return reconcile.Result{}, nil
+}
+
+// save writes the VM's state under a temporary name and renames it to path
+// once complete, so that the target never fetches half a file.
+func (a *Agent) save(ctx context.Context, id, path string) error {
+	tmp := path + ".saving"
+	if err := a.opts.Backend.Save(ctx, id, tmp); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	return nil
 }
 
 // holdAsSource puts the source's finalizer on the migration before the
