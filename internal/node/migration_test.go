@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -157,8 +158,23 @@ func startMigrationPair(t *testing.T, source, target string, wrapTarget func(*si
 	return env, ns, sourceState, targetState, m
 }
 
+// countingSave is a sim backend that counts its saves: a source must save
+// a guest once per migration, since a second save rewrites the file the
+// target may be downloading.
+type countingSave struct {
+	*sim.Backend
+	saves *atomic.Int32
+}
+
+func (c countingSave) Save(ctx context.Context, id, path string) error {
+	c.saves.Add(1)
+	return c.Backend.Save(ctx, id, path)
+}
+
 func TestColdMigrationMovesARunningMachine(t *testing.T) {
-	env, ns, sourceState, targetState, m := startMigrationPair(t, "mig-a", "mig-b", nil, nil, nil)
+	var saves atomic.Int32
+	countSaves := func(o *node.Options) { o.Backend = countingSave{o.Backend.(*sim.Backend), &saves} }
+	env, ns, sourceState, targetState, m := startMigrationPair(t, "mig-a", "mig-b", nil, countSaves, nil)
 	ctx := context.Background()
 	mig := &kaironv1.MachineMigration{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "move"},
@@ -177,6 +193,9 @@ func TestColdMigrationMovesARunningMachine(t *testing.T) {
 		t.Errorf("timings incomplete: start %v completion %v downtime %dms", mig.Status.StartTime, mig.Status.CompletionTime, mig.Status.DowntimeMillis)
 	}
 	t.Logf("migration %s: %s, downtime %dms", mig.Name, mig.Status.Message, mig.Status.DowntimeMillis)
+	if n := saves.Load(); n != 1 {
+		t.Errorf("the source saved the guest %d times, want once", n)
+	}
 
 	moved := &kaironv1.Machine{}
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), moved); err != nil {
