@@ -543,7 +543,7 @@ func startControllers(t *testing.T, env *testenv.Env, cfg *rest.Config, ns strin
 	if err := controller.SetupWithManager(mgr, opts); err != nil {
 		t.Fatalf("setting up controllers: %v", err)
 	}
-	runUntilCleanup(t, "controller manager", mgr.Start)
+	testenv.RunInBackground(t, "controller manager", mgr.Start)
 }
 
 // startNodeAgent runs a sim-backed kairon-node for nodeName, as the chart
@@ -563,26 +563,7 @@ func startNodeAgent(t *testing.T, cfg *rest.Config, nodeName string) {
 	if err != nil {
 		t.Fatalf("creating the node agent: %v", err)
 	}
-	runUntilCleanup(t, "node agent", agent.Run)
-}
-
-// runUntilCleanup runs run in the background and stops it when the test
-// ends, reporting an error it returned.
-func runUntilCleanup(t *testing.T, what string, run func(context.Context) error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("%s: %v", what, err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("%s did not stop", what)
-		}
-	})
+	testenv.RunInBackground(t, "node agent", agent.Run)
 }
 
 // serviceAccountConfig is a client config that authenticates with a fresh

@@ -64,23 +64,13 @@ func startControllers(t *testing.T, env *testenv.Env, ns string, opts Options, c
 	if err := SetupWithManager(mgr, opts); err != nil {
 		t.Fatalf("setting up controllers: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	stopped := false
+	stopManager := testenv.RunInBackground(t, "manager", mgr.Start)
 	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
+		stopManager()
 		logs.Stop()
 	}
 	t.Cleanup(stop)
-	syncCtx, cancelSync := context.WithTimeout(ctx, waitTimeout)
+	syncCtx, cancelSync := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancelSync()
 	if !mgr.GetCache().WaitForCacheSync(syncCtx) {
 		t.Fatal("manager cache did not sync")

@@ -80,19 +80,15 @@ func runSimAgent(t *testing.T, env *testenv.Env, ns, name, cidr string, cpu int6
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- agent.Run(ctx) }()
+	// Registered first, so it runs after the agent stopped and cannot
+	// recreate the Node with a heartbeat.
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent %s: %v", nodeName, err)
-		}
 		err := env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}})
 		if err != nil && !apierrors.IsNotFound(err) {
 			t.Errorf("deleting node %s: %v", nodeName, err)
 		}
 	})
+	testenv.RunInBackground(t, "agent "+nodeName, agent.Run)
 	return nodeName
 }
 

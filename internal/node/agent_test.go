@@ -55,22 +55,7 @@ func runAgentWithAddress(t *testing.T, env *testenv.Env, nodeName, stateDir stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- agent.Run(ctx) }()
-	var once bool
-	stop = func() {
-		if once {
-			return
-		}
-		once = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
-		}
-	}
-	t.Cleanup(stop)
-	return stop, agent.Address()
+	return testenv.RunInBackground(t, "agent "+nodeName, agent.Run), agent.Address()
 }
 
 func eventually(t *testing.T, what string, check func() (bool, string)) {

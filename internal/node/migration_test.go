@@ -64,16 +64,12 @@ func runMigrationAgent(t *testing.T, env *testenv.Env, nodeName, stateDir string
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- agent.Run(ctx) }()
+	// Registered first, so it runs after the agent stopped and cannot
+	// recreate the Node with a heartbeat.
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent %s: %v", nodeName, err)
-		}
 		_ = env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}})
 	})
+	testenv.RunInBackground(t, "agent "+nodeName, agent.Run)
 }
 
 // runControllers runs every Kairon controller, as kairon-controller does.
@@ -91,15 +87,7 @@ func runControllers(t *testing.T, env *testenv.Env) {
 	if err := controller.SetupWithManager(mgr, controller.Options{Interval: time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("controllers: %v", err)
-		}
-	})
+	testenv.RunInBackground(t, "controllers", mgr.Start)
 }
 
 func waitMigration(t *testing.T, env *testenv.Env, key client.ObjectKey, want kaironv1.MigrationPhase) *kaironv1.MachineMigration {
