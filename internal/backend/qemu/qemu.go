@@ -1,18 +1,9 @@
 // Package qemu is Kairon's default Backend: one qemu-system-x86_64 process
 // per Machine, a microvm booting the guest's uncompressed kernel directly.
 //
-// Everything about a VM lives in StateDir/<id>/ so that a new Backend (a
-// restarted node agent) re-adopts what still runs:
-//
-//	spec.json     what was started, when, with which acceleration, its PID
-//	qemu.pid      QEMU's own pidfile
-//	qmp.sock      QMP (control) socket
-//	console.sock  the serial console, interactive (one client at a time)
-//	console.log   everything the serial console printed
-//	qemu.log      QEMU's stdout and stderr
-//	ready.json    written once the guest printed its ready marker
-//	paused        present while the VM is paused through the backend
-//	exit.json     how the process ended, when this agent saw it end
+// Everything about a VM lives in its state directory, StateDir/<id>/ (the
+// files are listed in statedir.go), so that a new Backend (a restarted node
+// agent) re-adopts what still runs.
 //
 // QEMU runs in its own session (setsid) with its working directory in
 // StateDir/<id>, so it survives the agent and its unix socket paths stay
@@ -22,7 +13,6 @@ package qemu
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -48,16 +38,6 @@ const DefaultImage = "default"
 const readyMarker = "KAIRON-READY"
 
 const (
-	specFile       = "spec.json"
-	pidFile        = "qemu.pid"
-	qmpSock        = "qmp.sock"
-	consoleSock    = "console.sock"
-	consoleLogFile = "console.log"
-	qemuLogFile    = "qemu.log"
-	readyFile      = "ready.json"
-	pausedFile     = "paused"
-	exitFile       = "exit.json"
-
 	// consoleTailLines is how much of the console an Exited instance carries.
 	consoleTailLines = 20
 	// startTimeout bounds how long QEMU may take to open its QMP socket.
@@ -113,31 +93,6 @@ type vmState struct {
 	mu   sync.Mutex
 	proc *proc // set when this Backend started the process
 	gen  int   // bumped at every start and stop; stale watchers check it
-}
-
-// meta is spec.json.
-type meta struct {
-	Spec         backend.Spec `json:"spec"`
-	Acceleration string       `json:"acceleration"`
-	StartedAt    time.Time    `json:"startedAt"`
-	PID          int          `json:"pid,omitempty"`
-	// RestoredFrom is the state file a restored VM was loaded from, or
-	// "live migration".
-	RestoredFrom string `json:"restoredFrom,omitempty"`
-	// RestoredReady: the saved guest had been ready, so the restored VM is
-	// Running as soon as it runs.
-	RestoredReady bool `json:"restoredReady,omitempty"`
-}
-
-type readyRecord struct {
-	ReadyAfter time.Duration `json:"readyAfter"`
-	At         time.Time     `json:"at"`
-}
-
-type exitRecord struct {
-	PID    int       `json:"pid"`
-	Reason string    `json:"reason"`
-	At     time.Time `json:"at"`
 }
 
 // New returns a Backend over opts.StateDir. It starts nothing: VMs already
@@ -225,23 +180,6 @@ func (b *Backend) Acceleration() string { return b.accel }
 
 // AccelerationReason says why Acceleration is what it is.
 func (b *Backend) AccelerationReason() string { return b.accelReason }
-
-// ConsoleLog implements backend.Backend.
-func (b *Backend) ConsoleLog(id string) string {
-	return filepath.Join(b.opts.StateDir, id, consoleLogFile)
-}
-
-// ConsoleSocket is the unix socket of the VM's interactive serial console.
-func (b *Backend) ConsoleSocket(id string) string {
-	return filepath.Join(b.opts.StateDir, id, consoleSock)
-}
-
-// QMPSocket is the VM's QMP socket.
-func (b *Backend) QMPSocket(id string) string {
-	return filepath.Join(b.opts.StateDir, id, qmpSock)
-}
-
-func (b *Backend) dir(id string) string { return filepath.Join(b.opts.StateDir, id) }
 
 func (b *Backend) imagePaths(image string) (kernel, initrd string) {
 	d := filepath.Join(b.opts.GuestDir, image)
@@ -642,20 +580,6 @@ func (b *Backend) Stop(ctx context.Context, id string) error {
 	return nil
 }
 
-// removeAll removes dir, trying again for a moment if a file appears in it
-// meanwhile: another Backend over the same StateDir (a process that started
-// the VM) may be recording the exit it just saw.
-func removeAll(dir string) error {
-	var err error
-	for i := 0; i < 20; i++ {
-		if err = os.RemoveAll(dir); err == nil {
-			return nil
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return err
-}
-
 // waitGone waits up to d for pid to be gone (reaped, when it is our child).
 func waitGone(pid int, dir string, p *proc, d time.Duration) bool {
 	if p != nil {
@@ -1021,103 +945,6 @@ func processAlive(pid int, dir string) bool {
 		return !errors.Is(err, os.ErrNotExist)
 	}
 	return cwd == dir
-}
-
-func readPIDFile(path string) int {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	return n
-}
-
-func readMeta(dir string) (meta, error) {
-	var m meta
-	err := readJSON(filepath.Join(dir, specFile), &m)
-	if errors.Is(err, os.ErrNotExist) {
-		return m, backend.ErrNotFound
-	}
-	return m, err
-}
-
-func readJSON(path string, v any) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(b, v)
-}
-
-// writeJSON writes atomically (temporary file, then rename).
-func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
-
-// readTail returns up to the last n bytes of a file.
-func readTail(path string, n int64) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	off := fi.Size() - n
-	if off < 0 {
-		off = 0
-	}
-	buf := make([]byte, fi.Size()-off)
-	k, _ := f.ReadAt(buf, off)
-	return string(buf[:k])
-}
-
-// lastLines returns the last n non-empty lines of s, without carriage
-// returns or terminal escape sequences.
-func lastLines(s string, n int) string {
-	s = stripEscapes(strings.ReplaceAll(s, "\r", ""))
-	var keep []string
-	lines := strings.Split(s, "\n")
-	for i := len(lines) - 1; i >= 0 && len(keep) < n; i-- {
-		if strings.TrimSpace(lines[i]) != "" {
-			keep = append(keep, lines[i])
-		}
-	}
-	for i, j := 0, len(keep)-1; i < j; i, j = i+1, j-1 {
-		keep[i], keep[j] = keep[j], keep[i]
-	}
-	return strings.Join(keep, "\n")
-}
-
-// stripEscapes drops ANSI CSI sequences (the shell asks the terminal for its
-// cursor position, for one).
-func stripEscapes(s string) string {
-	if !strings.Contains(s, "\x1b") {
-		return s
-	}
-	var sb strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0x1b && i+1 < len(s) && s[i+1] == '[' {
-			j := i + 2
-			for j < len(s) && (s[j] < 0x40 || s[j] > 0x7e) {
-				j++
-			}
-			i = j
-			continue
-		}
-		sb.WriteByte(s[i])
-	}
-	return sb.String()
 }
 
 func fileContains(path, s string) (bool, error) {
