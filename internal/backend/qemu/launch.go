@@ -2,10 +2,7 @@ package qemu
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -197,104 +194,4 @@ func (b *Backend) launch(ls launchSpec) (*proc, error) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// Saved state files: a fixed-size header, then QEMU's migration stream.
-const (
-	saveFormat     = "kairon-qemu-save/1"
-	saveHeaderSize = 4096
-)
-
-// saveHeader describes a saved VM, for Restore to check and to know whether
-// the guest had already been ready.
-type saveHeader struct {
-	Format       string    `json:"format"`
-	ID           string    `json:"id"`
-	Name         string    `json:"name"`
-	CPU          int32     `json:"cpu"`
-	MemoryMiB    int64     `json:"memoryMiB"`
-	NIC          bool      `json:"nic"`
-	Ready        bool      `json:"ready"`
-	Acceleration string    `json:"acceleration"`
-	SavedAt      time.Time `json:"savedAt"`
-}
-
-// compatible tells whether spec has the shape the saved VM had; QEMU can only
-// load a state into an identical machine.
-func (h saveHeader) compatible(spec backend.Spec) error {
-	var diffs []string
-	if h.CPU != spec.CPU {
-		diffs = append(diffs, fmt.Sprintf("%d vCPUs saved, %d asked", h.CPU, spec.CPU))
-	}
-	if h.MemoryMiB != spec.MemoryMiB {
-		diffs = append(diffs, fmt.Sprintf("%d MiB saved, %d asked", h.MemoryMiB, spec.MemoryMiB))
-	}
-	if h.NIC != (spec.Network != nil) {
-		diffs = append(diffs, fmt.Sprintf("NIC saved %v, asked %v", h.NIC, spec.Network != nil))
-	}
-	if len(diffs) > 0 {
-		return fmt.Errorf("qemu: restore %s: the saved VM has another shape: %s", spec.ID, strings.Join(diffs, "; "))
-	}
-	return nil
-}
-
-// encodeHeader is h padded to saveHeaderSize: a JSON line, then zeros.
-func encodeHeader(h saveHeader) ([]byte, error) {
-	b, err := json.Marshal(h)
-	if err != nil {
-		return nil, err
-	}
-	if len(b)+1 > saveHeaderSize {
-		return nil, errors.New("qemu: save header too large")
-	}
-	buf := make([]byte, saveHeaderSize)
-	copy(buf, b)
-	buf[len(b)] = '\n'
-	return buf, nil
-}
-
-// readHeader reads and checks the header at the start of a saved VM or of a
-// live migration stream; source names it in errors.
-func readHeader(r io.Reader, source string) (saveHeader, error) {
-	var h saveHeader
-	buf := make([]byte, saveHeaderSize)
-	if _, err := io.ReadFull(r, buf); err != nil {
-		return h, fmt.Errorf("qemu: restore %s: not a saved VM: %w", source, err)
-	}
-	line, _, _ := strings.Cut(string(buf), "\n")
-	if err := json.Unmarshal([]byte(line), &h); err != nil || h.Format != saveFormat {
-		return h, fmt.Errorf("qemu: restore %s: not a Kairon saved VM (format %q)", source, h.Format)
-	}
-	return h, nil
-}
-
-func createSaved(path string, h saveHeader) (*os.File, error) {
-	buf, err := encodeHeader(h)
-	if err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := f.Write(buf); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return f, nil
-}
-
-// openSaved opens a saved state, checks its header and leaves the file
-// positioned at the migration stream.
-func openSaved(path string) (*os.File, saveHeader, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, saveHeader{}, fmt.Errorf("qemu: restore: %w", err)
-	}
-	h, err := readHeader(f, path)
-	if err != nil {
-		f.Close()
-		return nil, h, err
-	}
-	return f, h, nil
 }

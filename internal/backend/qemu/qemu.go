@@ -39,8 +39,6 @@ const (
 	consoleTailLines = 20
 	// startTimeout bounds how long QEMU may take to open its QMP socket.
 	startTimeout = 30 * time.Second
-	// restoreTimeout bounds loading a saved VM.
-	restoreTimeout = 2 * time.Minute
 )
 
 // Options configure a Backend.
@@ -262,29 +260,6 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Instanc
 	return b.start(ctx, spec, nil)
 }
 
-// Restore implements backend.Backend. The spec must have the saved VM's
-// shape (vCPUs, memory, with or without a NIC); its network may name another
-// tap. Restoring an ID that already runs returns the running instance.
-func (b *Backend) Restore(ctx context.Context, spec backend.Spec, path string) (backend.Instance, error) {
-	if path == "" {
-		return backend.Instance{}, errors.New("qemu: restore: no state file")
-	}
-	f, hdr, err := openSaved(path)
-	if err != nil {
-		return backend.Instance{}, err
-	}
-	defer f.Close()
-	return b.start(ctx, spec, &incoming{stream: f, header: hdr, origin: path})
-}
-
-// incoming is a saved VM to load instead of booting: a state file for
-// Restore, or one end of a socket pair fed from the network for ReceiveLive.
-type incoming struct {
-	stream *os.File // positioned at QEMU's migration stream
-	header saveHeader
-	origin string // recorded in spec.json
-}
-
 func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (backend.Instance, error) {
 	if err := validID(spec.ID); err != nil {
 		return backend.Instance{}, err
@@ -386,50 +361,6 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (b
 		go b.watchReady(spec.ID, v, gen, p, m.StartedAt)
 	}
 	return b.get(ctx, spec.ID, v, false)
-}
-
-// finishRestore waits for the incoming migration to load and starts the vCPUs.
-func (b *Backend) finishRestore(ctx context.Context, dir string, p *proc) error {
-	ctx, cancel := context.WithTimeout(ctx, restoreTimeout)
-	defer cancel()
-	sock := filepath.Join(dir, qmpSock)
-	for {
-		var st qmpStatus
-		var mig qmpMigration
-		err := qmpDo(ctx, sock, func(q *qmpConn) error {
-			var err error
-			if st, err = q.status(); err != nil {
-				return err
-			}
-			mig, err = q.migration()
-			return err
-		})
-		select {
-		case <-p.exited:
-			return fmt.Errorf("qemu: restore: qemu exited (%s): %s", p.exitDesc(), lastLines(readTail(filepath.Join(dir, qemuLogFile), 4096), 5))
-		default:
-		}
-		if err != nil {
-			return fmt.Errorf("qemu: restore: %w", err)
-		}
-		if mig.Status == "failed" {
-			return fmt.Errorf("qemu: restore: migration failed: %s", mig.ErrorDesc)
-		}
-		if st.Status != "inmigrate" {
-			if !st.Running {
-				if err := qmpDo(ctx, sock, func(q *qmpConn) error { _, err := q.execute("cont", nil); return err }); err != nil {
-					return fmt.Errorf("qemu: restore: cont: %w", err)
-				}
-			}
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("qemu: restore: still loading: %w", ctx.Err())
-		case <-p.exited:
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
 }
 
 // reap records how a process this Backend started ended.
@@ -579,121 +510,6 @@ func (b *Backend) liveDir(id string) (string, error) {
 		return "", fmt.Errorf("qemu: %s: VM process %d is not running", id, m.PID)
 	}
 	return dir, nil
-}
-
-// Save implements backend.Backend: the VM is paused, then QEMU migrates its
-// whole state into path through a file descriptor passed over QMP. path
-// begins with a small header (see saveHeader) that Restore checks.
-func (b *Backend) Save(ctx context.Context, id, path string) error {
-	dir, done, err := b.beginLiveOp(id)
-	if err != nil {
-		return err
-	}
-	defer done()
-	hdr, err := b.headerOf(id, dir)
-	if err != nil {
-		return err
-	}
-	f, err := createSaved(path, hdr)
-	if err != nil {
-		return err
-	}
-	ok := false
-	defer func() {
-		f.Close()
-		if !ok {
-			os.Remove(path)
-		}
-	}()
-	sock := filepath.Join(dir, qmpSock)
-	began := time.Now()
-	err = qmpDo(ctx, sock, func(q *qmpConn) error {
-		if _, err := q.execute("stop", nil); err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(dir, pausedFile), nil, 0o644); err != nil {
-			return err
-		}
-		// The default bandwidth cap (32 MiB/s) is for live migration over a
-		// shared network; saving a paused VM to a local file wants all of it.
-		return startMigration(q, f, int64(1)<<40)
-	})
-	if err != nil {
-		return fmt.Errorf("qemu: save %s: %w", id, err)
-	}
-	if _, err := awaitMigration(ctx, sock, nil); err != nil {
-		return fmt.Errorf("qemu: save %s: %w", id, err)
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	ok = true
-	b.log.Info("saved", "id", id, "path", path, "took", time.Since(began))
-	return nil
-}
-
-// headerOf describes the VM in dir for a saved state or a live stream.
-func (b *Backend) headerOf(id, dir string) (saveHeader, error) {
-	m, err := readMeta(dir)
-	if err != nil {
-		return saveHeader{}, err
-	}
-	var rr readyRecord
-	ready := readJSON(filepath.Join(dir, readyFile), &rr) == nil
-	if !ready { // the watcher may not have looked yet
-		var sc markerScanner
-		ready, _ = sc.scan(filepath.Join(dir, consoleLogFile))
-	}
-	return saveHeader{
-		Format: saveFormat, ID: id, Name: m.Spec.Name, CPU: m.Spec.CPU, MemoryMiB: m.Spec.MemoryMiB,
-		NIC: m.Spec.Network != nil, Ready: ready, Acceleration: m.Acceleration, SavedAt: time.Now(),
-	}, nil
-}
-
-// startMigration hands QEMU the descriptor to migrate into and starts the
-// migration, capped at maxBandwidth bytes per second.
-func startMigration(q *qmpConn, f *os.File, maxBandwidth int64) error {
-	if _, err := q.execute("migrate-set-parameters", map[string]any{"max-bandwidth": maxBandwidth}); err != nil {
-		return err
-	}
-	_, _ = q.execute("closefd", map[string]any{"fdname": migrationFD})
-	if _, err := q.executeWithFile("getfd", map[string]any{"fdname": migrationFD}, f); err != nil {
-		return err
-	}
-	_, err := q.execute("migrate", map[string]any{"uri": "fd:" + migrationFD})
-	return err
-}
-
-// migrationFD is the name the outgoing migration's descriptor has in QEMU.
-const migrationFD = "kairon-migration"
-
-// awaitMigration polls an outgoing migration until it completes, and
-// cancels it when ctx ends or abort delivers an error first (the stream's
-// reader went away).
-func awaitMigration(ctx context.Context, sock string, abort <-chan error) (qmpMigration, error) {
-	cancel := func(cause error) (qmpMigration, error) {
-		_ = qmpDo(context.Background(), sock, func(q *qmpConn) error { _, err := q.execute("migrate_cancel", nil); return err })
-		return qmpMigration{}, cause
-	}
-	for {
-		var mig qmpMigration
-		if err := qmpDo(ctx, sock, func(q *qmpConn) error { var err error; mig, err = q.migration(); return err }); err != nil {
-			return mig, err
-		}
-		switch mig.Status {
-		case "completed":
-			return mig, nil
-		case "failed", "cancelled":
-			return mig, fmt.Errorf("migration %s: %s", mig.Status, mig.ErrorDesc)
-		}
-		select {
-		case <-ctx.Done():
-			return cancel(ctx.Err())
-		case err := <-abort:
-			return cancel(fmt.Errorf("sending the migration stream: %w", err))
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
 }
 
 // Get implements backend.Backend.

@@ -1,0 +1,114 @@
+package qemu
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// QEMU's migration stream is how a VM's state leaves and enters a process:
+// Save and SendLive (live.go) migrate into a descriptor handed over QMP;
+// Restore and ReceiveLive start QEMU with -incoming to load one.
+
+// restoreTimeout bounds loading a saved VM.
+const restoreTimeout = 2 * time.Minute
+
+// incoming is a saved VM to load instead of booting: a state file for
+// Restore, or one end of a socket pair fed from the network for ReceiveLive.
+type incoming struct {
+	stream *os.File // positioned at QEMU's migration stream
+	header saveHeader
+	origin string // recorded in spec.json
+}
+
+// finishRestore waits for the incoming migration to load and starts the vCPUs.
+func (b *Backend) finishRestore(ctx context.Context, dir string, p *proc) error {
+	ctx, cancel := context.WithTimeout(ctx, restoreTimeout)
+	defer cancel()
+	sock := filepath.Join(dir, qmpSock)
+	for {
+		var st qmpStatus
+		var mig qmpMigration
+		err := qmpDo(ctx, sock, func(q *qmpConn) error {
+			var err error
+			if st, err = q.status(); err != nil {
+				return err
+			}
+			mig, err = q.migration()
+			return err
+		})
+		select {
+		case <-p.exited:
+			return fmt.Errorf("qemu: restore: qemu exited (%s): %s", p.exitDesc(), lastLines(readTail(filepath.Join(dir, qemuLogFile), 4096), 5))
+		default:
+		}
+		if err != nil {
+			return fmt.Errorf("qemu: restore: %w", err)
+		}
+		if mig.Status == "failed" {
+			return fmt.Errorf("qemu: restore: migration failed: %s", mig.ErrorDesc)
+		}
+		if st.Status != "inmigrate" {
+			if !st.Running {
+				if err := qmpDo(ctx, sock, func(q *qmpConn) error { _, err := q.execute("cont", nil); return err }); err != nil {
+					return fmt.Errorf("qemu: restore: cont: %w", err)
+				}
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("qemu: restore: still loading: %w", ctx.Err())
+		case <-p.exited:
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// startMigration hands QEMU the descriptor to migrate into and starts the
+// migration, capped at maxBandwidth bytes per second.
+func startMigration(q *qmpConn, f *os.File, maxBandwidth int64) error {
+	if _, err := q.execute("migrate-set-parameters", map[string]any{"max-bandwidth": maxBandwidth}); err != nil {
+		return err
+	}
+	_, _ = q.execute("closefd", map[string]any{"fdname": migrationFD})
+	if _, err := q.executeWithFile("getfd", map[string]any{"fdname": migrationFD}, f); err != nil {
+		return err
+	}
+	_, err := q.execute("migrate", map[string]any{"uri": "fd:" + migrationFD})
+	return err
+}
+
+// migrationFD is the name the outgoing migration's descriptor has in QEMU.
+const migrationFD = "kairon-migration"
+
+// awaitMigration polls an outgoing migration until it completes, and
+// cancels it when ctx ends or abort delivers an error first (the stream's
+// reader went away).
+func awaitMigration(ctx context.Context, sock string, abort <-chan error) (qmpMigration, error) {
+	cancel := func(cause error) (qmpMigration, error) {
+		_ = qmpDo(context.Background(), sock, func(q *qmpConn) error { _, err := q.execute("migrate_cancel", nil); return err })
+		return qmpMigration{}, cause
+	}
+	for {
+		var mig qmpMigration
+		if err := qmpDo(ctx, sock, func(q *qmpConn) error { var err error; mig, err = q.migration(); return err }); err != nil {
+			return mig, err
+		}
+		switch mig.Status {
+		case "completed":
+			return mig, nil
+		case "failed", "cancelled":
+			return mig, fmt.Errorf("migration %s: %s", mig.Status, mig.ErrorDesc)
+		}
+		select {
+		case <-ctx.Done():
+			return cancel(ctx.Err())
+		case err := <-abort:
+			return cancel(fmt.Errorf("sending the migration stream: %w", err))
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
