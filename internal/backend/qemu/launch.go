@@ -14,6 +14,12 @@ import (
 	"github.com/zyvor/kairon/internal/backend"
 )
 
+// Launching QEMU: its command line and the guest kernel's, and the process
+// this Backend starts and reaps.
+
+// startTimeout bounds how long QEMU may take to open its QMP socket.
+const startTimeout = 30 * time.Second
+
 // launchSpec is one QEMU process to start.
 type launchSpec struct {
 	dir     string // the VM's state directory, QEMU's working directory
@@ -194,4 +200,60 @@ func (b *Backend) launch(ls launchSpec) (*proc, error) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// cmdline is the guest kernel command line: the backend's own part, the
+// network keys the default guest's /init reads, then the Spec's extras.
+func (b *Backend) cmdline(accel, hostname string, n *backend.Network, extra []string) string {
+	args := []string{
+		"console=ttyS0", "reboot=t", "panic=-1",
+		// Quiet boot: each console byte costs an emulated UART write.
+		"quiet",
+		// Nothing to gain from these on a throwaway micro-VM, and they cost
+		// boot time under TCG.
+		"cryptomgr.notests", "random.trust_cpu=on", "8250.nr_uarts=1",
+		"i8042.noaux", "i8042.nomux", "i8042.dumbkbd", "i8042.nopnp",
+	}
+	if accel == "tcg" && b.tscKHz > 0 {
+		// TCG's guest TSC ticks at the host's rate; telling the kernel spares
+		// a calibration that can hang on microvm.
+		args = append(args, "tsc_early_khz="+strconv.FormatInt(b.tscKHz, 10), "tsc=reliable")
+	}
+	if hostname != "" {
+		args = append(args, "kairon.hostname="+hostname)
+	}
+	if n != nil {
+		if n.Address.IsValid() {
+			args = append(args, "kairon.ip="+n.Address.String())
+		}
+		if n.Gateway.IsValid() {
+			args = append(args, "kairon.gw="+n.Gateway.String())
+		}
+	}
+	return strings.Join(append(args, extra...), " ")
+}
+
+// hostnameFor turns "namespace/name" into a hostname: the name, restricted
+// to what a hostname may hold.
+func hostnameFor(name string) string {
+	if i := strings.LastIndexByte(name, '/'); i >= 0 {
+		name = name[i+1:]
+	}
+	var sb strings.Builder
+	for _, r := range strings.ToLower(name) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '.':
+			sb.WriteRune(r)
+		default:
+			sb.WriteByte('-')
+		}
+	}
+	h := strings.Trim(sb.String(), "-.")
+	if len(h) > 63 {
+		h = strings.Trim(h[:63], "-.")
+	}
+	if h == "" {
+		h = "kairon"
+	}
+	return h
 }
