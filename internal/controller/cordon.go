@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // DefaultCordonEvacuateMinRetryInterval is how long cordon evacuation waits
@@ -79,7 +80,7 @@ const attemptStampPrecision = time.Second
 // CordonEvacuationReconciler moves the Machines off cordoned Kairon nodes
 // (spec.unschedulable true): each one gets the MachineMigration `kaironctl
 // evacuate` would create for it, within the MachineDisruptionBudgets
-// (PlanEvacuation decides). Every attempt, created or blocked, is stamped on
+// (rules.PlanEvacuation decides). Every attempt, created or blocked, is stamped on
 // the Machine in the AnnotationCordonEvacuateAttemptedAt annotation, and a
 // Machine is not tried again before MinRetryInterval has passed since. A
 // Machine that already has a non-terminal migration is never given another.
@@ -179,7 +180,7 @@ func (r *CordonEvacuationReconciler) Reconcile(ctx context.Context, _ reconcile.
 	}
 	sort.Strings(cordoned)
 
-	snap, err := LoadEvacuationSnapshot(ctx, r.APIReader)
+	snap, err := rules.LoadEvacuationSnapshot(ctx, r.APIReader)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -206,17 +207,17 @@ func (r *CordonEvacuationReconciler) Reconcile(ctx context.Context, _ reconcile.
 	for _, d := range snap.Plan(candidates) {
 		m, node := d.Machine, nodeOf[d.Machine]
 		switch d.Verdict {
-		case EvacuationDeleting:
+		case rules.EvacuationDeleting:
 			continue
-		case EvacuationInFlight:
+		case rules.EvacuationInFlight:
 			logger.V(1).Info("Machine is already being migrated", "machine", m.Namespace+"/"+m.Name, "node", node, "migration", d.Migration.Name)
 			continue
-		case EvacuationBlocked:
+		case rules.EvacuationBlocked:
 			attempted = true
 			message := fmt.Sprintf("Node %s is cordoned, but the machine was not migrated: %s; trying again in %s", node, d.Reason, r.MinRetryInterval)
 			logger.Info("Cordon evacuation blocked by disruption budget", "machine", m.Namespace+"/"+m.Name, "node", node, "reason", d.Reason)
 			r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, ReasonEvacuationBlocked, "Evacuate", "%s", message)
-		case EvacuationMigrate:
+		case rules.EvacuationMigrate:
 			attempted = true
 			r.migrate(ctx, m, node)
 		}
@@ -236,7 +237,7 @@ func (r *CordonEvacuationReconciler) Reconcile(ctx context.Context, _ reconcile.
 // a blocked attempt.
 func (r *CordonEvacuationReconciler) migrate(ctx context.Context, m *kaironv1.Machine, node string) {
 	logger := log.FromContext(ctx).WithValues("machine", m.Namespace+"/"+m.Name, "node", node)
-	mig := NewEvacuationMigration(m, node, r.Strategy)
+	mig := rules.NewEvacuationMigration(m, node, r.Strategy)
 	err := r.Client.Create(ctx, mig)
 	switch {
 	case err == nil:

@@ -20,6 +20,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
@@ -294,7 +295,7 @@ func executeMigrations(t *testing.T, env *testenv.Env, ns, target string) (stop 
 			}
 			var inFlight []*kaironv1.MachineMigration
 			for i := range l.Items {
-				if MigrationInFlight(&l.Items[i]) {
+				if rules.MigrationInFlight(&l.Items[i]) {
 					inFlight = append(inFlight, &l.Items[i])
 				}
 			}

@@ -22,6 +22,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules/rulestest"
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
@@ -83,7 +84,7 @@ func startControllers(t *testing.T, env *testenv.Env, ns string, opts Options, c
 func createNode(t *testing.T, env *testenv.Env, ns, name string, cpu int64, memory string, mutate ...func(*corev1.Node)) *corev1.Node {
 	t.Helper()
 	ctx := context.Background()
-	node := testNode(ns+"-"+name, cpu, memory, mutate...)
+	node := rulestest.Node(ns+"-"+name, cpu, memory, mutate...)
 	status := node.Status
 	if err := env.Client.Create(ctx, node); err != nil {
 		t.Fatalf("creating node: %v", err)

@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
@@ -20,11 +19,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // Reasons of a MachineDisruptionBudget's Ready condition.
@@ -33,37 +32,15 @@ const (
 	ReasonInvalidBudget  = "InvalidBudget"
 )
 
-// Values of the field label of kairon_disruption_budget_status.
-const (
-	BudgetFieldExpectedMachines   = "expected_machines"
-	BudgetFieldCurrentHealthy     = "current_healthy"
-	BudgetFieldDesiredHealthy     = "desired_healthy"
-	BudgetFieldDisruptionsAllowed = "disruptions_allowed"
-)
-
-// DisruptionBudgetStatus is the gauge kairon_disruption_budget_status
-// {namespace, budget, field}: each budget's status numbers, set in the same
-// pass that patches the status. It is registered with controller-runtime's
-// metrics.Registry, which the manager serves on its metrics endpoint.
-var DisruptionBudgetStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-	Name: "kairon_disruption_budget_status",
-	Help: "Status of a MachineDisruptionBudget as kairon-controller last computed it; " +
-		"field is expected_machines, current_healthy, desired_healthy or disruptions_allowed.",
-}, []string{"namespace", "budget", "field"})
-
-func init() {
-	metrics.Registry.MustRegister(DisruptionBudgetStatus)
-}
-
 // budgetPassKey is the only request the budget reconciler's queue holds:
-// LoadBudgetStates reads the whole cluster at once, so every event asks for
+// rules.LoadBudgetStates reads the whole cluster at once, so every event asks for
 // one pass over all budgets and the workqueue folds bursts into one.
 var budgetPassKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: "disruption-budget-pass"}}
 
 // MachineDisruptionBudgetReconciler keeps every budget's status and the
 // kairon_disruption_budget_status gauge up to date. It only observes: the
 // decisions (evacuate, the webhook, cordon evacuation) recompute their
-// numbers with LoadBudgetStates when they decide.
+// numbers with rules.LoadBudgetStates when they decide.
 type MachineDisruptionBudgetReconciler struct {
 	// Client reads from the manager's cache, which must see every
 	// namespace whose Machines budgets should count, and writes statuses.
@@ -126,7 +103,7 @@ func migrationPhaseChanged() predicate.Funcs {
 // on the next tick.
 func (r *MachineDisruptionBudgetReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	logger := log.FromContext(ctx)
-	states, err := LoadBudgetStates(ctx, r.Client)
+	states, err := rules.LoadBudgetStates(ctx, r.Client)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -160,7 +137,7 @@ func (r *MachineDisruptionBudgetReconciler) Reconcile(ctx context.Context, _ rec
 
 // setBudgetStatus writes s into status, with a Ready condition that is
 // False for an invalid budget.
-func setBudgetStatus(status *kaironv1.MachineDisruptionBudgetStatus, s *BudgetState) {
+func setBudgetStatus(status *kaironv1.MachineDisruptionBudgetStatus, s *rules.BudgetState) {
 	status.ExpectedMachines = s.ExpectedMachines
 	status.CurrentHealthy = s.CurrentHealthy
 	status.DesiredHealthy = s.DesiredHealthy
@@ -170,7 +147,7 @@ func setBudgetStatus(status *kaironv1.MachineDisruptionBudgetStatus, s *BudgetSt
 		Type:               kaironv1.ConditionReady,
 		Status:             metav1.ConditionTrue,
 		Reason:             ReasonBudgetComputed,
-		Message:            BudgetSummary(s),
+		Message:            rules.BudgetSummary(s),
 		ObservedGeneration: s.Generation,
 	}
 	if s.Err != nil {
@@ -181,14 +158,7 @@ func setBudgetStatus(status *kaironv1.MachineDisruptionBudgetStatus, s *BudgetSt
 	meta.SetStatusCondition(&status.Conditions, cond)
 }
 
-// BudgetSummary is "3 matching, 2 healthy, 2 desired healthy, 0
-// disruptions allowed".
-func BudgetSummary(s *BudgetState) string {
-	return fmt.Sprintf("%d matching, %d healthy, %d desired healthy, %d disruptions allowed",
-		s.ExpectedMachines, s.CurrentHealthy, s.DesiredHealthy, s.DisruptionsAllowed)
-}
-
-func recordBudgetStatus(s *BudgetState) {
+func recordBudgetStatus(s *rules.BudgetState) {
 	for field, v := range map[string]int32{
 		BudgetFieldExpectedMachines:   s.ExpectedMachines,
 		BudgetFieldCurrentHealthy:     s.CurrentHealthy,

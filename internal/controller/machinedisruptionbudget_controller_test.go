@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
@@ -287,9 +288,18 @@ func TestBudgetStatusPatchFailureWaitsForTick(t *testing.T) {
 // An invalid budget (which the API server refuses to store, so this is a
 // unit test) is Ready=False with the reason, and allows nothing.
 func TestInvalidBudgetStatus(t *testing.T) {
-	b := mdbBudget("default", "broken", kaironv1.MachineDisruptionBudgetSpec{Selector: mdbWebLabels, MinAvailable: mdbInt(1), MaxUnavailable: mdbInt(1)})
-	b.Generation = 3
-	states := ComputeBudgetStates([]kaironv1.MachineDisruptionBudget{b}, mdbRunning(2), nil)
+	one := intstr.FromInt32(1)
+	b := kaironv1.MachineDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "broken", Generation: 3},
+		Spec:       kaironv1.MachineDisruptionBudgetSpec{Selector: map[string]string{"tier": "web"}, MinAvailable: &one, MaxUnavailable: &one},
+	}
+	web := func(name string) kaironv1.Machine {
+		return kaironv1.Machine{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{"tier": "web"}},
+			Status:     kaironv1.MachineStatus{Phase: kaironv1.MachineRunning},
+		}
+	}
+	states := rules.ComputeBudgetStates([]kaironv1.MachineDisruptionBudget{b}, []kaironv1.Machine{web("web-a"), web("web-b")}, nil)
 	var status kaironv1.MachineDisruptionBudgetStatus
 	setBudgetStatus(&status, &states[0])
 	if status.ExpectedMachines != 2 || status.CurrentHealthy != 2 || status.DesiredHealthy != 2 || status.DisruptionsAllowed != 0 || status.ObservedGeneration != 3 {

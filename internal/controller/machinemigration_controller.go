@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // DefaultMigrationTimeout is how long a migration may stay Running before
@@ -77,7 +78,7 @@ func (r *MachineMigrationReconciler) migrationsOf(ctx context.Context, o client.
 	var out []reconcile.Request
 	for i := range list.Items {
 		mig := &list.Items[i]
-		if mig.Spec.MachineName == o.GetName() && migrationInFlight(mig) {
+		if mig.Spec.MachineName == o.GetName() && rules.MigrationInFlight(mig) {
 			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: mig.Namespace, Name: mig.Name}})
 		}
 	}
@@ -173,7 +174,7 @@ func (r *MachineMigrationReconciler) start(ctx context.Context, mig *kaironv1.Ma
 
 // pickTarget is spec.targetNode if the Machine fits there, else the node the
 // scheduler would choose among the Kairon nodes other than the source. The
-// fit is the scheduler's (nodeRejections, pickNode); "" comes with why not.
+// fit is the scheduler's (rules.NodeRejections, rules.PickNode); "" comes with why not.
 func (r *MachineMigrationReconciler) pickTarget(ctx context.Context, mig *kaironv1.MachineMigration, machine *kaironv1.Machine) (string, string, error) {
 	var nodes corev1.NodeList
 	if err := r.Client.List(ctx, &nodes, client.HasLabels{kaironv1.LabelNode}); err != nil {
@@ -188,12 +189,12 @@ func (r *MachineMigrationReconciler) pickTarget(ctx context.Context, mig *kairon
 		return "", "", fmt.Errorf("listing machine migrations: %w", err)
 	}
 	source := machine.Spec.NodeName
-	byName := map[string]*nodeInfo{}
-	var candidates []*nodeInfo
+	byName := map[string]*rules.NodeInfo{}
+	var candidates []*rules.NodeInfo
 	for i := range nodes.Items {
-		n := newNodeInfo(&nodes.Items[i])
-		byName[n.node.Name] = n
-		if n.node.Name != source {
+		n := rules.NewNodeInfo(&nodes.Items[i])
+		byName[n.Node.Name] = n
+		if n.Node.Name != source {
 			candidates = append(candidates, n)
 		}
 	}
@@ -201,7 +202,7 @@ func (r *MachineMigrationReconciler) pickTarget(ctx context.Context, mig *kairon
 	for i := range machines.Items {
 		all[i] = &machines.Items[i]
 	}
-	chargeNodes(byName, all, migrations.Items)
+	rules.ChargeNodes(byName, all, migrations.Items)
 	if want := mig.Spec.TargetNode; want != "" {
 		if want == source {
 			return "", fmt.Sprintf("spec.targetNode %s is the node the Machine already runs on", want), nil
@@ -210,18 +211,18 @@ func (r *MachineMigrationReconciler) pickTarget(ctx context.Context, mig *kairon
 		if n == nil {
 			return "", fmt.Sprintf("spec.targetNode %s is not a Kairon node (no node with label %s)", want, kaironv1.LabelNode), nil
 		}
-		if rejections := nodeRejections(n, machine); len(rejections) > 0 {
-			var report rejectionReport
-			report.add(n, rejections)
-			return "", fmt.Sprintf("spec.targetNode %s cannot take the Machine: %s", want, report.message(1, machineResources(machine))), nil
+		if rejections := rules.NodeRejections(n, machine); len(rejections) > 0 {
+			var report rules.RejectionReport
+			report.Add(n, rejections)
+			return "", fmt.Sprintf("spec.targetNode %s cannot take the Machine: %s", want, report.Message(1, rules.MachineResources(machine))), nil
 		}
 		return want, "", nil
 	}
-	best, why := pickNode(candidates, machine)
+	best, why := rules.PickNode(candidates, machine)
 	if best == nil {
 		return "", "no node other than " + source + " can take the Machine: " + why, nil
 	}
-	return best.node.Name, "", nil
+	return best.Node.Name, "", nil
 }
 
 // watchRunning ends a Running migration once the Machine runs on the

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // Reasons of a MachineQuota's Ready condition.
@@ -62,7 +63,7 @@ func (r *MachineQuotaReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	if err := r.Client.List(ctx, &machines, client.InNamespace(quota.Namespace)); err != nil {
 		return reconcile.Result{}, err
 	}
-	used, _ := QuotaUsage(&quota, machines.Items)
+	used, _ := rules.QuotaUsage(&quota, machines.Items)
 
 	desired := quota.DeepCopy()
 	desired.Status.Hard = *quota.Spec.Hard.DeepCopy()
@@ -76,7 +77,7 @@ func (r *MachineQuotaReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	if err := r.Client.Status().Patch(ctx, desired, client.MergeFrom(&quota)); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	log.FromContext(ctx).V(1).Info("Updated quota usage", "used", quotaSummary(quota.Spec.Hard, used))
+	log.FromContext(ctx).V(1).Info("Updated quota usage", "used", rules.QuotaSummary(quota.Spec.Hard, used))
 	return reconcile.Result{RequeueAfter: r.Interval}, nil
 }
 
@@ -85,8 +86,8 @@ func (r *MachineQuotaReconciler) Reconcile(ctx context.Context, req reconcile.Re
 // hand; the condition then says so, since the Machines already running are
 // left alone and only new ones wait.
 func quotaReadyCondition(quota *kaironv1.MachineQuota, used kaironv1.MachineResources) metav1.Condition {
-	summary := quotaSummary(quota.Spec.Hard, used)
-	if over := quotaExceeded(quota.Spec.Hard, used); len(over) > 0 {
+	summary := rules.QuotaSummary(quota.Spec.Hard, used)
+	if over := rules.QuotaExceeded(quota.Spec.Hard, used); len(over) > 0 {
 		return metav1.Condition{
 			Type:               kaironv1.ConditionReady,
 			Status:             metav1.ConditionFalse,

@@ -8,6 +8,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules/rulestest"
 )
 
 func createdAt(sec int64) func(*kaironv1.Machine) {
@@ -16,12 +17,12 @@ func createdAt(sec int64) func(*kaironv1.Machine) {
 
 func TestSurplusMachines(t *testing.T) {
 	live := []*kaironv1.Machine{
-		testMachine("running-old", 1, "256Mi", placed("n", kaironv1.MachineRunning), createdAt(1)),
-		testMachine("running-new", 1, "256Mi", placed("n", kaironv1.MachineRunning), createdAt(5)),
-		testMachine("booting", 1, "256Mi", placed("n", kaironv1.MachineBooting), createdAt(2)),
-		testMachine("failed", 1, "256Mi", placed("n", kaironv1.MachineFailed), createdAt(2)),
-		testMachine("pending", 1, "256Mi", placed("", kaironv1.MachinePending), createdAt(1)),
-		testMachine("scheduled", 1, "256Mi", placed("n", kaironv1.MachineScheduled), createdAt(3)),
+		rulestest.Machine("running-old", 1, "256Mi", rulestest.Placed("n", kaironv1.MachineRunning), createdAt(1)),
+		rulestest.Machine("running-new", 1, "256Mi", rulestest.Placed("n", kaironv1.MachineRunning), createdAt(5)),
+		rulestest.Machine("booting", 1, "256Mi", rulestest.Placed("n", kaironv1.MachineBooting), createdAt(2)),
+		rulestest.Machine("failed", 1, "256Mi", rulestest.Placed("n", kaironv1.MachineFailed), createdAt(2)),
+		rulestest.Machine("pending", 1, "256Mi", rulestest.Placed("", kaironv1.MachinePending), createdAt(1)),
+		rulestest.Machine("scheduled", 1, "256Mi", rulestest.Placed("n", kaironv1.MachineScheduled), createdAt(3)),
 	}
 	tests := []struct {
 		n    int
@@ -55,7 +56,7 @@ func TestReplicaExpectations(t *testing.T) {
 	e := newReplicaExpectations()
 	e.now = func() time.Time { return now }
 	const set = "set-uid"
-	a, b := testMachine("a", 1, "256Mi"), testMachine("b", 1, "256Mi")
+	a, b := rulestest.Machine("a", 1, "256Mi"), rulestest.Machine("b", 1, "256Mi")
 
 	// Created b, the cache shows only a: b is in flight.
 	e.created(set, "b")

@@ -4,40 +4,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
-
-var (
-	// migrationsFinished counts migrations by how they ended, so a rate of
-	// failures (by reason) can be alerted on.
-	migrationsFinished = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kairon_machinemigrations_total",
-		Help: "MachineMigrations that ended, by strategy, phase (Succeeded or Failed) and reason.",
-	}, []string{"strategy", "phase", "reason"})
-
-	// migrationDowntime is how long guests did not run while they moved:
-	// milliseconds for live, seconds for cold.
-	migrationDowntime = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "kairon_machinemigration_downtime_seconds",
-		Help:    "How long the guest did not run during a MachineMigration that succeeded.",
-		Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
-	}, []string{"strategy"})
-
-	// migrationDuration is the time from a migration's start to its end.
-	migrationDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "kairon_machinemigration_duration_seconds",
-		Help:    "Time from a MachineMigration's start (phase Running) to its end, by strategy and phase.",
-		Buckets: []float64{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300},
-	}, []string{"strategy", "phase"})
-)
-
-func init() {
-	metrics.Registry.MustRegister(migrationsFinished, migrationDowntime, migrationDuration)
-}
 
 // migrationEnds records each migration's end in the metrics once. Only
 // ends after since count: a restarted controller would otherwise count

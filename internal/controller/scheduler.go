@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // ConditionScheduled is the Machine condition the scheduler owns.
@@ -124,8 +125,8 @@ func nodeSchedulingChanged() predicate.Funcs {
 			}
 			return !equality.Semantic.DeepEqual(old.Labels, cur.Labels) ||
 				old.Spec.Unschedulable != cur.Spec.Unschedulable ||
-				nodeAllocatable(old) != nodeAllocatable(cur) ||
-				nodeReady(old) != nodeReady(cur) ||
+				rules.NodeAllocatable(old) != rules.NodeAllocatable(cur) ||
+				rules.NodeReady(old) != rules.NodeReady(cur) ||
 				(old.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil)
 		},
 	}
@@ -171,8 +172,8 @@ func (r *SchedulerReconciler) Reconcile(ctx context.Context, _ reconcile.Request
 // schedulingPass is the cluster as one pass sees it, updated as the pass
 // places Machines so later decisions in the same pass account for them.
 type schedulingPass struct {
-	nodes       []*nodeInfo
-	nodesByName map[string]*nodeInfo
+	nodes       []*rules.NodeInfo
+	nodesByName map[string]*rules.NodeInfo
 	quotas      map[string][]*quotaState // by namespace
 	unscheduled []*kaironv1.Machine      // oldest first
 	// placedNotMarked have a node but a status that still says Pending:
@@ -203,7 +204,7 @@ func (r *SchedulerReconciler) snapshot(ctx context.Context) (*schedulingPass, er
 		return nil, fmt.Errorf("listing machine migrations: %w", err)
 	}
 
-	pass := &schedulingPass{nodesByName: map[string]*nodeInfo{}, quotas: map[string][]*quotaState{}}
+	pass := &schedulingPass{nodesByName: map[string]*rules.NodeInfo{}, quotas: map[string][]*quotaState{}}
 	machines := make([]*kaironv1.Machine, len(machineList.Items))
 	for i := range machineList.Items {
 		m := &machineList.Items[i]
@@ -217,11 +218,11 @@ func (r *SchedulerReconciler) snapshot(ctx context.Context) (*schedulingPass, er
 	machines = r.assumed.apply(machines)
 
 	for i := range nodes.Items {
-		n := newNodeInfo(&nodes.Items[i])
+		n := rules.NewNodeInfo(&nodes.Items[i])
 		pass.nodes = append(pass.nodes, n)
-		pass.nodesByName[n.node.Name] = n
+		pass.nodesByName[n.Node.Name] = n
 	}
-	chargeNodes(pass.nodesByName, machines, migrations.Items)
+	rules.ChargeNodes(pass.nodesByName, machines, migrations.Items)
 	byNamespace := map[string][]kaironv1.Machine{}
 	for _, m := range machines {
 		byNamespace[m.Namespace] = append(byNamespace[m.Namespace], *m)
@@ -229,13 +230,13 @@ func (r *SchedulerReconciler) snapshot(ctx context.Context) (*schedulingPass, er
 			pass.unscheduled = append(pass.unscheduled, m)
 		}
 	}
-	sortByAge(pass.unscheduled)
+	rules.SortByAge(pass.unscheduled)
 	for i := range quotas.Items {
 		q := &quotas.Items[i]
 		if q.DeletionTimestamp != nil {
 			continue
 		}
-		used, _ := QuotaUsage(q, byNamespace[q.Namespace])
+		used, _ := rules.QuotaUsage(q, byNamespace[q.Namespace])
 		pass.quotas[q.Namespace] = append(pass.quotas[q.Namespace], &quotaState{quota: q, used: used})
 	}
 	return pass, nil
@@ -246,7 +247,7 @@ func (r *SchedulerReconciler) snapshot(ctx context.Context) (*schedulingPass, er
 func (p *schedulingPass) admitQuota(m *kaironv1.Machine) (bool, string) {
 	var refusals []string
 	for _, q := range p.quotas[m.Namespace] {
-		if ok, message := QuotaAdmits(q.quota, q.used, m); !ok {
+		if ok, message := rules.QuotaAdmits(q.quota, q.used, m); !ok {
 			refusals = append(refusals, message)
 		}
 	}
@@ -257,12 +258,12 @@ func (p *schedulingPass) admitQuota(m *kaironv1.Machine) (bool, string) {
 }
 
 // charge books m on node and on its namespace's quotas for the rest of the pass.
-func (p *schedulingPass) charge(m *kaironv1.Machine, node *nodeInfo) {
-	node.requested = node.requested.add(machineResources(m))
+func (p *schedulingPass) charge(m *kaironv1.Machine, node *rules.NodeInfo) {
+	node.Requested = node.Requested.Add(rules.MachineResources(m))
 	for _, q := range p.quotas[m.Namespace] {
 		*q.used.Machines++
-		*q.used.CPU += machineCPU(m)
-		q.used.Memory.Add(machineMemory(m))
+		*q.used.CPU += rules.MachineCPU(m)
+		q.used.Memory.Add(rules.MachineMemory(m))
 	}
 }
 
@@ -270,19 +271,19 @@ func (r *SchedulerReconciler) scheduleOne(ctx context.Context, pass *schedulingP
 	if ok, message := pass.admitQuota(m); !ok {
 		return r.markPending(ctx, m, ReasonQuotaExceeded, message)
 	}
-	node, message := pickNode(pass.nodes, m)
+	node, message := rules.PickNode(pass.nodes, m)
 	if node == nil {
 		return r.markPending(ctx, m, ReasonUnschedulable, message)
 	}
-	bound, err := r.bind(ctx, m, node.node.Name)
+	bound, err := r.bind(ctx, m, node.Node.Name)
 	if err != nil {
 		return err
 	}
 	pass.charge(m, node)
-	r.assumed.assume(bound, node.node.Name)
-	log := ctrl.LoggerFrom(ctx).WithValues("machine", client.ObjectKeyFromObject(m), "node", node.node.Name)
-	log.Info("Bound machine to node", "cpu", machineCPU(m), "memory", formatMemory(machineMemory(m)))
-	r.Recorder.Eventf(bound, nil, corev1.EventTypeNormal, ReasonScheduled, "Binding", "Bound to node %s", node.node.Name)
+	r.assumed.assume(bound, node.Node.Name)
+	log := ctrl.LoggerFrom(ctx).WithValues("machine", client.ObjectKeyFromObject(m), "node", node.Node.Name)
+	log.Info("Bound machine to node", "cpu", rules.MachineCPU(m), "memory", rules.FormatMemory(rules.MachineMemory(m)))
+	r.Recorder.Eventf(bound, nil, corev1.EventTypeNormal, ReasonScheduled, "Binding", "Bound to node %s", node.Node.Name)
 	return r.markScheduled(ctx, bound)
 }
 

@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules/rulestest"
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
@@ -76,7 +77,7 @@ func TestSchedulerFillsNodesThenExplains(t *testing.T) {
 func TestSchedulerCordon(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
-	cordonedNode := createNode(t, env, ns, "cordoned", 8, "8Gi", cordoned)
+	cordonedNode := createNode(t, env, ns, "cordoned", 8, "8Gi", rulestest.Cordoned)
 	open := createNode(t, env, ns, "open", 1, "8Gi")
 	resident := createMachine(t, env, ns, "resident", 1, "256Mi", func(m *kaironv1.Machine) { m.Spec.NodeName = cordonedNode.Name })
 	setMachinePhase(t, env, resident, kaironv1.MachineRunning)
@@ -163,7 +164,7 @@ func TestSchedulerUnschedulableMessages(t *testing.T) {
 		{
 			name: "one reason per node",
 			nodes: func(t *testing.T, env *testenv.Env, ns string) {
-				createNode(t, env, ns, "cordoned", 8, "8Gi", cordoned)
+				createNode(t, env, ns, "cordoned", 8, "8Gi", rulestest.Cordoned)
 				createNode(t, env, ns, "other-zone", 8, "8Gi")
 				createNode(t, env, ns, "small", 8, "128Mi", func(n *corev1.Node) { n.Labels["zone"] = "a" })
 			},
@@ -173,7 +174,7 @@ func TestSchedulerUnschedulableMessages(t *testing.T) {
 		{
 			name: "not ready and short of CPU",
 			nodes: func(t *testing.T, env *testenv.Env, ns string) {
-				createNode(t, env, ns, "down", 8, "8Gi", notReady)
+				createNode(t, env, ns, "down", 8, "8Gi", rulestest.NotReady)
 				createNode(t, env, ns, "small", 1, "8Gi")
 			},
 			machine: func(m *kaironv1.Machine) { m.Spec.CPU = 2 },

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules/rulestest"
 )
 
 // staleMachines is a client whose Machine lists stay as they were when it
@@ -49,10 +50,10 @@ func TestSchedulerAssumesItsBindingsUntilTheCacheCatchesUp(t *testing.T) {
 	if err := kaironv1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	node := testNode("node-1", 1, "1Gi") // room for one Machine
-	first := testMachine("first", 1, "256Mi")
+	node := rulestest.Node("node-1", 1, "1Gi") // room for one Machine
+	first := rulestest.Machine("first", 1, "256Mi")
 	first.CreationTimestamp.Time = time.Unix(1, 0)
-	second := testMachine("second", 1, "256Mi")
+	second := rulestest.Machine("second", 1, "256Mi")
 	second.CreationTimestamp.Time = time.Unix(2, 0)
 	api := fake.NewClientBuilder().WithScheme(scheme).
 		WithObjects(node, first).

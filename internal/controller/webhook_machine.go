@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // MachineWebhookPath is where the validating webhook for Machines is served.
@@ -102,8 +103,8 @@ func (v *MachineValidator) validateQuota(ctx context.Context, m *kaironv1.Machin
 		if q.DeletionTimestamp != nil {
 			continue
 		}
-		used, _ := quotaUsage(q, machines.Items, true)
-		if ok, message := QuotaAdmits(q, used, m); !ok {
+		used, _ := rules.QuotaUsageIncludingUnplaced(q, machines.Items)
+		if ok, message := rules.QuotaAdmits(q, used, m); !ok {
 			refusals = append(refusals, message)
 		}
 	}

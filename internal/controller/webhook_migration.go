@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // MachineMigrationWebhookPath is where the validating webhook for
@@ -21,7 +22,7 @@ const MachineMigrationWebhookPath = "/validate-machinemigration"
 // MachineDisruptionBudgets of its Machine do not allow right now, so a
 // migration created straight through the API is held to the same budgets
 // as kaironctl evacuate and cordon evacuation. The decision is
-// AdmitDisruption's, on budget states loaded at the moment of the request.
+// rules.AdmitDisruption's, on budget states loaded at the moment of the request.
 //
 // Only CREATE is judged: a migration's spec cannot change after creation,
 // and deleting or relabeling one never disrupts anything.
@@ -55,11 +56,11 @@ func (v *MachineMigrationValidator) ValidateCreate(ctx context.Context, mig *kai
 	case err != nil:
 		return nil, apierrors.NewInternalError(fmt.Errorf("looking up machine %s/%s: %w", mig.Namespace, mig.Spec.MachineName, err))
 	}
-	states, err := LoadBudgetStates(ctx, v.Reader)
+	states, err := rules.LoadBudgetStates(ctx, v.Reader)
 	if err != nil {
 		return nil, apierrors.NewInternalError(err)
 	}
-	if ok, reason := AdmitDisruption(states, &m); !ok {
+	if ok, reason := rules.AdmitDisruption(states, &m); !ok {
 		return nil, apierrors.NewForbidden(kaironv1.GroupVersion.WithResource("machinemigrations").GroupResource(), migrationName(mig),
 			fmt.Errorf("moving machine %s/%s now would break its disruption budget: %s", m.Namespace, m.Name, reason))
 	}

@@ -23,7 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
-	"github.com/zyvor/kairon/internal/controller"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // budgetAliases are the names `create` and `edit` accept for a budget, the
@@ -66,7 +66,7 @@ func (f *budgetFlags) parse(cmd *cobra.Command) (*parsedBudgetFlags, error) {
 		p.selector = sel
 	}
 	parse := func(flag, value string) (*intstr.IntOrString, error) {
-		v, err := controller.ParseBudgetValue(value)
+		v, err := rules.ParseBudgetValue(value)
 		if err != nil {
 			return nil, usageError(cmd, "invalid %s: %v", flag, err)
 		}
@@ -385,11 +385,11 @@ func describeBudget(ctx context.Context, o *Options, obj *unstructured.Unstructu
 	if err != nil {
 		return err
 	}
-	states, err := controller.LoadBudgetStates(ctx, reader)
+	states, err := rules.LoadBudgetStates(ctx, reader)
 	if err != nil {
 		return err
 	}
-	s := controller.FindBudgetState(states, obj.GetNamespace(), obj.GetName())
+	s := rules.FindBudgetState(states, obj.GetNamespace(), obj.GetName())
 	if s == nil {
 		return fmt.Errorf("budget %q in namespace %q was deleted while describing it", obj.GetName(), obj.GetNamespace())
 	}
@@ -414,8 +414,8 @@ func (o *Options) typedReader() (client.Reader, error) {
 const budgetNameWidth = 24
 
 // printBudgetState is the text after the JSON in `describe budget`.
-func printBudgetState(w io.Writer, s *controller.BudgetState) error {
-	fmt.Fprintf(w, "Status (recomputed fresh from Machines/MachineMigrations right now): %s\n", controller.BudgetSummary(s))
+func printBudgetState(w io.Writer, s *rules.BudgetState) error {
+	fmt.Fprintf(w, "Status (recomputed fresh from Machines/MachineMigrations right now): %s\n", rules.BudgetSummary(s))
 	if s.Err != nil {
 		fmt.Fprintf(w, "Invalid budget: %v; until fixed, it blocks every disruption of the Machines it matches.\n", s.Err)
 	}

@@ -7,17 +7,17 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/zyvor/kairon/internal/controller"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 func TestPrintBudgetStateMatchesUserGuide(t *testing.T) {
-	s := &controller.BudgetState{
+	s := &rules.BudgetState{
 		Namespace: "default", Name: "web-tier", Selector: map[string]string{"tier": "web"},
 		ExpectedMachines: 3, CurrentHealthy: 2, DesiredHealthy: 2, DisruptionsAllowed: 0,
-		Machines: []controller.BudgetMachine{
+		Machines: []rules.BudgetMachine{
 			{Namespace: "default", Name: "web-1", Healthy: true},
 			{Namespace: "default", Name: "web-2", Healthy: true},
-			{Namespace: "default", Name: "web-3", Migration: "m", Reason: controller.UnhealthyMigrationInFlight},
+			{Namespace: "default", Name: "web-3", Migration: "m", Reason: rules.UnhealthyMigrationInFlight},
 		},
 	}
 	// Verbatim from the user's guide to MachineDisruptionBudget.
@@ -39,10 +39,10 @@ func TestPrintBudgetStateMatchesUserGuide(t *testing.T) {
 func TestPrintBudgetStateOtherNamespacesAndHints(t *testing.T) {
 	// Other namespaces' Machines come after the budget's own, as ns/name,
 	// and a long name widens the column for every row.
-	s := &controller.BudgetState{
+	s := &rules.BudgetState{
 		Namespace: "team-a", Name: "web-tier", Selector: map[string]string{"tier": "web"},
 		ExpectedMachines: 4, CurrentHealthy: 2, DesiredHealthy: 1, DisruptionsAllowed: 1,
-		Machines: []controller.BudgetMachine{
+		Machines: []rules.BudgetMachine{
 			{Namespace: "a-first", Name: "web-9", Reason: "status.phase is Booting, not Running"},
 			{Namespace: "team-a", Name: "web-2", Healthy: true},
 			{Namespace: "team-a", Name: "web-1", Healthy: true},
@@ -65,7 +65,7 @@ func TestPrintBudgetStateOtherNamespacesAndHints(t *testing.T) {
 	}
 
 	// Nothing matches: a hint instead of an empty list.
-	none := &controller.BudgetState{Namespace: "default", Name: "x", Selector: map[string]string{"tier": "web", "zone": "a"}, DesiredHealthy: 2}
+	none := &rules.BudgetState{Namespace: "default", Name: "x", Selector: map[string]string{"tier": "web", "zone": "a"}, DesiredHealthy: 2}
 	buf.Reset()
 	_ = printBudgetState(&buf, none)
 	want = "" +
@@ -76,7 +76,7 @@ func TestPrintBudgetStateOtherNamespacesAndHints(t *testing.T) {
 	}
 
 	// An invalid budget says so.
-	bad := &controller.BudgetState{Namespace: "default", Name: "x", Selector: map[string]string{"a": "b"}, Err: errors.New("neither spec.minAvailable nor spec.maxUnavailable is set; set exactly one")}
+	bad := &rules.BudgetState{Namespace: "default", Name: "x", Selector: map[string]string{"a": "b"}, Err: errors.New("neither spec.minAvailable nor spec.maxUnavailable is set; set exactly one")}
 	buf.Reset()
 	_ = printBudgetState(&buf, bad)
 	if !strings.Contains(buf.String(), "Invalid budget: neither spec.minAvailable nor spec.maxUnavailable is set; set exactly one; until fixed, it blocks every disruption of the Machines it matches.\n") {

@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
-	"github.com/zyvor/kairon/internal/controller"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 func newDescribeCommand(o *Options) *cobra.Command {
@@ -85,12 +85,12 @@ func describeQuota(ctx context.Context, o *Options, obj *unstructured.Unstructur
 	if err != nil {
 		return err
 	}
-	used, charges := controller.QuotaUsage(&q, machines)
+	used, charges := rules.QuotaUsage(&q, machines)
 	return printQuotaUsage(w, &q, used, charges)
 }
 
 // printQuotaUsage is the text after the JSON in `describe quota`.
-func printQuotaUsage(w io.Writer, q *kaironv1.MachineQuota, used kaironv1.MachineResources, charges []controller.QuotaCharge) error {
+func printQuotaUsage(w io.Writer, q *kaironv1.MachineQuota, used kaironv1.MachineResources, charges []rules.QuotaCharge) error {
 	hard := q.Spec.Hard
 	fmt.Fprintf(w, "Usage (recomputed now from Machines): machines %s/%s, cpu %s/%s, memory %s/%s\n",
 		usedInt(used.Machines), limitInt(hard.Machines),
@@ -100,7 +100,7 @@ func printQuotaUsage(w io.Writer, q *kaironv1.MachineQuota, used kaironv1.Machin
 		fmt.Fprintf(w, "No Machines in namespace %s.\n", q.Namespace)
 		return nil
 	}
-	sorted := append([]controller.QuotaCharge(nil), charges...)
+	sorted := append([]rules.QuotaCharge(nil), charges...)
 	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].Machine < sorted[j].Machine })
 	fmt.Fprintf(w, "Machines (%d):\n", len(sorted))
 	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
@@ -140,7 +140,7 @@ func limitQuantity(q *resource.Quantity) string {
 
 // chargeVerdict is "counted: why" or "not counted: why". QuotaUsage's
 // reasons already start with the verdict; one that does not gets it added.
-func chargeVerdict(c controller.QuotaCharge) string {
+func chargeVerdict(c rules.QuotaCharge) string {
 	verdict := "counted"
 	if !c.Counted {
 		verdict = "not counted"

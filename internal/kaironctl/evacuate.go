@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
-	"github.com/zyvor/kairon/internal/controller"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // Defaults of evacuate's flags.
@@ -347,11 +347,11 @@ func (e *evacuation) progress(res *passResult, next time.Duration) string {
 	return b.String()
 }
 
-// pass reads the cluster, plans with controller.PlanEvacuation and creates
+// pass reads the cluster, plans with rules.PlanEvacuation and creates
 // the migrations it admits, printing a line per Machine (with --wait, only
 // when what it has to say about the Machine changed).
 func (e *evacuation) pass(ctx context.Context) (*passResult, error) {
-	snap, err := controller.LoadEvacuationSnapshot(ctx, e.c)
+	snap, err := rules.LoadEvacuationSnapshot(ctx, e.c)
 	if err != nil {
 		return nil, err
 	}
@@ -370,10 +370,10 @@ func (e *evacuation) pass(ctx context.Context) (*passResult, error) {
 		e.seen[m.UID] = key
 		e.reportFailedMigration(m, migrations)
 		switch d.Verdict {
-		case controller.EvacuationDeleting:
+		case rules.EvacuationDeleting:
 			res.deleting++
 			e.say(m, fmt.Sprintf("machine %s is being deleted; not migrating it", key))
-		case controller.EvacuationInFlight:
+		case rules.EvacuationInFlight:
 			res.inFlight++
 			res.alreadyMigrating = append(res.alreadyMigrating, key)
 			mig := d.Migration
@@ -381,12 +381,12 @@ func (e *evacuation) pass(ctx context.Context) (*passResult, error) {
 			why := fmt.Sprintf("migration %s/%s %s", mig.Namespace, mig.Name, migrationPhase(mig))
 			res.migrating = append(res.migrating, waitingMachine{machine: key, why: why})
 			e.say(m, e.skippedLine(key, fmt.Sprintf("migration %s/%s already in flight (%s); not creating another", mig.Namespace, mig.Name, migrationPhase(mig))))
-		case controller.EvacuationBlocked:
+		case rules.EvacuationBlocked:
 			res.skipped++
 			res.waiting = append(res.waiting, waitingMachine{machine: key, why: d.Reason, budgets: d.Budgets})
 			e.say(m, e.skippedLine(key, d.Reason))
-		case controller.EvacuationMigrate:
-			mig := controller.NewEvacuationMigration(m, e.node, e.strategy)
+		case rules.EvacuationMigrate:
+			mig := rules.NewEvacuationMigration(m, e.node, e.strategy)
 			if err := e.c.Create(ctx, mig); err != nil {
 				if !isAdmissionDenial(err) {
 					return nil, fmt.Errorf("creating a migration for machine %s: %w", key, err)
@@ -429,7 +429,7 @@ func (e *evacuation) say(m *kaironv1.Machine, line string) {
 
 // reportGone prints the Machines seen on the node before that are not on
 // it any more: moved (spec.nodeName changed) or deleted.
-func (e *evacuation) reportGone(snap *controller.EvacuationSnapshot, onNode []*kaironv1.Machine) {
+func (e *evacuation) reportGone(snap *rules.EvacuationSnapshot, onNode []*kaironv1.Machine) {
 	here := map[types.UID]bool{}
 	for _, m := range onNode {
 		here[m.UID] = true

@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
-	"github.com/zyvor/kairon/internal/controller"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 const (
@@ -102,17 +102,17 @@ func (o *Options) runMigrate(ctx context.Context, name string, strategy kaironv1
 	if f.to != "" && f.to == machine.Spec.NodeName {
 		return fmt.Errorf("machine %s/%s already runs on node %s", ns, name, f.to)
 	}
-	snap, err := controller.LoadEvacuationSnapshot(ctx, c)
+	snap, err := rules.LoadEvacuationSnapshot(ctx, c)
 	if err != nil {
 		return err
 	}
 	decision := snap.Plan([]*kaironv1.Machine{machine})[0]
 	switch decision.Verdict {
-	case controller.EvacuationDeleting:
+	case rules.EvacuationDeleting:
 		return fmt.Errorf("machine %s/%s is being deleted", ns, name)
-	case controller.EvacuationInFlight:
+	case rules.EvacuationInFlight:
 		return fmt.Errorf("machine %s/%s already has migration %s in flight (%s)", ns, name, decision.Migration.Name, migrationPhase(decision.Migration))
-	case controller.EvacuationBlocked:
+	case rules.EvacuationBlocked:
 		return fmt.Errorf("machine %s/%s not migrated: %s", ns, name, decision.Reason)
 	}
 

@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
-	"github.com/zyvor/kairon/internal/controller"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 var testNow = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -326,7 +326,7 @@ func TestPrintQuotaUsage(t *testing.T) {
 		Machines: ptr.To[int32](10), CPU: ptr.To[int32](16), Memory: ptr.To(resource.MustParse("8Gi"))}}}
 	q.Name, q.Namespace = "team-a", "team-a"
 	used := kaironv1.MachineResources{Machines: ptr.To[int32](3), CPU: ptr.To[int32](3), Memory: ptr.To(resource.MustParse("768Mi"))}
-	charges := []controller.QuotaCharge{
+	charges := []rules.QuotaCharge{
 		{Machine: "web-2", Counted: true, Reason: "counted: Running on node-1"},
 		{Machine: "batch-long-name", Counted: false, Reason: "not counted: Stopped"},
 		{Machine: "web-1", Counted: true, Reason: "Running on node-2"},

@@ -1,4 +1,4 @@
-package controller
+package rules
 
 import (
 	"context"
@@ -381,4 +381,11 @@ func (p *DisruptionPass) check(m *kaironv1.Machine) (bool, string) {
 		return false, strings.Join(blocked, "; ")
 	}
 	return true, ""
+}
+
+// BudgetSummary is "3 matching, 2 healthy, 2 desired healthy, 0
+// disruptions allowed".
+func BudgetSummary(s *BudgetState) string {
+	return fmt.Sprintf("%d matching, %d healthy, %d desired healthy, %d disruptions allowed",
+		s.ExpectedMachines, s.CurrentHealthy, s.DesiredHealthy, s.DisruptionsAllowed)
 }

@@ -1,4 +1,4 @@
-package controller
+package rules
 
 import (
 	"reflect"
@@ -169,26 +169,5 @@ func TestMachinesOnAndNewEvacuationMigration(t *testing.T) {
 	long := strings.Repeat("n", 70)
 	if mig := NewEvacuationMigration(snap.MachinesOn("n1")[0], long, kaironv1.MigrationCold); len(mig.Labels) != 0 {
 		t.Errorf("a node name too long for a label value was put in one: %v", mig.Labels)
-	}
-}
-
-func TestCordonEvacuationStrategy(t *testing.T) {
-	for _, tt := range []struct {
-		in      string
-		want    kaironv1.MigrationStrategy
-		wantErr string
-	}{
-		{"", kaironv1.MigrationCold, ""},
-		{"cold", kaironv1.MigrationCold, ""},
-		// auto will mean live where possible; until node agents carry out
-		// migrations it is cold.
-		{"auto", kaironv1.MigrationCold, ""},
-		{"live", "", `-cordon-evacuate-strategy "live" is not allowed: cordon evacuation never starts live migrations on its own`},
-		{"Cold", "", `-cordon-evacuate-strategy "Cold" is not valid; use cold or auto`},
-	} {
-		got, err := CordonEvacuationStrategy(tt.in)
-		if got != tt.want || (err == nil) != (tt.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tt.wantErr)) {
-			t.Errorf("CordonEvacuationStrategy(%q) = %q, %v; want %q, %q", tt.in, got, err, tt.want, tt.wantErr)
-		}
 	}
 }

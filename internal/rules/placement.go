@@ -1,4 +1,4 @@
-package controller
+package rules
 
 import (
 	"fmt"
@@ -11,23 +11,23 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
 
-// noNodesMessage is what a Pending Machine says when there is nowhere at all
+// NoNodesMessage is what a Pending Machine says when there is nowhere at all
 // to run it, which on a fresh install means the node agent is not running.
-const noNodesMessage = "no nodes labelled " + kaironv1.LabelNode + ": start kairon-node"
+const NoNodesMessage = "no nodes labelled " + kaironv1.LabelNode + ": start kairon-node"
 
-// nodeInfo is one Kairon node during a scheduling pass: what it offers and
+// NodeInfo is one Kairon node during a scheduling pass: what it offers and
 // what the Machines placed on it already take.
-type nodeInfo struct {
-	node        *corev1.Node
-	allocatable resources
-	requested   resources
+type NodeInfo struct {
+	Node        *corev1.Node
+	Allocatable Resources
+	Requested   Resources
 }
 
-func newNodeInfo(node *corev1.Node) *nodeInfo {
-	return &nodeInfo{node: node, allocatable: nodeAllocatable(node)}
+func NewNodeInfo(node *corev1.Node) *NodeInfo {
+	return &NodeInfo{Node: node, Allocatable: NodeAllocatable(node)}
 }
 
-func (n *nodeInfo) free() resources { return n.allocatable.sub(n.requested) }
+func (n *NodeInfo) Free() Resources { return n.Allocatable.Sub(n.Requested) }
 
 // nodeRejection is why one node cannot take a Machine. The order is the
 // order reasons appear in a Pending Machine's message.
@@ -43,23 +43,23 @@ const (
 	rejectionKinds
 )
 
-// nodeRejections is why a node cannot take a Machine; empty means it fits.
+// NodeRejections is why a node cannot take a Machine; empty means it fits.
 // Like kube-scheduler, a node that is unusable for a reason other than room
 // reports only that reason, while a node short of both CPU and memory
 // reports both.
-func nodeRejections(n *nodeInfo, m *kaironv1.Machine) []nodeRejection {
+func NodeRejections(n *NodeInfo, m *kaironv1.Machine) []nodeRejection {
 	switch {
-	case !nodeReady(n.node):
+	case !NodeReady(n.Node):
 		return []nodeRejection{rejectNotReady}
-	case n.node.DeletionTimestamp != nil:
+	case n.Node.DeletionTimestamp != nil:
 		return []nodeRejection{rejectDeleting}
-	case n.node.Spec.Unschedulable:
+	case n.Node.Spec.Unschedulable:
 		return []nodeRejection{rejectCordoned}
-	case !labels.SelectorFromSet(m.Spec.NodeSelector).Matches(labels.Set(n.node.Labels)):
+	case !labels.SelectorFromSet(m.Spec.NodeSelector).Matches(labels.Set(n.Node.Labels)):
 		return []nodeRejection{rejectNodeSelector}
 	}
 	var rejections []nodeRejection
-	need, free := machineResources(m), n.free()
+	need, free := MachineResources(m), n.Free()
 	if need.CPU > free.CPU {
 		rejections = append(rejections, rejectInsufficientCPU)
 	}
@@ -69,7 +69,7 @@ func nodeRejections(n *nodeInfo, m *kaironv1.Machine) []nodeRejection {
 	return rejections
 }
 
-func nodeReady(node *corev1.Node) bool {
+func NodeReady(node *corev1.Node) bool {
 	for _, c := range node.Status.Conditions {
 		if c.Type == corev1.NodeReady {
 			return c.Status == corev1.ConditionTrue
@@ -81,9 +81,9 @@ func nodeReady(node *corev1.Node) bool {
 // nodeScore is the fraction of the node that stays free once m runs there,
 // averaged over CPU and memory. Higher is better: picking the emptiest node
 // spreads Machines, so one node failing takes down as few as possible.
-func nodeScore(n *nodeInfo, m *kaironv1.Machine) float64 {
-	left := n.free().sub(machineResources(m))
-	return (fraction(left.CPU, n.allocatable.CPU) + fraction(left.Memory, n.allocatable.Memory)) / 2
+func nodeScore(n *NodeInfo, m *kaironv1.Machine) float64 {
+	left := n.Free().Sub(MachineResources(m))
+	return (fraction(left.CPU, n.Allocatable.CPU) + fraction(left.Memory, n.Allocatable.Memory)) / 2
 }
 
 func fraction(part, whole int64) float64 {
@@ -93,44 +93,44 @@ func fraction(part, whole int64) float64 {
 	return float64(part) / float64(whole)
 }
 
-// pickNode chooses the node for m: among those it fits, the one left with
+// PickNode chooses the node for m: among those it fits, the one left with
 // the most free capacity, ties broken by name so the choice is stable. With
 // no fit it returns nil and a kube-scheduler style account of why.
-func pickNode(nodes []*nodeInfo, m *kaironv1.Machine) (*nodeInfo, string) {
+func PickNode(nodes []*NodeInfo, m *kaironv1.Machine) (*NodeInfo, string) {
 	if len(nodes) == 0 {
-		return nil, noNodesMessage
+		return nil, NoNodesMessage
 	}
 	var (
-		best      *nodeInfo
+		best      *NodeInfo
 		bestScore float64
-		report    rejectionReport
+		report    RejectionReport
 	)
 	for _, n := range nodes {
-		if rejections := nodeRejections(n, m); len(rejections) > 0 {
-			report.add(n, rejections)
+		if rejections := NodeRejections(n, m); len(rejections) > 0 {
+			report.Add(n, rejections)
 			continue
 		}
 		score := nodeScore(n, m)
-		if best == nil || score > bestScore || (score == bestScore && n.node.Name < best.node.Name) {
+		if best == nil || score > bestScore || (score == bestScore && n.Node.Name < best.Node.Name) {
 			best, bestScore = n, score
 		}
 	}
 	if best != nil {
 		return best, ""
 	}
-	return nil, report.message(len(nodes), machineResources(m))
+	return nil, report.Message(len(nodes), MachineResources(m))
 }
 
-// rejectionReport tallies why nodes turned a Machine down.
-type rejectionReport struct {
+// RejectionReport tallies why nodes turned a Machine down.
+type RejectionReport struct {
 	count [rejectionKinds]int
 	// mostFree is the largest free amount among the nodes short of it, so
 	// the message says how close the best node came.
-	mostFree resources
+	mostFree Resources
 }
 
-func (r *rejectionReport) add(n *nodeInfo, rejections []nodeRejection) {
-	free := n.free()
+func (r *RejectionReport) Add(n *NodeInfo, rejections []nodeRejection) {
+	free := n.Free()
 	for _, rejection := range rejections {
 		switch rejection {
 		case rejectInsufficientCPU:
@@ -149,7 +149,7 @@ func (r *rejectionReport) add(n *nodeInfo, rejections []nodeRejection) {
 // message reads like kube-scheduler's:
 //
 //	0/3 nodes are available: 1 node is cordoned, 1 node does not match spec.nodeSelector, 1 node has insufficient memory (free 128Mi, need 256Mi)
-func (r *rejectionReport) message(total int, need resources) string {
+func (r *RejectionReport) Message(total int, need Resources) string {
 	var parts []string
 	for kind := range rejectionKinds {
 		n := r.count[kind]
@@ -161,7 +161,7 @@ func (r *rejectionReport) message(total int, need resources) string {
 	return fmt.Sprintf("0/%d nodes are available: %s", total, strings.Join(parts, ", "))
 }
 
-func rejectionPhrase(kind nodeRejection, n int, mostFree, need resources) string {
+func rejectionPhrase(kind nodeRejection, n int, mostFree, need Resources) string {
 	// With several nodes short, the free amount quoted is the best of them.
 	freeWord := "free"
 	if n > 1 {
@@ -179,7 +179,7 @@ func rejectionPhrase(kind nodeRejection, n int, mostFree, need resources) string
 	case rejectInsufficientCPU:
 		return fmt.Sprintf("%s insufficient cpu (%s %d, need %d)", plural(n, "node has", "nodes have"), freeWord, max(mostFree.CPU, 0), need.CPU)
 	case rejectInsufficientMemory:
-		return fmt.Sprintf("%s insufficient memory (%s %s, need %s)", plural(n, "node has", "nodes have"), freeWord, formatBytes(max(mostFree.Memory, 0)), formatBytes(need.Memory))
+		return fmt.Sprintf("%s insufficient memory (%s %s, need %s)", plural(n, "node has", "nodes have"), freeWord, FormatBytes(max(mostFree.Memory, 0)), FormatBytes(need.Memory))
 	}
 	return "nodes rejected for an unknown reason"
 }
@@ -191,10 +191,10 @@ func plural(n int, one, many string) string {
 	return many
 }
 
-// sortByAge orders Machines oldest first, the order the scheduler admits
+// SortByAge orders Machines oldest first, the order the scheduler admits
 // them in, with the name as tie breaker because creation timestamps only
 // have one-second resolution.
-func sortByAge(machines []*kaironv1.Machine) {
+func SortByAge(machines []*kaironv1.Machine) {
 	sort.SliceStable(machines, func(i, j int) bool {
 		a, b := machines[i], machines[j]
 		if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
@@ -207,20 +207,20 @@ func sortByAge(machines []*kaironv1.Machine) {
 	})
 }
 
-// chargeNodes adds to each node what the Machines on it take, and what
+// ChargeNodes adds to each node what the Machines on it take, and what
 // Running migrations are bringing to it: from the moment its target is
 // picked until the switch of spec.nodeName, a migrating Machine holds room
 // on both nodes, so neither the scheduler nor another migration may hand
 // that room out twice.
-func chargeNodes(byName map[string]*nodeInfo, machines []*kaironv1.Machine, migrations []kaironv1.MachineMigration) {
+func ChargeNodes(byName map[string]*NodeInfo, machines []*kaironv1.Machine, migrations []kaironv1.MachineMigration) {
 	byKey := make(map[string]*kaironv1.Machine, len(machines))
 	for _, m := range machines {
 		byKey[m.Namespace+"/"+m.Name] = m
-		if !holdsNodeResources(m) {
+		if !HoldsNodeResources(m) {
 			continue
 		}
 		if n := byName[m.Spec.NodeName]; n != nil {
-			n.requested = n.requested.add(machineResources(m))
+			n.Requested = n.Requested.Add(MachineResources(m))
 		}
 	}
 	for i := range migrations {
@@ -229,11 +229,11 @@ func chargeNodes(byName map[string]*nodeInfo, machines []*kaironv1.Machine, migr
 			continue
 		}
 		m := byKey[mig.Namespace+"/"+mig.Spec.MachineName]
-		if m == nil || !holdsNodeResources(m) || m.Spec.NodeName == mig.Status.TargetNode {
+		if m == nil || !HoldsNodeResources(m) || m.Spec.NodeName == mig.Status.TargetNode {
 			continue // gone, or already switched and charged above
 		}
 		if n := byName[mig.Status.TargetNode]; n != nil {
-			n.requested = n.requested.add(machineResources(m))
+			n.Requested = n.Requested.Add(MachineResources(m))
 		}
 	}
 }

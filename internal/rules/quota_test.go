@@ -1,4 +1,4 @@
-package controller
+package rules
 
 import (
 	"reflect"
@@ -9,30 +9,24 @@ import (
 	"k8s.io/utils/ptr"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules/rulestest"
 )
 
 func testQuota(hard kaironv1.MachineResources) *kaironv1.MachineQuota {
 	return &kaironv1.MachineQuota{ObjectMeta: metav1.ObjectMeta{Name: "team", Namespace: "team"}, Spec: kaironv1.MachineQuotaSpec{Hard: hard}}
 }
 
-func placed(node string, phase kaironv1.MachinePhase) func(*kaironv1.Machine) {
-	return func(m *kaironv1.Machine) {
-		m.Spec.NodeName = node
-		m.Status.Phase = phase
-	}
-}
-
 func TestQuotaUsage(t *testing.T) {
 	deleting := func(m *kaironv1.Machine) { m.DeletionTimestamp = ptr.To(metav1.Now()) }
 	otherNamespace := func(m *kaironv1.Machine) { m.Namespace = "other" }
 	machines := []kaironv1.Machine{
-		*testMachine("running", 2, "1Gi", placed("node-1", kaironv1.MachineRunning)),
-		*testMachine("just-bound", 1, "512Mi", placed("node-2", "")),
-		*testMachine("stopped", 4, "4Gi", placed("node-1", kaironv1.MachineStopped)),
-		*testMachine("failed", 4, "4Gi", placed("node-1", kaironv1.MachineFailed)),
-		*testMachine("pending", 4, "4Gi", placed("", kaironv1.MachinePending)),
-		*testMachine("leaving", 4, "4Gi", placed("node-1", kaironv1.MachineRunning), deleting),
-		*testMachine("neighbour", 4, "4Gi", placed("node-1", kaironv1.MachineRunning), otherNamespace),
+		*rulestest.Machine("running", 2, "1Gi", rulestest.Placed("node-1", kaironv1.MachineRunning)),
+		*rulestest.Machine("just-bound", 1, "512Mi", rulestest.Placed("node-2", "")),
+		*rulestest.Machine("stopped", 4, "4Gi", rulestest.Placed("node-1", kaironv1.MachineStopped)),
+		*rulestest.Machine("failed", 4, "4Gi", rulestest.Placed("node-1", kaironv1.MachineFailed)),
+		*rulestest.Machine("pending", 4, "4Gi", rulestest.Placed("", kaironv1.MachinePending)),
+		*rulestest.Machine("leaving", 4, "4Gi", rulestest.Placed("node-1", kaironv1.MachineRunning), deleting),
+		*rulestest.Machine("neighbour", 4, "4Gi", rulestest.Placed("node-1", kaironv1.MachineRunning), otherNamespace),
 	}
 	used, charges := QuotaUsage(testQuota(kaironv1.MachineResources{}), machines)
 
@@ -89,28 +83,28 @@ func TestQuotaAdmits(t *testing.T) {
 		{
 			name:    "no limits",
 			used:    usage(100, 100, "100Gi"),
-			machine: testMachine("m", 64, "64Gi"),
+			machine: rulestest.Machine("m", 64, "64Gi"),
 			wantOK:  true,
 		},
 		{
 			name:    "fits exactly",
 			hard:    usage(10, 16, "8Gi"),
 			used:    usage(9, 14, "7Gi"),
-			machine: testMachine("m", 2, "1Gi"),
+			machine: rulestest.Machine("m", 2, "1Gi"),
 			wantOK:  true,
 		},
 		{
 			name:    "machines",
 			hard:    kaironv1.MachineResources{Machines: ptr.To[int32](10)},
 			used:    usage(10, 10, "2560Mi"),
-			machine: testMachine("m", 1, "256Mi"),
+			machine: rulestest.Machine("m", 1, "256Mi"),
 			wantMsg: `exceeds MachineQuota "team": machines 10/10 used`,
 		},
 		{
 			name:    "every exceeded resource is named",
 			hard:    usage(10, 16, "8Gi"),
 			used:    usage(10, 15, "7Gi"),
-			machine: testMachine("m", 2, "2Gi"),
+			machine: rulestest.Machine("m", 2, "2Gi"),
 			wantMsg: `exceeds MachineQuota "team": machines 10/10 used, cpu 15/16 used (needs 2), memory 7Gi/8Gi used (needs 2Gi)`,
 		},
 		{
@@ -124,7 +118,7 @@ func TestQuotaAdmits(t *testing.T) {
 			name:    "a zero limit admits nothing",
 			hard:    kaironv1.MachineResources{Machines: ptr.To[int32](0)},
 			used:    kaironv1.MachineResources{},
-			machine: testMachine("m", 1, "256Mi"),
+			machine: rulestest.Machine("m", 1, "256Mi"),
 			wantMsg: `exceeds MachineQuota "team": machines 0/0 used`,
 		},
 	}
@@ -135,20 +129,5 @@ func TestQuotaAdmits(t *testing.T) {
 				t.Errorf("QuotaAdmits = %v, %q\nwant          %v, %q", ok, msg, tt.wantOK, tt.wantMsg)
 			}
 		})
-	}
-}
-
-func TestQuotaReadyCondition(t *testing.T) {
-	quota := testQuota(kaironv1.MachineResources{Machines: ptr.To[int32](2), Memory: ptr.To(resource.MustParse("1Gi"))})
-	within := kaironv1.MachineResources{Machines: ptr.To[int32](1), CPU: ptr.To[int32](3), Memory: ptr.To(resource.MustParse("512Mi"))}
-	c := quotaReadyCondition(quota, within)
-	if c.Status != metav1.ConditionTrue || c.Reason != ReasonWithinLimits || c.Message != "machines 1/2, cpu 3, memory 512Mi/1Gi" {
-		t.Errorf("within limits: %+v", c)
-	}
-	over := kaironv1.MachineResources{Machines: ptr.To[int32](3), CPU: ptr.To[int32](3), Memory: ptr.To(resource.MustParse("2Gi"))}
-	c = quotaReadyCondition(quota, over)
-	if c.Status != metav1.ConditionFalse || c.Reason != ReasonLimitExceeded ||
-		c.Message != "over the limit: machines 3/2, memory 2Gi/1Gi; running Machines are kept, new ones stay Pending" {
-		t.Errorf("over limits: %+v", c)
 	}
 }

@@ -1,4 +1,4 @@
-package controller
+package rules
 
 import (
 	"fmt"
@@ -17,44 +17,44 @@ const (
 	defaultMachineMemory = "256Mi"
 )
 
-func machineCPU(m *kaironv1.Machine) int32 {
+func MachineCPU(m *kaironv1.Machine) int32 {
 	if m.Spec.CPU <= 0 {
 		return defaultMachineCPU
 	}
 	return m.Spec.CPU
 }
 
-func machineMemory(m *kaironv1.Machine) resource.Quantity {
+func MachineMemory(m *kaironv1.Machine) resource.Quantity {
 	if m.Spec.Memory.IsZero() {
 		return resource.MustParse(defaultMachineMemory)
 	}
 	return m.Spec.Memory.DeepCopy()
 }
 
-// resources is an amount of vCPUs and bytes of memory, the two things a
+// Resources is an amount of vCPUs and bytes of memory, the two things a
 // Machine takes from a node.
-type resources struct {
+type Resources struct {
 	CPU    int64
 	Memory int64
 }
 
-func (r resources) add(o resources) resources {
-	return resources{CPU: r.CPU + o.CPU, Memory: r.Memory + o.Memory}
+func (r Resources) Add(o Resources) Resources {
+	return Resources{CPU: r.CPU + o.CPU, Memory: r.Memory + o.Memory}
 }
 
-func (r resources) sub(o resources) resources {
-	return resources{CPU: r.CPU - o.CPU, Memory: r.Memory - o.Memory}
+func (r Resources) Sub(o Resources) Resources {
+	return Resources{CPU: r.CPU - o.CPU, Memory: r.Memory - o.Memory}
 }
 
-func machineResources(m *kaironv1.Machine) resources {
-	memory := machineMemory(m)
-	return resources{CPU: int64(machineCPU(m)), Memory: memory.Value()}
+func MachineResources(m *kaironv1.Machine) Resources {
+	memory := MachineMemory(m)
+	return Resources{CPU: int64(MachineCPU(m)), Memory: memory.Value()}
 }
 
-// nodeAllocatable reads what kairon-node offers for Machines. Fractional
+// NodeAllocatable reads what kairon-node offers for Machines. Fractional
 // CPUs are rounded down: a vCPU is a whole host thread.
-func nodeAllocatable(node *corev1.Node) resources {
-	var r resources
+func NodeAllocatable(node *corev1.Node) Resources {
+	var r Resources
 	if cpu, ok := node.Status.Allocatable[corev1.ResourceCPU]; ok {
 		r.CPU = cpu.MilliValue() / 1000
 	}
@@ -64,20 +64,20 @@ func nodeAllocatable(node *corev1.Node) resources {
 	return r
 }
 
-// holdsNodeResources says whether a placed Machine still takes its node's
+// HoldsNodeResources says whether a placed Machine still takes its node's
 // CPU and memory. A Machine being deleted still does: its VM runs until the
 // node agent has stopped it.
-func holdsNodeResources(m *kaironv1.Machine) bool {
+func HoldsNodeResources(m *kaironv1.Machine) bool {
 	return m.Spec.NodeName != "" && m.Status.Phase != kaironv1.MachineStopped && m.Status.Phase != kaironv1.MachineFailed
 }
 
-func formatMemory(q resource.Quantity) string {
-	return formatBytes(q.Value())
+func FormatMemory(q resource.Quantity) string {
+	return FormatBytes(q.Value())
 }
 
-// formatBytes prints memory the way people write it in manifests (256Mi,
+// FormatBytes prints memory the way people write it in manifests (256Mi,
 // 8Gi), falling back to one decimal for amounts that are not whole.
-func formatBytes(b int64) string {
+func FormatBytes(b int64) string {
 	const (
 		ki = int64(1) << 10
 		mi = ki << 10

@@ -1,4 +1,4 @@
-package controller
+package rules
 
 import (
 	"fmt"
@@ -28,6 +28,14 @@ func QuotaUsage(quota *kaironv1.MachineQuota, machines []kaironv1.Machine) (used
 	return quotaUsage(quota, machines, false)
 }
 
+// QuotaUsageIncludingUnplaced is QuotaUsage that also charges Machines
+// waiting for a node. The admission webhook uses it: it refuses at creation
+// what could never be admitted, so a namespace cannot pile up Pending
+// Machines beyond its quota.
+func QuotaUsageIncludingUnplaced(quota *kaironv1.MachineQuota, machines []kaironv1.Machine) (used kaironv1.MachineResources, charges []QuotaCharge) {
+	return quotaUsage(quota, machines, true)
+}
+
 // QuotaAdmits says whether m fits in quota on top of used, which must not
 // already include m. The message names the quota and every limit m would
 // exceed, with the numbers, e.g.
@@ -44,19 +52,19 @@ func QuotaAdmits(quota *kaironv1.MachineQuota, used kaironv1.MachineResources, m
 		}
 	}
 	if hard.CPU != nil {
-		need := machineCPU(m)
+		need := MachineCPU(m)
 		if n := ptr.Deref(used.CPU, 0); n+need > *hard.CPU {
 			exceeded = append(exceeded, fmt.Sprintf("cpu %d/%d used (needs %d)", n, *hard.CPU, need))
 		}
 	}
 	if hard.Memory != nil {
-		need := machineMemory(m)
+		need := MachineMemory(m)
 		total := ptr.Deref(used.Memory, resource.Quantity{})
 		total = total.DeepCopy()
 		total.Add(need)
 		if total.Cmp(*hard.Memory) > 0 {
 			n := ptr.Deref(used.Memory, resource.Quantity{})
-			exceeded = append(exceeded, fmt.Sprintf("memory %s/%s used (needs %s)", formatMemory(n), formatMemory(*hard.Memory), formatMemory(need)))
+			exceeded = append(exceeded, fmt.Sprintf("memory %s/%s used (needs %s)", FormatMemory(n), FormatMemory(*hard.Memory), FormatMemory(need)))
 		}
 	}
 	if len(exceeded) == 0 {
@@ -66,9 +74,7 @@ func QuotaAdmits(quota *kaironv1.MachineQuota, used kaironv1.MachineResources, m
 }
 
 // quotaUsage is QuotaUsage, optionally also charging Machines that wait for a
-// node. The admission webhook charges those too: it refuses at creation what
-// could never be admitted, so a namespace cannot pile up Pending Machines
-// beyond its quota.
+// node.
 func quotaUsage(quota *kaironv1.MachineQuota, machines []kaironv1.Machine, chargeUnplaced bool) (used kaironv1.MachineResources, charges []QuotaCharge) {
 	var count, cpu int32
 	memory := resource.NewQuantity(0, resource.BinarySI)
@@ -77,7 +83,7 @@ func quotaUsage(quota *kaironv1.MachineQuota, machines []kaironv1.Machine, charg
 		if quota.Namespace != "" && m.Namespace != quota.Namespace {
 			continue
 		}
-		charge := QuotaCharge{Machine: m.Name, CPU: machineCPU(m), Memory: machineMemory(m)}
+		charge := QuotaCharge{Machine: m.Name, CPU: MachineCPU(m), Memory: MachineMemory(m)}
 		charge.Counted, charge.Reason = quotaCounts(m, chargeUnplaced)
 		if charge.Counted {
 			count++
@@ -112,10 +118,10 @@ func phaseOrScheduled(phase kaironv1.MachinePhase) kaironv1.MachinePhase {
 	return phase
 }
 
-// quotaExceeded is how far used is over hard, as "machines 12/10" parts; nil
+// QuotaExceeded is how far used is over hard, as "machines 12/10" parts; nil
 // when it is within every limit. A quota can be over after it was lowered or
 // when Machines were placed by hand.
-func quotaExceeded(hard, used kaironv1.MachineResources) []string {
+func QuotaExceeded(hard, used kaironv1.MachineResources) []string {
 	var over []string
 	if hard.Machines != nil && ptr.Deref(used.Machines, 0) > *hard.Machines {
 		over = append(over, fmt.Sprintf("machines %d/%d", ptr.Deref(used.Machines, 0), *hard.Machines))
@@ -124,14 +130,14 @@ func quotaExceeded(hard, used kaironv1.MachineResources) []string {
 		over = append(over, fmt.Sprintf("cpu %d/%d", ptr.Deref(used.CPU, 0), *hard.CPU))
 	}
 	if hard.Memory != nil && used.Memory != nil && used.Memory.Cmp(*hard.Memory) > 0 {
-		over = append(over, fmt.Sprintf("memory %s/%s", formatMemory(*used.Memory), formatMemory(*hard.Memory)))
+		over = append(over, fmt.Sprintf("memory %s/%s", FormatMemory(*used.Memory), FormatMemory(*hard.Memory)))
 	}
 	return over
 }
 
-// quotaSummary is "machines 3/10, cpu 4/16, memory 1Gi" — used against
+// QuotaSummary is "machines 3/10, cpu 4/16, memory 1Gi" — used against
 // hard where a limit is set, plain use where it is not.
-func quotaSummary(hard, used kaironv1.MachineResources) string {
+func QuotaSummary(hard, used kaironv1.MachineResources) string {
 	part := func(name, used string, hard *string) string {
 		if hard == nil {
 			return name + " " + used
@@ -146,11 +152,11 @@ func quotaSummary(hard, used kaironv1.MachineResources) string {
 		hardCPU = ptr.To(fmt.Sprint(*hard.CPU))
 	}
 	if hard.Memory != nil {
-		hardMemory = ptr.To(formatMemory(*hard.Memory))
+		hardMemory = ptr.To(FormatMemory(*hard.Memory))
 	}
 	return strings.Join([]string{
 		part("machines", fmt.Sprint(ptr.Deref(used.Machines, 0)), hardMachines),
 		part("cpu", fmt.Sprint(ptr.Deref(used.CPU, 0)), hardCPU),
-		part("memory", formatMemory(ptr.Deref(used.Memory, resource.Quantity{})), hardMemory),
+		part("memory", FormatMemory(ptr.Deref(used.Memory, resource.Quantity{})), hardMemory),
 	}, ", ")
 }

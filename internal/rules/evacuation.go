@@ -1,4 +1,4 @@
-package controller
+package rules
 
 import (
 	"context"
