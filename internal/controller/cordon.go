@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -244,7 +243,7 @@ func (r *CordonEvacuationReconciler) migrate(ctx context.Context, m *kaironv1.Ma
 		logger.Info("Created evacuation migration", "migration", mig.Name, "strategy", mig.Spec.Strategy)
 		r.Recorder.Eventf(m, mig, corev1.EventTypeNormal, ReasonEvacuationMigrationCreated, "Evacuate",
 			"Node %s is cordoned: created MachineMigration %s (%s) to move the machine off it", node, mig.Name, mig.Spec.Strategy)
-	case strings.Contains(err.Error(), "admission webhook") && strings.Contains(err.Error(), "denied the request"):
+	case isRefusal(err):
 		logger.Info("Evacuation migration refused by admission", "reason", err.Error())
 		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, ReasonEvacuationBlocked, "Evacuate",
 			"Node %s is cordoned, but creating the machine's migration was refused: %v; trying again in %s", node, err, r.MinRetryInterval)
@@ -253,6 +252,14 @@ func (r *CordonEvacuationReconciler) migrate(ctx context.Context, m *kaironv1.Ma
 		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, ReasonEvacuationFailed, "Evacuate",
 			"Node %s is cordoned, but creating the machine's migration failed: %v; trying again in %s", node, err, r.MinRetryInterval)
 	}
+}
+
+// isRefusal is a create the disruption budget refused (429), or one the
+// webhook refused because the Machine went away meanwhile (422): both are
+// the webhook judging a cluster that moved on since the pass read it.
+func isRefusal(err error) bool {
+	_, budget := rules.IsDisruptionRefusal(err)
+	return budget || apierrors.IsInvalid(err)
 }
 
 // retryAt is when m may be tried again, and whether that is still to come.

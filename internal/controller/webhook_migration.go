@@ -61,8 +61,7 @@ func (v *MachineMigrationValidator) ValidateCreate(ctx context.Context, mig *kai
 		return nil, apierrors.NewInternalError(err)
 	}
 	if ok, reason := rules.AdmitDisruption(states, &m); !ok {
-		return nil, apierrors.NewForbidden(kaironv1.GroupVersion.WithResource("machinemigrations").GroupResource(), migrationName(mig),
-			fmt.Errorf("moving machine %s/%s now would break its disruption budget: %s", m.Namespace, m.Name, reason))
+		return nil, rules.NewDisruptionRefusal(&m, reason)
 	}
 	return nil, nil
 }

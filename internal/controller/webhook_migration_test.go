@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
@@ -73,8 +74,8 @@ func TestMachineMigrationWebhook(t *testing.T) {
 	})
 
 	refusal := func(name, machine, numbers string) string {
-		return `admission webhook "machinemigrations.kairon.zyvor.dev" denied the request: machinemigrations.kairon.zyvor.dev "` + name +
-			`" is forbidden: moving machine ` + ns + `/` + machine + ` now would break its disruption budget: budget ` + ns +
+		return `admission webhook "machinemigrations.kairon.zyvor.dev" denied the request: ` +
+			`moving machine ` + ns + `/` + machine + ` now would break its disruption budget: budget ` + ns +
 			`/web-tier allows no more disruptions (` + numbers + `)`
 	}
 	steps := []struct {
@@ -97,8 +98,12 @@ func TestMachineMigrationWebhook(t *testing.T) {
 			t.Errorf("%s: refused: %v", step.name, err)
 		case step.want != "" && err == nil:
 			t.Errorf("%s: created, want refused with %s", step.name, step.want)
-		case step.want != "" && (err.Error() != step.want || !apierrors.IsForbidden(err)):
-			t.Errorf("%s: refusal:\n got %v\nwant %s", step.name, err, step.want)
+		case step.want != "" && (err.Error() != step.want || !apierrors.IsTooManyRequests(err)):
+			t.Errorf("%s: refusal:\n got %v\nwant 429 %s", step.name, err, step.want)
+		case step.want != "":
+			if why, ok := rules.IsDisruptionRefusal(err); !ok || !strings.HasPrefix(why, "budget "+ns+"/web-tier allows no more disruptions") {
+				t.Errorf("%s: the refusal does not carry the DisruptionBudget cause with the budget's account: %q, %v", step.name, why, ok)
+			}
 		}
 	}
 
