@@ -2,6 +2,140 @@ package v1alpha1
 
 import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+// This file is Kairon's status vocabulary: the condition types, the reasons
+// of conditions and of MachineMigration status, and the reasons of the
+// events Kairon records. Users, kaironctl, alerts and metric labels match on
+// these words, so they are API: renaming one is a breaking change.
+
+// ConditionType is the type of a condition in a Kairon object's
+// status.conditions.
+type ConditionType string
+
+// String is the type as metav1.Condition stores it.
+func (t ConditionType) String() string { return string(t) }
+
+const (
+	// ConditionReady is true when the object does what its spec asks.
+	ConditionReady ConditionType = "Ready"
+	// ConditionScheduled is the Machine condition the scheduler owns: true
+	// once the Machine has a node.
+	ConditionScheduled ConditionType = "Scheduled"
+	// ConditionReplicaFailure is true on a MachineSet or MachinePool while
+	// it cannot create or delete Machines, as on a ReplicaSet.
+	ConditionReplicaFailure ConditionType = "ReplicaFailure"
+)
+
+// Reasons of a Machine's Ready condition, written by the node agent that
+// runs it.
+const (
+	MachineReasonBooting     = "Booting"
+	MachineReasonGuestReady  = "GuestReady"
+	MachineReasonStartFailed = "StartFailed"
+	MachineReasonStopFailed  = "StopFailed"
+	MachineReasonStopped     = "Stopped"
+	MachineReasonVMExited    = "VMExited"
+	MachineReasonDeleting    = "Deleting"
+)
+
+// Reasons of a Machine's Scheduled condition.
+const (
+	MachineReasonScheduled     = "Scheduled"
+	MachineReasonUnschedulable = "Unschedulable"
+	MachineReasonQuotaExceeded = "QuotaExceeded"
+)
+
+// Reasons of the MachineSet Ready condition.
+const (
+	SetReasonAllReplicasReady = "AllReplicasReady"
+	SetReasonReplicasNotReady = "ReplicasNotReady"
+	SetReasonInvalidSelector  = "InvalidSelector"
+)
+
+// Reasons of the ReplicaFailure condition of a MachineSet or MachinePool,
+// also the reasons of the Warning events a failed create or delete records.
+const (
+	ReplicaReasonFailedCreate = "FailedCreate"
+	ReplicaReasonFailedDelete = "FailedDelete"
+)
+
+// Reasons of the MachinePool Ready condition.
+const (
+	PoolReasonWarmMachinesReady    = "WarmMachinesReady"
+	PoolReasonWarmMachinesNotReady = "WarmMachinesNotReady"
+)
+
+// Reasons of the MachineClaim Ready condition.
+const (
+	ClaimReasonBound                 = "Bound"
+	ClaimReasonWaitingForWarmMachine = "WaitingForWarmMachine"
+	ClaimReasonPoolNotFound          = "PoolNotFound"
+	ClaimReasonPoolDeleting          = "PoolDeleting"
+	ClaimReasonInvalidLabels         = "InvalidLabels"
+	ClaimReasonEgressPolicyFailed    = "EgressPolicyFailed"
+	ClaimReasonMachineLost           = "MachineLost"
+)
+
+// Reasons of a MachineQuota's Ready condition.
+const (
+	QuotaReasonWithinLimits  = "WithinLimits"
+	QuotaReasonLimitExceeded = "LimitExceeded"
+)
+
+// Reasons of a MachineDisruptionBudget's Ready condition.
+const (
+	BudgetReasonStatusComputed = "StatusComputed"
+	BudgetReasonInvalid        = "InvalidBudget"
+)
+
+// MigrationReason is a MachineMigration's status.reason: one CamelCase word
+// for how it is going or how it ended. It is also the reason label of
+// kairon_machinemigrations_total.
+type MigrationReason string
+
+// Reasons the controller writes.
+const (
+	MigrationReasonStarted               MigrationReason = "Started"
+	MigrationReasonSucceeded             MigrationReason = "Succeeded"
+	MigrationReasonMachineNotFound       MigrationReason = "MachineNotFound"
+	MigrationReasonMachineNotRunning     MigrationReason = "MachineNotRunning"
+	MigrationReasonTargetUnavailable     MigrationReason = "TargetUnavailable"
+	MigrationReasonMachineMovedElsewhere MigrationReason = "MachineMovedElsewhere"
+	MigrationReasonTimeout               MigrationReason = "Timeout"
+)
+
+// Reasons the node agents write when their part of a migration fails.
+const (
+	MigrationReasonSaveFailed          MigrationReason = "SaveFailed"
+	MigrationReasonTransferFailed      MigrationReason = "TransferFailed"
+	MigrationReasonTransferInterrupted MigrationReason = "TransferInterrupted"
+	MigrationReasonRestoreFailed       MigrationReason = "RestoreFailed"
+	MigrationReasonReceiveFailed       MigrationReason = "ReceiveFailed"
+	MigrationReasonTargetUnreachable   MigrationReason = "TargetUnreachable"
+	MigrationReasonLiveNotSupported    MigrationReason = "LiveNotSupported"
+)
+
+// Reasons of the events Kairon records (kubectl get events
+// --field-selector reason=...). Events of a failed migration carry its
+// MigrationReason instead.
+const (
+	EventReasonSuccessfulCreate = "SuccessfulCreate"
+	EventReasonSuccessfulDelete = "SuccessfulDelete"
+	// EventReasonFailedScheduling is the scheduler's Warning on a Machine
+	// it cannot place.
+	EventReasonFailedScheduling = "FailedScheduling"
+	// EventReasonReturnedToPool is on a released member that rejoined its
+	// pool warm.
+	EventReasonReturnedToPool = "ReturnedToPool"
+	EventReasonReleased       = "Released"
+	EventReasonExpired        = "Expired"
+	// EventReasonMigrated is on a Machine that moved to another node.
+	EventReasonMigrated = "Migrated"
+	// Cordon evacuation's events on the Machines of a cordoned node.
+	EventReasonEvacuationMigrationCreated = "EvacuationMigrationCreated"
+	EventReasonEvacuationBlocked          = "EvacuationBlocked"
+	EventReasonEvacuationFailed           = "EvacuationFailed"
+)
+
 // CauseTypeDisruptionBudget is the cause a refused MachineMigration carries
 // when a MachineDisruptionBudget does not allow the move now (HTTP 429, as
 // the Eviction API answers for a PodDisruptionBudget). Clients match the

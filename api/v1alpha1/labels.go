@@ -29,12 +29,6 @@ const (
 	PoolStateClaimed = "claimed"
 )
 
-// Condition types shared by several kinds.
-const (
-	// ConditionReady is true when the object does what its spec asks.
-	ConditionReady = "Ready"
-)
-
 // Node labels set by kairon-node on the Node it serves.
 const (
 	// LabelNode marks a Node that runs Machines; the scheduler only uses these.

@@ -58,7 +58,7 @@ type MachineMigrationStatus struct {
 	Phase MigrationPhase `json:"phase,omitempty"`
 	// Reason is a CamelCase word for the phase, e.g. TargetUnavailable.
 	// +optional
-	Reason string `json:"reason,omitempty"`
+	Reason MigrationReason `json:"reason,omitempty"`
 	// Message explains the reason.
 	// +optional
 	Message string `json:"message,omitempty"`

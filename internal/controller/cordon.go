@@ -37,13 +37,6 @@ const (
 	CordonEvacuateAuto = "auto"
 )
 
-// Reasons of the events cordon evacuation records on Machines.
-const (
-	ReasonEvacuationMigrationCreated = "EvacuationMigrationCreated"
-	ReasonEvacuationBlocked          = "EvacuationBlocked"
-	ReasonEvacuationFailed           = "EvacuationFailed"
-)
-
 // CordonEvacuationStrategy turns a -cordon-evacuate-strategy value into the
 // strategy of the migrations cordon evacuation creates. Empty means cold.
 // live is refused: a live migration started by a controller with nobody
@@ -215,7 +208,7 @@ func (r *CordonEvacuationReconciler) Reconcile(ctx context.Context, _ reconcile.
 			attempted = true
 			message := fmt.Sprintf("Node %s is cordoned, but the machine was not migrated: %s; trying again in %s", node, d.Reason, r.MinRetryInterval)
 			logger.Info("Cordon evacuation blocked by disruption budget", "machine", m.Namespace+"/"+m.Name, "node", node, "reason", d.Reason)
-			r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, ReasonEvacuationBlocked, "Evacuate", "%s", message)
+			r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, kaironv1.EventReasonEvacuationBlocked, "Evacuate", "%s", message)
 		case rules.EvacuationMigrate:
 			attempted = true
 			r.migrate(ctx, m, node)
@@ -241,15 +234,15 @@ func (r *CordonEvacuationReconciler) migrate(ctx context.Context, m *kaironv1.Ma
 	switch {
 	case err == nil:
 		logger.Info("Created evacuation migration", "migration", mig.Name, "strategy", mig.Spec.Strategy)
-		r.Recorder.Eventf(m, mig, corev1.EventTypeNormal, ReasonEvacuationMigrationCreated, "Evacuate",
+		r.Recorder.Eventf(m, mig, corev1.EventTypeNormal, kaironv1.EventReasonEvacuationMigrationCreated, "Evacuate",
 			"Node %s is cordoned: created MachineMigration %s (%s) to move the machine off it", node, mig.Name, mig.Spec.Strategy)
 	case isRefusal(err):
 		logger.Info("Evacuation migration refused by admission", "reason", err.Error())
-		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, ReasonEvacuationBlocked, "Evacuate",
+		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, kaironv1.EventReasonEvacuationBlocked, "Evacuate",
 			"Node %s is cordoned, but creating the machine's migration was refused: %v; trying again in %s", node, err, r.MinRetryInterval)
 	default:
 		logger.Error(err, "Creating evacuation migration")
-		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, ReasonEvacuationFailed, "Evacuate",
+		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, kaironv1.EventReasonEvacuationFailed, "Evacuate",
 			"Node %s is cordoned, but creating the machine's migration failed: %v; trying again in %s", node, err, r.MinRetryInterval)
 	}
 }

@@ -96,8 +96,8 @@ func TestCordonEvacuation(t *testing.T) {
 	}
 	wantBlocked := "budget " + ns + "/web-tier allows no more disruptions (3 healthy, 2 desired, 0 allowed; 1 already spent in this pass)"
 	eventually(t, "events about the created and the blocked migrations", func() (bool, string) {
-		created := machineEvents(t, env, ns, "web-1", ReasonEvacuationMigrationCreated)
-		blocked := machineEvents(t, env, ns, "web-2", ReasonEvacuationBlocked)
+		created := machineEvents(t, env, ns, "web-1", kaironv1.EventReasonEvacuationMigrationCreated)
+		blocked := machineEvents(t, env, ns, "web-2", kaironv1.EventReasonEvacuationBlocked)
 		ok := len(created) > 0 && strings.Contains(created[0], first.Name) &&
 			len(blocked) > 0 && strings.Contains(blocked[0], "Node "+nodeA.Name+" is cordoned") && strings.Contains(blocked[0], wantBlocked)
 		return ok, fmt.Sprintf("created %q, blocked %q", created, blocked)
@@ -135,7 +135,7 @@ func TestCordonEvacuation(t *testing.T) {
 	if len(stamps["web-1"]) != 1 {
 		t.Errorf("web-1, whose migration is in flight, was tried again: %v", stamps["web-1"])
 	}
-	if blocked := machineEvents(t, env, ns, "web-2", ReasonEvacuationBlocked); !strings.Contains(strings.Join(blocked, "\n"), "(2 healthy, 2 desired, 0 allowed)") {
+	if blocked := machineEvents(t, env, ns, "web-2", kaironv1.EventReasonEvacuationBlocked); !strings.Contains(strings.Join(blocked, "\n"), "(2 healthy, 2 desired, 0 allowed)") {
 		t.Errorf("no blocked event naming the in-flight numbers: %q", blocked)
 	}
 

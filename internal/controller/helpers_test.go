@@ -182,7 +182,7 @@ func getMachine(t *testing.T, env *testenv.Env, ns, name string) *kaironv1.Machi
 // describeMachine is one line of what a test needs to see when it fails.
 func describeMachine(m *kaironv1.Machine) string {
 	s := fmt.Sprintf("%s phase=%q node=%q", m.Name, m.Status.Phase, m.Spec.NodeName)
-	if c := meta.FindStatusCondition(m.Status.Conditions, ConditionScheduled); c != nil {
+	if c := meta.FindStatusCondition(m.Status.Conditions, kaironv1.ConditionScheduled.String()); c != nil {
 		s += fmt.Sprintf(" Scheduled=%s/%s %q", c.Status, c.Reason, c.Message)
 	}
 	return s
@@ -194,9 +194,9 @@ func waitScheduled(t *testing.T, env *testenv.Env, ns, name string) *kaironv1.Ma
 	var m *kaironv1.Machine
 	eventually(t, name+" to be scheduled", func() (bool, string) {
 		m = getMachine(t, env, ns, name)
-		c := meta.FindStatusCondition(m.Status.Conditions, ConditionScheduled)
+		c := meta.FindStatusCondition(m.Status.Conditions, kaironv1.ConditionScheduled.String())
 		ok := m.Spec.NodeName != "" && m.Status.Phase == kaironv1.MachineScheduled &&
-			c != nil && c.Status == metav1.ConditionTrue && c.Reason == ReasonScheduled
+			c != nil && c.Status == metav1.ConditionTrue && c.Reason == kaironv1.MachineReasonScheduled
 		return ok, describeMachine(m)
 	})
 	return m
@@ -208,7 +208,7 @@ func waitPending(t *testing.T, env *testenv.Env, ns, name, reason, message strin
 	t.Helper()
 	eventually(t, fmt.Sprintf("%s to be Pending (%s: %s)", name, reason, message), func() (bool, string) {
 		m := getMachine(t, env, ns, name)
-		c := meta.FindStatusCondition(m.Status.Conditions, ConditionScheduled)
+		c := meta.FindStatusCondition(m.Status.Conditions, kaironv1.ConditionScheduled.String())
 		ok := m.Spec.NodeName == "" && m.Status.Phase == kaironv1.MachinePending && m.Status.Message == message &&
 			c != nil && c.Status == metav1.ConditionFalse && c.Reason == reason && c.Message == message
 		return ok, describeMachine(m)

@@ -34,17 +34,6 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
 
-// Reasons of the MachineClaim Ready condition.
-const (
-	ReasonClaimBound            = "Bound"
-	ReasonWaitingForWarmMachine = "WaitingForWarmMachine"
-	ReasonPoolNotFound          = "PoolNotFound"
-	ReasonPoolDeleting          = "PoolDeleting"
-	ReasonInvalidClaimLabels    = "InvalidLabels"
-	ReasonEgressPolicyFailed    = "EgressPolicyFailed"
-	ReasonMachineLost           = "MachineLost"
-)
-
 // claimPoolIndex indexes MachineClaims by spec.poolName in the cache.
 const claimPoolIndex = "spec.poolName"
 
@@ -365,7 +354,7 @@ func (b *MachineClaimBinder) bindClaim(ctx context.Context, pass *bindingPass, c
 
 func (b *MachineClaimBinder) tryBind(ctx context.Context, pass *bindingPass, claim *kaironv1.MachineClaim, m *kaironv1.Machine) bindResult {
 	if msg := invalidClaimLabels(claim.Spec.Labels); msg != "" {
-		return bindResult{outcome: bindRefused, err: ignoreStale(b.writePending(ctx, claim, ReasonInvalidClaimLabels, msg))}
+		return bindResult{outcome: bindRefused, err: ignoreStale(b.writePending(ctx, claim, kaironv1.ClaimReasonInvalidLabels, msg))}
 	}
 	// The finalizer must be there before the claim holds a Machine: it is
 	// what deletes the egress policy before the Machine goes, and what keeps
@@ -390,7 +379,7 @@ func (b *MachineClaimBinder) tryBind(ctx context.Context, pass *bindingPass, cla
 	case apierrors.IsInvalid(err):
 		// The Machine refused the claim's labels; every member would
 		// refuse them alike, so this one stays for the next claim.
-		return bindResult{outcome: bindRefused, err: ignoreStale(b.writePending(ctx, claim, ReasonInvalidClaimLabels,
+		return bindResult{outcome: bindRefused, err: ignoreStale(b.writePending(ctx, claim, kaironv1.ClaimReasonInvalidLabels,
 			"spec.labels cannot be put on a Machine: "+err.Error()))}
 	case err != nil:
 		return bindResult{outcome: bindRetry, err: err}
@@ -471,7 +460,7 @@ func (b *MachineClaimBinder) recordBind(ctx context.Context, pass *bindingPass, 
 			logger.Error(err, "Creating the claim's egress policy; handing the machine back")
 			b.handBack(ctx, pass.pool, claim, m)
 			return bindResult{outcome: bindRefused, memberUsed: true,
-				err: ignoreStale(b.writePending(ctx, claim, ReasonEgressPolicyFailed, "creating egress policy: "+err.Error()))}
+				err: ignoreStale(b.writePending(ctx, claim, kaironv1.ClaimReasonEgressPolicyFailed, "creating egress policy: "+err.Error()))}
 		}
 		policy = name
 	}
@@ -484,7 +473,7 @@ func (b *MachineClaimBinder) recordBind(ctx context.Context, pass *bindingPass, 
 		if err == nil {
 			claimBindDuration.Observe(bindTime.Seconds())
 			logger.Info("Bound claim", "bindMillis", desired.BindMillis)
-			b.Recorder.Eventf(claim, m, corev1.EventTypeNormal, ReasonClaimBound, "Bind",
+			b.Recorder.Eventf(claim, m, corev1.EventTypeNormal, kaironv1.ClaimReasonBound, "Bind",
 				"Bound to machine %s in %dms", m.Name, desired.BindMillis)
 			return bindResult{outcome: bindDone}
 		}
@@ -542,7 +531,7 @@ func boundStatus(claim *kaironv1.MachineClaim, machine, policy string, boundAt t
 	status.Message = ""
 	status.ObservedGeneration = claim.Generation
 	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
-		Type: kaironv1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonClaimBound,
+		Type: kaironv1.ConditionReady.String(), Status: metav1.ConditionTrue, Reason: kaironv1.ClaimReasonBound,
 		Message: "Bound to machine " + machine, ObservedGeneration: claim.Generation,
 	})
 	return status
@@ -569,7 +558,7 @@ func (b *MachineClaimBinder) explainWaiting(ctx context.Context, pass *bindingPa
 		if c.Status.Phase == kaironv1.ClaimPending && c.Status.Message == message {
 			continue
 		}
-		cond := meta.FindStatusCondition(c.Status.Conditions, kaironv1.ConditionReady)
+		cond := meta.FindStatusCondition(c.Status.Conditions, kaironv1.ConditionReady.String())
 		if len(waiting) > pendingRefreshBurst && c.Status.Phase == kaironv1.ClaimPending && cond != nil && cond.Reason == reason &&
 			sinceRefresh < pendingRefreshInterval {
 			heldBack = true // only the count changed; it was refreshed a moment ago
@@ -610,11 +599,11 @@ func (b *MachineClaimBinder) explainWaiting(ctx context.Context, pass *bindingPa
 func waitReason(pass *bindingPass) (reason, message string) {
 	switch {
 	case pass.pool == nil:
-		return ReasonPoolNotFound, fmt.Sprintf("MachinePool %q not found in namespace %q", pass.key.Name, pass.key.Namespace)
+		return kaironv1.ClaimReasonPoolNotFound, fmt.Sprintf("MachinePool %q not found in namespace %q", pass.key.Name, pass.key.Namespace)
 	case pass.pool.DeletionTimestamp != nil:
-		return ReasonPoolDeleting, fmt.Sprintf("MachinePool %q is being deleted", pass.key.Name)
+		return kaironv1.ClaimReasonPoolDeleting, fmt.Sprintf("MachinePool %q is being deleted", pass.key.Name)
 	}
-	return ReasonWaitingForWarmMachine, fmt.Sprintf("no Running warm machine in pool %q (%d warming)", pass.key.Name, pass.warming)
+	return kaironv1.ClaimReasonWaitingForWarmMachine, fmt.Sprintf("no Running warm machine in pool %q (%d warming)", pass.key.Name, pass.warming)
 }
 
 // writePending records that a claim waits, and why. A conflict means the
@@ -626,14 +615,14 @@ func (b *MachineClaimBinder) writePending(ctx context.Context, claim *kaironv1.M
 	status.Message = message
 	status.ObservedGeneration = claim.Generation
 	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
-		Type: kaironv1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
+		Type: kaironv1.ConditionReady.String(), Status: metav1.ConditionFalse, Reason: reason,
 		Message: message, ObservedGeneration: claim.Generation,
 	})
 	if equality.Semantic.DeepEqual(&claim.Status, status) {
 		return nil
 	}
 	err := patchClaimStatus(ctx, b.Client, claim, status)
-	if err == nil && reason != ReasonWaitingForWarmMachine {
+	if err == nil && reason != kaironv1.ClaimReasonWaitingForWarmMachine {
 		b.Recorder.Eventf(claim, nil, corev1.EventTypeWarning, reason, "Bind", "%s", message)
 	}
 	return err
@@ -739,7 +728,7 @@ func returnToPool(ctx context.Context, c client.Client, live client.Reader, reco
 			continue
 		}
 		if err == nil {
-			recorder.Eventf(warm, claim, corev1.EventTypeNormal, "ReturnedToPool", "Release",
+			recorder.Eventf(warm, claim, corev1.EventTypeNormal, kaironv1.EventReasonReturnedToPool, "Release",
 				"Returned to pool %s: claim %s did not keep it", pool.Name, claim.Name)
 		}
 		return client.IgnoreNotFound(err)

@@ -177,7 +177,7 @@ func (r *MachineClaimReconciler) reconcilePending(ctx context.Context, claim *ka
 	r.tracker.forgetOrphan(claim.UID)
 	claimBindDuration.Observe(bindTime.Seconds())
 	log.FromContext(ctx).Info("Recorded an unrecorded bind", "machine", adopted.Name)
-	r.Recorder.Eventf(claim, adopted, corev1.EventTypeNormal, ReasonClaimBound, "Bind",
+	r.Recorder.Eventf(claim, adopted, corev1.EventTypeNormal, kaironv1.ClaimReasonBound, "Bind",
 		"Bound to machine %s in %dms", adopted.Name, claim.Status.BindMillis)
 	return reconcile.Result{RequeueAfter: r.Interval}, r.handBackStrays(ctx, claim, labelled, adopted.Name)
 }
@@ -206,13 +206,13 @@ func (r *MachineClaimReconciler) reconcileBound(ctx context.Context, claim *kair
 	if err != nil {
 		errs = append(errs, err)
 		meta.SetStatusCondition(&status.Conditions, metav1.Condition{
-			Type: kaironv1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonEgressPolicyFailed,
+			Type: kaironv1.ConditionReady.String(), Status: metav1.ConditionFalse, Reason: kaironv1.ClaimReasonEgressPolicyFailed,
 			Message: "egress policy: " + err.Error(), ObservedGeneration: claim.Generation,
 		})
 	} else {
 		status.EgressPolicy = policy
 		meta.SetStatusCondition(&status.Conditions, metav1.Condition{
-			Type: kaironv1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonClaimBound,
+			Type: kaironv1.ConditionReady.String(), Status: metav1.ConditionTrue, Reason: kaironv1.ClaimReasonBound,
 			Message: "Bound to machine " + claim.Status.MachineName, ObservedGeneration: claim.Generation,
 		})
 	}
@@ -252,14 +252,14 @@ func (r *MachineClaimReconciler) markLost(ctx context.Context, claim *kaironv1.M
 	status.Message = message
 	status.ObservedGeneration = claim.Generation
 	meta.SetStatusCondition(&status.Conditions, metav1.Condition{
-		Type: kaironv1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonMachineLost,
+		Type: kaironv1.ConditionReady.String(), Status: metav1.ConditionFalse, Reason: kaironv1.ClaimReasonMachineLost,
 		Message: message, ObservedGeneration: claim.Generation,
 	})
 	if err := patchClaimStatus(ctx, r.Client, claim, status); err != nil {
 		return reconcile.Result{}, err
 	}
 	log.FromContext(ctx).Info("Claim lost its machine", "machine", claim.Status.MachineName)
-	r.Recorder.Eventf(claim, nil, corev1.EventTypeWarning, ReasonMachineLost, "Bind", "%s", message)
+	r.Recorder.Eventf(claim, nil, corev1.EventTypeWarning, kaironv1.ClaimReasonMachineLost, "Bind", "%s", message)
 	return r.reconcileLost(ctx, claim, labelled)
 }
 
@@ -337,7 +337,7 @@ func (r *MachineClaimReconciler) expire(ctx context.Context, claim *kaironv1.Mac
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	log.FromContext(ctx).Info("Deleted expired claim", "ttlSeconds", *claim.Spec.TTLSeconds)
-	r.Recorder.Eventf(claim, nil, corev1.EventTypeNormal, "Expired", "Delete",
+	r.Recorder.Eventf(claim, nil, corev1.EventTypeNormal, kaironv1.EventReasonExpired, "Delete",
 		"Deleted the claim %ds after its bind (spec.ttlSeconds)", *claim.Spec.TTLSeconds)
 	return reconcile.Result{}, nil
 }
@@ -399,7 +399,7 @@ func (r *MachineClaimReconciler) reclaim(ctx context.Context, claim *kaironv1.Ma
 			return fmt.Errorf("keeping machine %s: %w", m.Name, err)
 		}
 		logger.Info("Released machine, kept as a plain Machine (reclaimPolicy Retain)")
-		r.Recorder.Eventf(claim, m, corev1.EventTypeNormal, "Released", "Release",
+		r.Recorder.Eventf(claim, m, corev1.EventTypeNormal, kaironv1.EventReasonReleased, "Release",
 			"Kept machine %s as a plain Machine (reclaimPolicy Retain)", m.Name)
 		return nil
 	}
@@ -408,7 +408,7 @@ func (r *MachineClaimReconciler) reclaim(ctx context.Context, claim *kaironv1.Ma
 		return fmt.Errorf("deleting machine %s: %w", m.Name, err)
 	}
 	logger.Info("Released machine, deleted it (reclaimPolicy Delete)")
-	r.Recorder.Eventf(claim, m, corev1.EventTypeNormal, "Released", "Release", "Deleted machine %s (reclaimPolicy Delete)", m.Name)
+	r.Recorder.Eventf(claim, m, corev1.EventTypeNormal, kaironv1.EventReasonReleased, "Release", "Deleted machine %s (reclaimPolicy Delete)", m.Name)
 	return nil
 }
 

@@ -84,7 +84,7 @@ func waitClaimBound(t *testing.T, env *testenv.Env, ns, name string) *kaironv1.M
 		!controllerutilContains(c.Finalizers, kaironv1.FinalizerMachineClaim) {
 		t.Errorf("bound claim %s: status %s finalizers %v", name, fmtJSON(c.Status), c.Finalizers)
 	}
-	if cond := meta.FindStatusCondition(c.Status.Conditions, kaironv1.ConditionReady); cond == nil || cond.Status != metav1.ConditionTrue || cond.Reason != ReasonClaimBound {
+	if cond := meta.FindStatusCondition(c.Status.Conditions, kaironv1.ConditionReady.String()); cond == nil || cond.Status != metav1.ConditionTrue || cond.Reason != kaironv1.ClaimReasonBound {
 		t.Errorf("bound claim %s Ready condition %+v", name, cond)
 	}
 	return c
@@ -97,7 +97,7 @@ func waitClaimPending(t *testing.T, env *testenv.Env, ns, name, reason, message 
 	t.Helper()
 	eventually(t, fmt.Sprintf("claim %s Pending with %q", name, message), func() (bool, string) {
 		c := getClaim(t, env, ns, name)
-		cond := meta.FindStatusCondition(c.Status.Conditions, kaironv1.ConditionReady)
+		cond := meta.FindStatusCondition(c.Status.Conditions, kaironv1.ConditionReady.String())
 		ok := c.Status.Phase == kaironv1.ClaimPending && c.Status.Message == message &&
 			cond != nil && cond.Status == metav1.ConditionFalse && cond.Reason == reason && cond.Message == message
 		return ok, fmtJSON(c.Status)
@@ -116,13 +116,13 @@ func TestMachineClaimBindsAndWaitsForWarmMembers(t *testing.T) {
 	startControllers(t, env, ns, Options{})
 
 	createClaim(t, env, ns, "orphan", "nope")
-	waitClaimPending(t, env, ns, "orphan", ReasonPoolNotFound, fmt.Sprintf("MachinePool %q not found in namespace %q", "nope", ns))
+	waitClaimPending(t, env, ns, "orphan", kaironv1.ClaimReasonPoolNotFound, fmt.Sprintf("MachinePool %q not found in namespace %q", "nope", ns))
 
 	createPool(t, env, ns, "agents", 0)
 	createClaim(t, env, ns, "early", "agents", func(c *kaironv1.MachineClaim) { c.Spec.Labels = map[string]string{"team": "ml"} })
-	waitClaimPending(t, env, ns, "early", ReasonWaitingForWarmMachine, `no Running warm machine in pool "agents" (0 warming)`)
+	waitClaimPending(t, env, ns, "early", kaironv1.ClaimReasonWaitingForWarmMachine, `no Running warm machine in pool "agents" (0 warming)`)
 	scalePool(t, env, ns, "agents", 1)
-	waitClaimPending(t, env, ns, "early", ReasonWaitingForWarmMachine, `no Running warm machine in pool "agents" (1 warming)`)
+	waitClaimPending(t, env, ns, "early", kaironv1.ClaimReasonWaitingForWarmMachine, `no Running warm machine in pool "agents" (1 warming)`)
 	bindsBefore := histogramCount(t, "kairon_machineclaim_bind_duration_seconds")
 	early := waitClaimBound(t, env, ns, "early")
 	if early.Status.BindMillis < 1000 {
@@ -280,9 +280,9 @@ func TestMachineClaimLost(t *testing.T) {
 	want := fmt.Sprintf("machine %q was deleted", c.Status.MachineName)
 	eventually(t, "the claim Lost", func() (bool, string) {
 		c := getClaim(t, env, ns, "job")
-		cond := meta.FindStatusCondition(c.Status.Conditions, kaironv1.ConditionReady)
+		cond := meta.FindStatusCondition(c.Status.Conditions, kaironv1.ConditionReady.String())
 		err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "claim-egress-job"}, &kaironv1.MachineNetworkPolicy{})
-		ok := c.Status.Phase == kaironv1.ClaimLost && c.Status.Message == want && cond != nil && cond.Reason == ReasonMachineLost &&
+		ok := c.Status.Phase == kaironv1.ClaimLost && c.Status.Message == want && cond != nil && cond.Reason == kaironv1.ClaimReasonMachineLost &&
 			apierrors.IsNotFound(err) && c.Status.EgressPolicy == ""
 		return ok, fmtJSON(c.Status) + fmt.Sprintf(" policy: %v", err)
 	})

@@ -26,12 +26,6 @@ import (
 	"github.com/zyvor/kairon/internal/rules"
 )
 
-// Reasons of a MachineDisruptionBudget's Ready condition.
-const (
-	ReasonBudgetComputed = "StatusComputed"
-	ReasonInvalidBudget  = "InvalidBudget"
-)
-
 // budgetPassKey is the only request the budget reconciler's queue holds:
 // rules.LoadBudgetStates reads the whole cluster at once, so every event asks for
 // one pass over all budgets and the workqueue folds bursts into one.
@@ -144,15 +138,15 @@ func setBudgetStatus(status *kaironv1.MachineDisruptionBudgetStatus, s *rules.Bu
 	status.DisruptionsAllowed = s.DisruptionsAllowed
 	status.ObservedGeneration = s.Generation
 	cond := metav1.Condition{
-		Type:               kaironv1.ConditionReady,
+		Type:               kaironv1.ConditionReady.String(),
 		Status:             metav1.ConditionTrue,
-		Reason:             ReasonBudgetComputed,
+		Reason:             kaironv1.BudgetReasonStatusComputed,
 		Message:            rules.BudgetSummary(s),
 		ObservedGeneration: s.Generation,
 	}
 	if s.Err != nil {
 		cond.Status = metav1.ConditionFalse
-		cond.Reason = ReasonInvalidBudget
+		cond.Reason = kaironv1.BudgetReasonInvalid
 		cond.Message = s.Err.Error() + "; until fixed, the budget blocks every disruption of the Machines it matches"
 	}
 	meta.SetStatusCondition(&status.Conditions, cond)

@@ -88,14 +88,14 @@ func checkBudget(t *testing.T, env *testenv.Env, ns, name string, want budgetNum
 	}
 	st := b.Status
 	got := budgetNumbers{st.ExpectedMachines, st.CurrentHealthy, st.DesiredHealthy, st.DisruptionsAllowed, st.ObservedGeneration}
-	ready := meta.FindStatusCondition(st.Conditions, kaironv1.ConditionReady)
+	ready := meta.FindStatusCondition(st.Conditions, kaironv1.ConditionReady.String())
 	wantMessage := fmt.Sprintf("%d matching, %d healthy, %d desired healthy, %d disruptions allowed", want.expected, want.healthy, want.desired, want.allowed)
 	series := gaugeSeries(t, ns, name)
 	wantSeries := map[string]float64{
 		"expected_machines": float64(want.expected), "current_healthy": float64(want.healthy),
 		"desired_healthy": float64(want.desired), "disruptions_allowed": float64(want.allowed),
 	}
-	ok := got == want && ready != nil && ready.Status == metav1.ConditionTrue && ready.Reason == ReasonBudgetComputed &&
+	ok := got == want && ready != nil && ready.Status == metav1.ConditionTrue && ready.Reason == kaironv1.BudgetReasonStatusComputed &&
 		ready.Message == wantMessage && ready.ObservedGeneration == want.generation &&
 		fmt.Sprint(series) == fmt.Sprint(wantSeries)
 	return ok, fmt.Sprintf("status %s, Ready %s, gauge %v", got, fmtJSON(ready), series)
@@ -305,9 +305,9 @@ func TestInvalidBudgetStatus(t *testing.T) {
 	if status.ExpectedMachines != 2 || status.CurrentHealthy != 2 || status.DesiredHealthy != 2 || status.DisruptionsAllowed != 0 || status.ObservedGeneration != 3 {
 		t.Errorf("status %s", fmtJSON(status))
 	}
-	c := meta.FindStatusCondition(status.Conditions, kaironv1.ConditionReady)
+	c := meta.FindStatusCondition(status.Conditions, kaironv1.ConditionReady.String())
 	want := "both spec.minAvailable and spec.maxUnavailable are set; set exactly one; until fixed, the budget blocks every disruption of the Machines it matches"
-	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != ReasonInvalidBudget || c.Message != want || c.ObservedGeneration != 3 {
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != kaironv1.BudgetReasonInvalid || c.Message != want || c.ObservedGeneration != 3 {
 		t.Errorf("Ready condition %s", fmtJSON(c))
 	}
 }

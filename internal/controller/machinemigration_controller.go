@@ -26,17 +26,6 @@ import (
 // it is marked Failed.
 const DefaultMigrationTimeout = 5 * time.Minute
 
-// Reasons of a MachineMigration's status.
-const (
-	ReasonMigrationStarted   = "Started"
-	ReasonMigrationSucceeded = "Succeeded"
-	ReasonMachineNotFound    = "MachineNotFound"
-	ReasonMachineNotRunning  = "MachineNotRunning"
-	ReasonTargetUnavailable  = "TargetUnavailable"
-	ReasonMachineMoved       = "MachineMovedElsewhere"
-	ReasonMigrationTimeout   = "Timeout"
-)
-
 // MachineMigrationReconciler drives a MachineMigration's phase. It picks
 // the target and starts the migration (phase Running); the node agents of
 // the source and target move the VM and switch the Machine's
@@ -116,7 +105,7 @@ func (r *MachineMigrationReconciler) Reconcile(ctx context.Context, req reconcil
 			if desired.Status.Phase == kaironv1.MigrationFailed {
 				kind = corev1.EventTypeWarning
 			}
-			r.Recorder.Eventf(desired, nil, kind, desired.Status.Reason, "Migrate", "%s", desired.Status.Message)
+			r.Recorder.Eventf(desired, nil, kind, string(desired.Status.Reason), "Migrate", "%s", desired.Status.Message)
 		}
 	}
 	return result, nil
@@ -127,7 +116,7 @@ func (r *MachineMigrationReconciler) step(ctx context.Context, mig *kaironv1.Mac
 	machine := &kaironv1.Machine{}
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: mig.Namespace, Name: mig.Spec.MachineName}, machine)
 	if apierrors.IsNotFound(err) {
-		failMigration(mig, ReasonMachineNotFound, fmt.Sprintf("machine %s/%s does not exist", mig.Namespace, mig.Spec.MachineName))
+		failMigration(mig, kaironv1.MigrationReasonMachineNotFound, fmt.Sprintf("machine %s/%s does not exist", mig.Namespace, mig.Spec.MachineName))
 		return reconcile.Result{}, nil
 	}
 	if err != nil {
@@ -143,10 +132,10 @@ func (r *MachineMigrationReconciler) step(ctx context.Context, mig *kaironv1.Mac
 func (r *MachineMigrationReconciler) start(ctx context.Context, mig *kaironv1.MachineMigration, machine *kaironv1.Machine) error {
 	switch {
 	case machine.DeletionTimestamp != nil:
-		failMigration(mig, ReasonMachineNotRunning, fmt.Sprintf("machine %s/%s is being deleted", machine.Namespace, machine.Name))
+		failMigration(mig, kaironv1.MigrationReasonMachineNotRunning, fmt.Sprintf("machine %s/%s is being deleted", machine.Namespace, machine.Name))
 		return nil
 	case machine.Spec.NodeName == "" || machine.Status.Phase != kaironv1.MachineRunning:
-		failMigration(mig, ReasonMachineNotRunning, fmt.Sprintf("machine %s/%s is %s, not Running on a node; only a Running Machine can be migrated",
+		failMigration(mig, kaironv1.MigrationReasonMachineNotRunning, fmt.Sprintf("machine %s/%s is %s, not Running on a node; only a Running Machine can be migrated",
 			machine.Namespace, machine.Name, orNone(string(machine.Status.Phase))))
 		return nil
 	}
@@ -155,12 +144,12 @@ func (r *MachineMigrationReconciler) start(ctx context.Context, mig *kaironv1.Ma
 		return err
 	}
 	if target == "" {
-		failMigration(mig, ReasonTargetUnavailable, why)
+		failMigration(mig, kaironv1.MigrationReasonTargetUnavailable, why)
 		return nil
 	}
 	now := metav1.Now()
 	mig.Status.Phase = kaironv1.MigrationRunning
-	mig.Status.Reason = ReasonMigrationStarted
+	mig.Status.Reason = kaironv1.MigrationReasonStarted
 	strategy := mig.Spec.Strategy
 	if strategy == "" {
 		strategy = kaironv1.MigrationCold
@@ -244,18 +233,18 @@ func (r *MachineMigrationReconciler) watchRunning(mig *kaironv1.MachineMigration
 		machine.Status.ObservedGeneration == machine.Generation && handedOver {
 		now := metav1.Now()
 		mig.Status.Phase = kaironv1.MigrationSucceeded
-		mig.Status.Reason = ReasonMigrationSucceeded
+		mig.Status.Reason = kaironv1.MigrationReasonSucceeded
 		mig.Status.Message = fmt.Sprintf("machine %s runs on node %s", machine.Name, target)
 		mig.Status.CompletionTime = &now
 		mig.Status.DowntimeMillis = downtimeMillis(mig, now.Time)
 		return reconcile.Result{}
 	}
 	if machine.Spec.NodeName != target && machine.Spec.NodeName != mig.Status.SourceNode {
-		failMigration(mig, ReasonMachineMoved, fmt.Sprintf("machine %s was moved to node %q by someone else", machine.Name, machine.Spec.NodeName))
+		failMigration(mig, kaironv1.MigrationReasonMachineMovedElsewhere, fmt.Sprintf("machine %s was moved to node %q by someone else", machine.Name, machine.Spec.NodeName))
 		return reconcile.Result{}
 	}
 	if left <= 0 {
-		failMigration(mig, ReasonMigrationTimeout, fmt.Sprintf("the migration did not finish within %s", r.Timeout))
+		failMigration(mig, kaironv1.MigrationReasonTimeout, fmt.Sprintf("the migration did not finish within %s", r.Timeout))
 		return reconcile.Result{}
 	}
 	return reconcile.Result{RequeueAfter: min(left, r.Interval)}
@@ -276,7 +265,7 @@ func downtimeMillis(mig *kaironv1.MachineMigration, now time.Time) int64 {
 }
 
 // failMigration sets mig Failed with reason and message.
-func failMigration(mig *kaironv1.MachineMigration, reason, message string) {
+func failMigration(mig *kaironv1.MachineMigration, reason kaironv1.MigrationReason, message string) {
 	now := metav1.Now()
 	mig.Status.Phase = kaironv1.MigrationFailed
 	mig.Status.Reason = reason

@@ -34,12 +34,6 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
 
-// Reasons of the MachinePool Ready condition.
-const (
-	ReasonWarmMachinesReady    = "WarmMachinesReady"
-	ReasonWarmMachinesNotReady = "WarmMachinesNotReady"
-)
-
 var machinePoolKind = kaironv1.GroupVersion.WithKind("MachinePool")
 
 // MachinePoolReconciler keeps spec.replicas warm (booted, unclaimed) members
@@ -245,12 +239,12 @@ func (r *MachinePoolReconciler) createMembers(ctx context.Context, pool *kaironv
 	for range n {
 		m, err := r.createMember(ctx, pool, hash)
 		if err != nil {
-			r.Recorder.Eventf(pool, nil, corev1.EventTypeWarning, ReasonFailedCreate, "Create", "Creating a warm machine: %v", err)
+			r.Recorder.Eventf(pool, nil, corev1.EventTypeWarning, kaironv1.ReplicaReasonFailedCreate, "Create", "Creating a warm machine: %v", err)
 			return fmt.Errorf("creating a warm machine: %w", err)
 		}
 		r.expectations.created(pool.UID, m.Name)
 		log.FromContext(ctx).Info("Created warm machine", "machine", m.Name, "templateHash", hash)
-		r.Recorder.Eventf(pool, m, corev1.EventTypeNormal, "SuccessfulCreate", "Create", "Created warm machine %s", m.Name)
+		r.Recorder.Eventf(pool, m, corev1.EventTypeNormal, kaironv1.EventReasonSuccessfulCreate, "Create", "Created warm machine %s", m.Name)
 	}
 	return nil
 }
@@ -285,12 +279,12 @@ func (r *MachinePoolReconciler) deleteMember(ctx context.Context, pool *kaironv1
 		log.FromContext(ctx).V(1).Info("Warm machine changed since listed; not deleting it", "machine", m.Name)
 		return nil
 	case err != nil:
-		r.Recorder.Eventf(pool, m, corev1.EventTypeWarning, ReasonFailedDelete, "Delete", "Deleting warm machine %s: %v", m.Name, err)
+		r.Recorder.Eventf(pool, m, corev1.EventTypeWarning, kaironv1.ReplicaReasonFailedDelete, "Delete", "Deleting warm machine %s: %v", m.Name, err)
 		return fmt.Errorf("deleting warm machine %s: %w", m.Name, err)
 	}
 	r.expectations.deleted(pool.UID, m.UID)
 	log.FromContext(ctx).Info("Deleted warm machine", "machine", m.Name, "phase", m.Status.Phase, "why", why)
-	r.Recorder.Eventf(pool, m, corev1.EventTypeNormal, "SuccessfulDelete", "Delete", "Deleted warm machine %s: %s", m.Name, why)
+	r.Recorder.Eventf(pool, m, corev1.EventTypeNormal, kaironv1.EventReasonSuccessfulDelete, "Delete", "Deleted warm machine %s: %s", m.Name, why)
 	return nil
 }
 
@@ -359,12 +353,12 @@ func computePoolStatus(pool *kaironv1.MachinePool, warm, claimed []*kaironv1.Mac
 
 	desired := ptr.Deref(pool.Spec.Replicas, 1)
 	ready := metav1.Condition{
-		Type: kaironv1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonWarmMachinesReady,
+		Type: kaironv1.ConditionReady.String(), Status: metav1.ConditionTrue, Reason: kaironv1.PoolReasonWarmMachinesReady,
 		Message:            fmt.Sprintf("%d/%d warm machines Running", status.ReadyWarm, desired),
 		ObservedGeneration: pool.Generation,
 	}
 	if status.ReadyWarm != desired || status.Warm != desired {
-		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonWarmMachinesNotReady
+		ready.Status, ready.Reason = metav1.ConditionFalse, kaironv1.PoolReasonWarmMachinesNotReady
 		if booting := status.Warm - status.ReadyWarm; booting > 0 {
 			ready.Message += fmt.Sprintf(", %d booting", booting)
 		}

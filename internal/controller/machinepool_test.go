@@ -227,8 +227,8 @@ func TestMachinePoolKeepsWarmMembers(t *testing.T) {
 	if p.Status.Selector != "kairon.zyvor.dev/machinepool=agents" {
 		t.Errorf("status.selector = %q", p.Status.Selector)
 	}
-	if c := meta.FindStatusCondition(p.Status.Conditions, kaironv1.ConditionReady); c == nil || c.Status != metav1.ConditionTrue ||
-		c.Reason != ReasonWarmMachinesReady || c.Message != "2/2 warm machines Running" {
+	if c := meta.FindStatusCondition(p.Status.Conditions, kaironv1.ConditionReady.String()); c == nil || c.Status != metav1.ConditionTrue ||
+		c.Reason != kaironv1.PoolReasonWarmMachinesReady || c.Message != "2/2 warm machines Running" {
 		t.Errorf("Ready condition %+v", c)
 	}
 	// Zero counts are written too, so kubectl prints 0, not a blank.

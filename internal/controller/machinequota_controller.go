@@ -19,12 +19,6 @@ import (
 	"github.com/zyvor/kairon/internal/rules"
 )
 
-// Reasons of a MachineQuota's Ready condition.
-const (
-	ReasonWithinLimits  = "WithinLimits"
-	ReasonLimitExceeded = "LimitExceeded"
-)
-
 // MachineQuotaReconciler reports in a MachineQuota's status what its
 // namespace uses. Enforcement is the scheduler's and the webhook's job.
 type MachineQuotaReconciler struct {
@@ -89,17 +83,17 @@ func quotaReadyCondition(quota *kaironv1.MachineQuota, used kaironv1.MachineReso
 	summary := rules.QuotaSummary(quota.Spec.Hard, used)
 	if over := rules.QuotaExceeded(quota.Spec.Hard, used); len(over) > 0 {
 		return metav1.Condition{
-			Type:               kaironv1.ConditionReady,
+			Type:               kaironv1.ConditionReady.String(),
 			Status:             metav1.ConditionFalse,
-			Reason:             ReasonLimitExceeded,
+			Reason:             kaironv1.QuotaReasonLimitExceeded,
 			Message:            "over the limit: " + strings.Join(over, ", ") + "; running Machines are kept, new ones stay Pending",
 			ObservedGeneration: quota.Generation,
 		}
 	}
 	return metav1.Condition{
-		Type:               kaironv1.ConditionReady,
+		Type:               kaironv1.ConditionReady.String(),
 		Status:             metav1.ConditionTrue,
-		Reason:             ReasonWithinLimits,
+		Reason:             kaironv1.QuotaReasonWithinLimits,
 		Message:            summary,
 		ObservedGeneration: quota.Generation,
 	}

@@ -25,14 +25,6 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
 
-// Reasons of the MachineSet Ready condition; ReplicaFailure's are
-// ReasonFailedCreate and ReasonFailedDelete.
-const (
-	ReasonAllReplicasReady = "AllReplicasReady"
-	ReasonReplicasNotReady = "ReplicasNotReady"
-	ReasonInvalidSelector  = "InvalidSelector"
-)
-
 var machineSetKind = kaironv1.GroupVersion.WithKind("MachineSet")
 
 // MachineSetReconciler keeps spec.replicas Machines for every MachineSet.
@@ -119,7 +111,7 @@ func (r *MachineSetReconciler) Reconcile(ctx context.Context, req reconcile.Requ
 	selector, err := machineSetSelector(&set)
 	if err != nil {
 		meta.SetStatusCondition(&status.Conditions, metav1.Condition{
-			Type: kaironv1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonInvalidSelector,
+			Type: kaironv1.ConditionReady.String(), Status: metav1.ConditionFalse, Reason: kaironv1.SetReasonInvalidSelector,
 			Message: err.Error(), ObservedGeneration: set.Generation,
 		})
 		// Retrying cannot help until the spec changes, which requeues.
@@ -221,12 +213,12 @@ func (r *MachineSetReconciler) createMachines(ctx context.Context, set *kaironv1
 	for range n {
 		m := newMachineForSet(set)
 		if err := r.Client.Create(ctx, m); err != nil {
-			r.Recorder.Eventf(set, nil, corev1.EventTypeWarning, ReasonFailedCreate, "Create", "Creating a machine: %v", err)
+			r.Recorder.Eventf(set, nil, corev1.EventTypeWarning, kaironv1.ReplicaReasonFailedCreate, "Create", "Creating a machine: %v", err)
 			return fmt.Errorf("creating a machine: %w", err)
 		}
 		r.expectations.created(set.UID, m.Name)
 		log.FromContext(ctx).Info("Created machine", "machine", m.Name)
-		r.Recorder.Eventf(set, m, corev1.EventTypeNormal, "SuccessfulCreate", "Create", "Created machine %s", m.Name)
+		r.Recorder.Eventf(set, m, corev1.EventTypeNormal, kaironv1.EventReasonSuccessfulCreate, "Create", "Created machine %s", m.Name)
 	}
 	return nil
 }
@@ -237,13 +229,13 @@ func (r *MachineSetReconciler) deleteMachines(ctx context.Context, set *kaironv1
 	for _, m := range victims {
 		err := r.Client.Delete(ctx, m, client.Preconditions{UID: ptr.To(m.UID)})
 		if err != nil && !apierrors.IsNotFound(err) {
-			r.Recorder.Eventf(set, m, corev1.EventTypeWarning, ReasonFailedDelete, "Delete", "Deleting machine %s: %v", m.Name, err)
+			r.Recorder.Eventf(set, m, corev1.EventTypeWarning, kaironv1.ReplicaReasonFailedDelete, "Delete", "Deleting machine %s: %v", m.Name, err)
 			errs = append(errs, fmt.Errorf("deleting machine %s: %w", m.Name, err))
 			continue
 		}
 		r.expectations.deleted(set.UID, m.UID)
 		log.FromContext(ctx).Info("Deleted surplus machine", "machine", m.Name, "phase", m.Status.Phase)
-		r.Recorder.Eventf(set, m, corev1.EventTypeNormal, "SuccessfulDelete", "Delete", "Deleted machine %s", m.Name)
+		r.Recorder.Eventf(set, m, corev1.EventTypeNormal, kaironv1.EventReasonSuccessfulDelete, "Delete", "Deleted machine %s", m.Name)
 	}
 	return errors.Join(errs...)
 }
@@ -316,12 +308,12 @@ func setReplicaCounts(status *kaironv1.MachineSetStatus, live []*kaironv1.Machin
 func setMachineSetConditions(status *kaironv1.MachineSetStatus, set *kaironv1.MachineSet, syncErr error) {
 	desired := ptr.Deref(set.Spec.Replicas, 1)
 	ready := metav1.Condition{
-		Type: kaironv1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonAllReplicasReady,
+		Type: kaironv1.ConditionReady.String(), Status: metav1.ConditionTrue, Reason: kaironv1.SetReasonAllReplicasReady,
 		Message:            fmt.Sprintf("%d/%d machines Running", status.ReadyReplicas, desired),
 		ObservedGeneration: set.Generation,
 	}
 	if status.ReadyReplicas != desired || status.Replicas != desired {
-		ready.Status, ready.Reason = metav1.ConditionFalse, ReasonReplicasNotReady
+		ready.Status, ready.Reason = metav1.ConditionFalse, kaironv1.SetReasonReplicasNotReady
 		if status.Replicas != desired {
 			ready.Message = fmt.Sprintf("%d/%d machines Running, %d exist", status.ReadyReplicas, desired, status.Replicas)
 		}

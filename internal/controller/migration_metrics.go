@@ -50,7 +50,7 @@ func recordMigrationEnd(mig *kaironv1.MachineMigration) {
 		strategy = string(kaironv1.MigrationCold)
 	}
 	phase := string(mig.Status.Phase)
-	migrationsFinished.WithLabelValues(strategy, phase, mig.Status.Reason).Inc()
+	migrationsFinished.WithLabelValues(strategy, phase, string(mig.Status.Reason)).Inc()
 	if mig.Status.StartTime != nil && mig.Status.CompletionTime != nil {
 		migrationDuration.WithLabelValues(strategy, phase).Observe(mig.Status.CompletionTime.Sub(mig.Status.StartTime.Time).Seconds())
 	}

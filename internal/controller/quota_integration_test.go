@@ -54,11 +54,11 @@ func TestQuotaHoldsMachinesPending(t *testing.T) {
 		saw := ""
 		for _, m := range listMachines(t, env, ns) {
 			saw += describeMachine(&m) + "; "
-			c := meta.FindStatusCondition(m.Status.Conditions, ConditionScheduled)
+			c := meta.FindStatusCondition(m.Status.Conditions, kaironv1.ConditionScheduled.String())
 			switch {
 			case m.Status.Phase == kaironv1.MachineScheduled:
 				placed = append(placed, m.Name)
-			case m.Status.Phase == kaironv1.MachinePending && c != nil && c.Reason == ReasonQuotaExceeded &&
+			case m.Status.Phase == kaironv1.MachinePending && c != nil && c.Reason == kaironv1.MachineReasonQuotaExceeded &&
 				m.Status.Message == `exceeds MachineQuota "team": machines 2/2 used`:
 				waiting = append(waiting, m.Name)
 			}
@@ -71,7 +71,7 @@ func TestQuotaHoldsMachinesPending(t *testing.T) {
 		if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(quota), &q); err != nil {
 			return false, err.Error()
 		}
-		ready := meta.FindStatusCondition(q.Status.Conditions, kaironv1.ConditionReady)
+		ready := meta.FindStatusCondition(q.Status.Conditions, kaironv1.ConditionReady.String())
 		ok := ptr.Deref(q.Status.Used.Machines, -1) == 2 && ptr.Deref(q.Status.Used.CPU, -1) == 2 &&
 			q.Status.Used.Memory != nil && q.Status.Used.Memory.String() == "512Mi" &&
 			ptr.Deref(q.Status.Hard.Machines, -1) == 2 &&
@@ -98,9 +98,9 @@ func TestQuotaAdmitsOldestFirst(t *testing.T) {
 	createMachine(t, env, ns, "z-older", 1, "256Mi")
 	time.Sleep(1100 * time.Millisecond)
 	createMachine(t, env, ns, "a-younger", 1, "256Mi")
-	waitPending(t, env, ns, "a-younger", ReasonQuotaExceeded, `exceeds MachineQuota "team": machines 0/0 used`)
+	waitPending(t, env, ns, "a-younger", kaironv1.MachineReasonQuotaExceeded, `exceeds MachineQuota "team": machines 0/0 used`)
 
 	setQuotaMachines(t, env, quota, 1)
 	waitScheduled(t, env, ns, "z-older")
-	waitPending(t, env, ns, "a-younger", ReasonQuotaExceeded, `exceeds MachineQuota "team": machines 1/1 used`)
+	waitPending(t, env, ns, "a-younger", kaironv1.MachineReasonQuotaExceeded, `exceeds MachineQuota "team": machines 1/1 used`)
 }

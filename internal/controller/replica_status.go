@@ -9,17 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-)
 
-// ConditionReplicaFailure is True on a MachineSet or MachinePool while it
-// cannot create or delete Machines, as on a ReplicaSet.
-const ConditionReplicaFailure = "ReplicaFailure"
-
-// Reasons of the ReplicaFailure condition, also the reasons of the Warning
-// events a failed create or delete records.
-const (
-	ReasonFailedCreate = "FailedCreate"
-	ReasonFailedDelete = "FailedDelete"
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
 
 // setReplicaFailure sets the ReplicaFailure condition after a sync that
@@ -27,15 +18,15 @@ const (
 // than desired, the failure is taken to be a create's; otherwise a delete's.
 func setReplicaFailure(conditions *[]metav1.Condition, syncErr error, have, desired int32, generation int64) {
 	if syncErr == nil {
-		meta.RemoveStatusCondition(conditions, ConditionReplicaFailure)
+		meta.RemoveStatusCondition(conditions, kaironv1.ConditionReplicaFailure.String())
 		return
 	}
-	reason := ReasonFailedDelete
+	reason := kaironv1.ReplicaReasonFailedDelete
 	if have < desired {
-		reason = ReasonFailedCreate
+		reason = kaironv1.ReplicaReasonFailedCreate
 	}
 	meta.SetStatusCondition(conditions, metav1.Condition{
-		Type: ConditionReplicaFailure, Status: metav1.ConditionTrue, Reason: reason,
+		Type: kaironv1.ConditionReplicaFailure.String(), Status: metav1.ConditionTrue, Reason: reason,
 		Message: syncErr.Error(), ObservedGeneration: generation,
 	})
 }

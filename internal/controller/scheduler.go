@@ -29,16 +29,6 @@ import (
 	"github.com/zyvor/kairon/internal/rules"
 )
 
-// ConditionScheduled is the Machine condition the scheduler owns.
-const ConditionScheduled = "Scheduled"
-
-// Reasons of the Scheduled condition.
-const (
-	ReasonScheduled     = "Scheduled"
-	ReasonUnschedulable = "Unschedulable"
-	ReasonQuotaExceeded = "QuotaExceeded"
-)
-
 // schedulingPassKey is the only request the scheduler's queue ever holds.
 // Placement decisions depend on each other (room on a node, quota left in a
 // namespace, who is oldest), so every event asks for one pass over all
@@ -269,11 +259,11 @@ func (p *schedulingPass) charge(m *kaironv1.Machine, node *rules.NodeInfo) {
 
 func (r *SchedulerReconciler) scheduleOne(ctx context.Context, pass *schedulingPass, m *kaironv1.Machine) error {
 	if ok, message := pass.admitQuota(m); !ok {
-		return r.markPending(ctx, m, ReasonQuotaExceeded, message)
+		return r.markPending(ctx, m, kaironv1.MachineReasonQuotaExceeded, message)
 	}
 	node, message := rules.PickNode(pass.nodes, m)
 	if node == nil {
-		return r.markPending(ctx, m, ReasonUnschedulable, message)
+		return r.markPending(ctx, m, kaironv1.MachineReasonUnschedulable, message)
 	}
 	bound, err := r.bind(ctx, m, node.Node.Name)
 	if err != nil {
@@ -283,7 +273,7 @@ func (r *SchedulerReconciler) scheduleOne(ctx context.Context, pass *schedulingP
 	r.assumed.assume(bound, node.Node.Name)
 	log := ctrl.LoggerFrom(ctx).WithValues("machine", client.ObjectKeyFromObject(m), "node", node.Node.Name)
 	log.Info("Bound machine to node", "cpu", rules.MachineCPU(m), "memory", rules.FormatMemory(rules.MachineMemory(m)))
-	r.Recorder.Eventf(bound, nil, corev1.EventTypeNormal, ReasonScheduled, "Binding", "Bound to node %s", node.Node.Name)
+	r.Recorder.Eventf(bound, nil, corev1.EventTypeNormal, kaironv1.MachineReasonScheduled, "Binding", "Bound to node %s", node.Node.Name)
 	return r.markScheduled(ctx, bound)
 }
 
@@ -311,9 +301,9 @@ func (r *SchedulerReconciler) markScheduled(ctx context.Context, m *kaironv1.Mac
 			desired.Status.Message = ""
 		}
 		meta.SetStatusCondition(&desired.Status.Conditions, metav1.Condition{
-			Type:               ConditionScheduled,
+			Type:               kaironv1.ConditionScheduled.String(),
 			Status:             metav1.ConditionTrue,
-			Reason:             ReasonScheduled,
+			Reason:             kaironv1.MachineReasonScheduled,
 			Message:            "Bound to node " + m.Spec.NodeName,
 			ObservedGeneration: desired.Generation,
 		})
@@ -340,9 +330,9 @@ func (r *SchedulerReconciler) markPending(ctx context.Context, m *kaironv1.Machi
 		desired.Status.Phase = kaironv1.MachinePending
 		desired.Status.Message = message
 	}
-	previous := meta.FindStatusCondition(m.Status.Conditions, ConditionScheduled)
+	previous := meta.FindStatusCondition(m.Status.Conditions, kaironv1.ConditionScheduled.String())
 	meta.SetStatusCondition(&desired.Status.Conditions, metav1.Condition{
-		Type:               ConditionScheduled,
+		Type:               kaironv1.ConditionScheduled.String(),
 		Status:             metav1.ConditionFalse,
 		Reason:             reason,
 		Message:            message,
@@ -353,7 +343,7 @@ func (r *SchedulerReconciler) markPending(ctx context.Context, m *kaironv1.Machi
 	}
 	if previous == nil || previous.Message != message {
 		ctrl.LoggerFrom(ctx).Info("Machine stays pending", "machine", client.ObjectKeyFromObject(m), "reason", reason, "why", message)
-		r.Recorder.Eventf(desired, nil, corev1.EventTypeWarning, "FailedScheduling", "Scheduling", "%s", message)
+		r.Recorder.Eventf(desired, nil, corev1.EventTypeWarning, kaironv1.EventReasonFailedScheduling, "Scheduling", "%s", message)
 	}
 	return nil
 }

@@ -93,7 +93,7 @@ func TestSchedulerCordon(t *testing.T) {
 		t.Errorf("first placed on %s, want %s", m.Spec.NodeName, open.Name)
 	}
 	createMachine(t, env, ns, "second", 1, "256Mi")
-	waitPending(t, env, ns, "second", ReasonUnschedulable,
+	waitPending(t, env, ns, "second", kaironv1.MachineReasonUnschedulable,
 		"0/2 nodes are available: 1 node is cordoned, 1 node has insufficient cpu (free 0, need 1)")
 	if m := getMachine(t, env, ns, "resident"); m.Spec.NodeName != cordonedNode.Name || m.Status.Phase != kaironv1.MachineRunning {
 		t.Errorf("cordon moved or changed a running Machine: %s", describeMachine(m))
@@ -124,7 +124,7 @@ func TestSchedulerNodeSelector(t *testing.T) {
 	if m := waitScheduled(t, env, ns, "in-b"); m.Spec.NodeName != b.Name {
 		t.Errorf("in-b placed on %s, want %s", m.Spec.NodeName, b.Name)
 	}
-	waitPending(t, env, ns, "in-c", ReasonUnschedulable, "0/2 nodes are available: 2 nodes do not match spec.nodeSelector")
+	waitPending(t, env, ns, "in-c", kaironv1.MachineReasonUnschedulable, "0/2 nodes are available: 2 nodes do not match spec.nodeSelector")
 }
 
 // Equal nodes share Machines evenly, one at a time.
@@ -192,7 +192,7 @@ func TestSchedulerUnschedulableMessages(t *testing.T) {
 				mutate = append(mutate, tt.machine)
 			}
 			createMachine(t, env, ns, "m", 1, "256Mi", mutate...)
-			waitPending(t, env, ns, "m", ReasonUnschedulable, tt.want)
+			waitPending(t, env, ns, "m", kaironv1.MachineReasonUnschedulable, tt.want)
 		})
 	}
 }

@@ -473,7 +473,7 @@ func (e *evacuation) reportFailedMigration(m *kaironv1.Machine, migrations map[m
 	delete(e.migration, m.UID)
 	why := ""
 	if mig.Status.Reason != "" || mig.Status.Message != "" {
-		why = ": " + strings.TrimPrefix(mig.Status.Reason+": "+mig.Status.Message, ": ")
+		why = ": " + strings.TrimPrefix(string(mig.Status.Reason)+": "+mig.Status.Message, ": ")
 	}
 	fmt.Fprintf(e.o.Out, "machine %s/%s: migration %s failed%s\n", m.Namespace, m.Name, ref, why)
 }

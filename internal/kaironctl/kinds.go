@@ -191,7 +191,7 @@ var kinds = []*Kind{
 			}
 			return []string{
 				m.Name, m.Spec.MachineName, string(m.Spec.Strategy), string(m.Status.Phase), m.Status.SourceNode,
-				target, m.Status.Reason, downtime, age(m.CreationTimestamp, rc.Now),
+				target, string(m.Status.Reason), downtime, age(m.CreationTimestamp, rc.Now),
 			}
 		}),
 	},

@@ -205,7 +205,7 @@ func (a *Agent) receiveLive(ctx context.Context, conn net.Conn) {
 		_ = a.teardown(ctx, id)
 		msg := fmt.Sprintf("receiving the guest on node %s: %v", a.opts.NodeName, err)
 		_ = reply(conn, "ERR "+msg)
-		if failErr := a.failMigration(ctx, mig, "ReceiveFailed", msg); failErr != nil && !apierrors.IsConflict(failErr) {
+		if failErr := a.failMigration(ctx, mig, kaironv1.MigrationReasonReceiveFailed, msg); failErr != nil && !apierrors.IsConflict(failErr) {
 			logger.Error(failErr, "marking the migration failed")
 		}
 		return
@@ -283,7 +283,7 @@ func (a *Agent) switchToThisNode(ctx context.Context, machine *kaironv1.Machine,
 		if strategy == "" {
 			strategy = kaironv1.MigrationCold
 		}
-		a.event(machine, "Normal", "Migrated", fmt.Sprintf("moved from node %s to node %s (%s, migration %s)", source, a.opts.NodeName, strategy, mig.Name))
+		a.event(machine, corev1.EventTypeNormal, kaironv1.EventReasonMigrated, fmt.Sprintf("moved from node %s to node %s (%s, migration %s)", source, a.opts.NodeName, strategy, mig.Name))
 	}
 	return err
 }
@@ -309,7 +309,7 @@ func (a *Agent) migrateSourceLive(ctx context.Context, mig *kaironv1.MachineMigr
 		if machine.Spec.NodeName == mig.Status.TargetNode {
 			return reconcile.Result{}, a.recordHandOver(ctx, mig, unknownDowntime)
 		}
-		return reconcile.Result{}, a.failMigration(ctx, mig, "TransferInterrupted",
+		return reconcile.Result{}, a.failMigration(ctx, mig, kaironv1.MigrationReasonTransferInterrupted,
 			fmt.Sprintf("the live migration from node %s was interrupted (agent restarted?); the guest stays there", a.opts.NodeName))
 	}
 	if machine.Spec.NodeName != a.opts.NodeName {
@@ -317,7 +317,7 @@ func (a *Agent) migrateSourceLive(ctx context.Context, mig *kaironv1.MachineMigr
 	}
 	migrator, ok := a.opts.Backend.(backend.LiveMigrator)
 	if !ok {
-		return reconcile.Result{}, a.failMigration(ctx, mig, "LiveNotSupported",
+		return reconcile.Result{}, a.failMigration(ctx, mig, kaironv1.MigrationReasonLiveNotSupported,
 			fmt.Sprintf("the %s backend of node %s cannot migrate a running guest; use strategy cold", a.opts.Backend.Name(), a.opts.NodeName))
 	}
 	if err := a.holdAsSource(ctx, mig); err != nil {
@@ -336,7 +336,7 @@ func (a *Agent) migrateSourceLive(ctx context.Context, mig *kaironv1.MachineMigr
 			if getErr := a.mgr.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(machine), current); getErr == nil && current.Spec.NodeName == mig.Status.TargetNode {
 				return reconcile.Result{}, a.recordHandOver(ctx, mig, unknownDowntime)
 			}
-			reason = "TransferInterrupted"
+			reason = kaironv1.MigrationReasonTransferInterrupted
 		}
 		return reconcile.Result{}, a.failMigration(ctx, mig, reason, err.Error())
 	}
@@ -347,21 +347,21 @@ func (a *Agent) migrateSourceLive(ctx context.Context, mig *kaironv1.MachineMigr
 // sendLive connects to the target agent and streams the guest. A failure
 // comes with the migration's reason, or "" when the outcome is unknown (the
 // connection broke after the whole stream was sent).
-func (a *Agent) sendLive(ctx context.Context, mig *kaironv1.MachineMigration, id string, migrator backend.LiveMigrator) (time.Duration, string, error) {
+func (a *Agent) sendLive(ctx context.Context, mig *kaironv1.MachineMigration, id string, migrator backend.LiveMigrator) (time.Duration, kaironv1.MigrationReason, error) {
 	target := mig.Status.TargetNode
 	conn, err := a.dialLive(ctx, target)
 	if err != nil {
-		return 0, "TargetUnreachable", err
+		return 0, kaironv1.MigrationReasonTargetUnreachable, err
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(liveHandshakeTimeout))
 	if err := reply(conn, fmt.Sprintf("%s %s %s", liveProtocol, mig.Namespace, mig.Name)); err != nil {
-		return 0, "TargetUnreachable", fmt.Errorf("node %s: %w", target, err)
+		return 0, kaironv1.MigrationReasonTargetUnreachable, fmt.Errorf("node %s: %w", target, err)
 	}
 	in := bufio.NewReader(conn)
 	answer, err := readLine(in)
 	if err != nil {
-		return 0, "TargetUnreachable", fmt.Errorf("node %s did not answer: %w", target, err)
+		return 0, kaironv1.MigrationReasonTargetUnreachable, fmt.Errorf("node %s did not answer: %w", target, err)
 	}
 	if answer != "OK" {
 		return 0, "TargetRefused", fmt.Errorf("node %s refused the guest: %s", target, strings.TrimPrefix(answer, "ERR "))
@@ -374,16 +374,16 @@ func (a *Agent) sendLive(ctx context.Context, mig *kaironv1.MachineMigration, id
 		// The target explains a failure on its side better than a broken pipe.
 		_ = conn.SetReadDeadline(time.Now().Add(time.Second))
 		if answer, readErr := readLine(in); readErr == nil && strings.HasPrefix(answer, "ERR ") {
-			return 0, "ReceiveFailed", errors.New(strings.TrimPrefix(answer, "ERR "))
+			return 0, kaironv1.MigrationReasonReceiveFailed, errors.New(strings.TrimPrefix(answer, "ERR "))
 		}
-		return 0, "TransferFailed", fmt.Errorf("streaming the guest from node %s to node %s: %w; it keeps running on %s", a.opts.NodeName, target, err, a.opts.NodeName)
+		return 0, kaironv1.MigrationReasonTransferFailed, fmt.Errorf("streaming the guest from node %s to node %s: %w; it keeps running on %s", a.opts.NodeName, target, err, a.opts.NodeName)
 	}
 	answer, err = readLine(in)
 	switch {
 	case err != nil:
 		return 0, "", fmt.Errorf("node %s did not confirm the migration: %w", target, err)
 	case answer != "DONE":
-		return 0, "ReceiveFailed", errors.New(strings.TrimPrefix(answer, "ERR "))
+		return 0, kaironv1.MigrationReasonReceiveFailed, errors.New(strings.TrimPrefix(answer, "ERR "))
 	}
 	return downtime, "", nil
 }

@@ -158,7 +158,7 @@ func (a *Agent) migrateSource(ctx context.Context, mig *kaironv1.MachineMigratio
 		if resumeErr := a.opts.Backend.Resume(ctx, id); resumeErr != nil && !errors.Is(resumeErr, backend.ErrNotFound) {
 			log.FromContext(ctx).Error(resumeErr, "resuming VM after a failed save")
 		}
-		return reconcile.Result{}, a.failMigration(ctx, mig, "SaveFailed", fmt.Sprintf("saving the VM on node %s: %v; it keeps running there", a.opts.NodeName, err))
+		return reconcile.Result{}, a.failMigration(ctx, mig, kaironv1.MigrationReasonSaveFailed, fmt.Sprintf("saving the VM on node %s: %v; it keeps running there", a.opts.NodeName, err))
 	}
 	base := mig.DeepCopy()
 	if mig.Annotations == nil {
@@ -280,14 +280,14 @@ func (a *Agent) migrateTarget(ctx context.Context, mig *kaironv1.MachineMigratio
 	if errors.Is(err, backend.ErrNotFound) {
 		if err := a.fetchState(ctx, mig, incoming); err != nil {
 			_ = os.Remove(incoming)
-			return reconcile.Result{}, a.failMigration(ctx, mig, "TransferFailed",
+			return reconcile.Result{}, a.failMigration(ctx, mig, kaironv1.MigrationReasonTransferFailed,
 				fmt.Sprintf("fetching the saved VM from node %s: %v", mig.Status.SourceNode, err))
 		}
 		instance, err = a.restore(ctx, machine, id, incoming)
 		if err != nil {
 			_ = a.teardown(ctx, id)
 			_ = os.Remove(incoming)
-			return reconcile.Result{}, a.failMigration(ctx, mig, "RestoreFailed",
+			return reconcile.Result{}, a.failMigration(ctx, mig, kaironv1.MigrationReasonRestoreFailed,
 				fmt.Sprintf("restoring the VM on node %s: %v", a.opts.NodeName, err))
 		}
 	} else if err != nil {
@@ -299,7 +299,7 @@ func (a *Agent) migrateTarget(ctx context.Context, mig *kaironv1.MachineMigratio
 	case backend.Exited:
 		_ = a.teardown(ctx, id)
 		_ = os.Remove(incoming)
-		return reconcile.Result{}, a.failMigration(ctx, mig, "RestoreFailed",
+		return reconcile.Result{}, a.failMigration(ctx, mig, kaironv1.MigrationReasonRestoreFailed,
 			fmt.Sprintf("the restored VM exited on node %s: %s", a.opts.NodeName, instance.Reason))
 	case backend.Paused:
 		if err := a.opts.Backend.Resume(ctx, id); err != nil {
@@ -406,7 +406,7 @@ func (a *Agent) serveMigrationState(w http.ResponseWriter, r *http.Request) {
 }
 
 // failMigration marks a Running migration Failed with this agent's reason.
-func (a *Agent) failMigration(ctx context.Context, mig *kaironv1.MachineMigration, reason, message string) error {
+func (a *Agent) failMigration(ctx context.Context, mig *kaironv1.MachineMigration, reason kaironv1.MigrationReason, message string) error {
 	if mig.Status.Phase != kaironv1.MigrationRunning {
 		return nil
 	}
@@ -420,7 +420,7 @@ func (a *Agent) failMigration(ctx context.Context, mig *kaironv1.MachineMigratio
 	if err := a.client.Status().Patch(ctx, mig, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
 		return err
 	}
-	a.recorder.Eventf(mig, nil, "Warning", reason, "Migrate", "%s", message)
+	a.recorder.Eventf(mig, nil, corev1.EventTypeWarning, string(reason), "Migrate", "%s", message)
 	return nil
 }
 
