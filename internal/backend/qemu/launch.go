@@ -87,9 +87,17 @@ func signalName(s syscall.Signal) string {
 	return s.String()
 }
 
-// kill ends the process at once and waits until it is reaped.
+// kill ends the process at once and waits until it is reaped. A process
+// already reaped is left alone: its PID may be another process's by now.
 func (p *proc) kill() {
-	_ = syscall.Kill(p.pid, syscall.SIGKILL)
+	select {
+	case <-p.exited:
+		return
+	default:
+	}
+	// Through os.Process, which knows when Wait reaped it, rather than
+	// kill(2) on the bare PID.
+	_ = p.cmd.Process.Kill()
 	<-p.exited
 }
 
@@ -146,7 +154,7 @@ func macOpt(mac string) string {
 
 // launch starts QEMU for ls in its own session and returns once its QMP
 // socket answers.
-func (b *Backend) launch(ls launchSpec) (*proc, error) {
+func (b *Backend) launch(ls launchSpec) (_ *proc, err error) {
 	logf, err := os.OpenFile(filepath.Join(ls.dir, qemuLogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -178,6 +186,11 @@ func (b *Backend) launch(ls launchSpec) (*proc, error) {
 		p.state = cmd.ProcessState
 		close(p.exited)
 	}()
+	defer func() {
+		if err != nil {
+			p.kill()
+		}
+	}()
 
 	deadline := time.Now().Add(startTimeout)
 	sock := filepath.Join(ls.dir, qmpSock)
@@ -195,7 +208,6 @@ func (b *Backend) launch(ls launchSpec) (*proc, error) {
 		default:
 		}
 		if time.Now().After(deadline) {
-			p.kill()
 			return nil, fmt.Errorf("qemu: %s: QMP socket not answering after %s: %v", ls.name, startTimeout, err)
 		}
 		time.Sleep(5 * time.Millisecond)

@@ -92,7 +92,7 @@ func (b *Backend) SendLive(ctx context.Context, id string, w io.Writer) (time.Du
 }
 
 // ReceiveLive implements backend.LiveMigrator.
-func (b *Backend) ReceiveLive(ctx context.Context, spec backend.Spec, r io.Reader) (backend.Instance, error) {
+func (b *Backend) ReceiveLive(ctx context.Context, spec backend.Spec, r io.Reader) (_ backend.Instance, err error) {
 	hdr, err := readHeader(r, "live migration stream")
 	if err != nil {
 		return backend.Instance{}, err
@@ -102,18 +102,18 @@ func (b *Backend) ReceiveLive(ctx context.Context, spec backend.Spec, r io.Reade
 		return backend.Instance{}, err
 	}
 	defer theirs.Close() // the launched QEMU inherits its own copy
+	defer func() {
+		if err != nil {
+			ours.Close() // no QEMU will read the stream: the copy ends at its next write
+		}
+	}()
 	go func() {
 		// Ends when the sender closes the connection, or with a write error
 		// once QEMU, done loading, closed its end.
 		_, _ = io.Copy(ours, r)
 		ours.Close()
 	}()
-	inst, err := b.start(ctx, spec, &incoming{stream: theirs, header: hdr, origin: "live migration"})
-	if err != nil {
-		ours.Close()
-		return backend.Instance{}, err
-	}
-	return inst, nil
+	return b.start(ctx, spec, &incoming{stream: theirs, header: hdr, origin: "live migration"})
 }
 
 // socketPair is a connected pair of Unix stream sockets.

@@ -195,7 +195,10 @@ func (b *Backend) Start(ctx context.Context, spec backend.Spec) (backend.Instanc
 	return b.start(ctx, spec, nil)
 }
 
-func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (backend.Instance, error) {
+// start boots spec, or loads in into it. Whatever it did is undone when it
+// fails (see the deferred undo), so a failed start leaves no QEMU process,
+// socket or state file behind.
+func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_ backend.Instance, err error) {
 	if err := validID(spec.ID); err != nil {
 		return backend.Instance{}, err
 	}
@@ -246,7 +249,22 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (b
 		}
 	}
 
+	// From here on the directory is this start's, and then a process too.
+	// Every error return below ends in this one undo.
 	dir := b.dir(spec.ID)
+	var p *proc
+	defer func() {
+		if err == nil {
+			return
+		}
+		if p != nil {
+			b.abandon(v, p)
+		}
+		if rerr := removeAll(dir); rerr != nil {
+			b.log.Warn("cleaning up a failed start", "id", spec.ID, "err", rerr)
+		}
+	}()
+
 	if err := removeAll(dir); err != nil {
 		return backend.Instance{}, err
 	}
@@ -255,7 +273,6 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (b
 	}
 	m := meta{Spec: spec, Acceleration: b.accel, StartedAt: time.Now(), RestoredFrom: origin, RestoredReady: hdr.Ready}
 	if err := writeJSON(filepath.Join(dir, specFile), m); err != nil {
-		os.RemoveAll(dir)
 		return backend.Instance{}, err
 	}
 	ls := launchSpec{
@@ -264,15 +281,11 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (b
 		cmdline: b.cmdline(b.accel, hostnameFor(spec.Name), spec.Network, spec.KernelArgs),
 	}
 	m.StartedAt = time.Now()
-	p, err := b.launch(ls)
-	if err != nil {
-		os.RemoveAll(dir)
+	if p, err = b.launch(ls); err != nil {
 		return backend.Instance{}, err
 	}
 	m.PID = p.pid
 	if err := writeJSON(filepath.Join(dir, specFile), m); err != nil {
-		p.kill()
-		os.RemoveAll(dir)
 		return backend.Instance{}, err
 	}
 	v.mu.Lock()
@@ -284,8 +297,6 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (b
 
 	if in != nil {
 		if err := b.finishRestore(ctx, dir, p); err != nil {
-			p.kill()
-			os.RemoveAll(dir)
 			return backend.Instance{}, err
 		}
 		if hdr.Ready {
@@ -295,7 +306,30 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (b
 	if _, err := os.Stat(filepath.Join(dir, readyFile)); err != nil {
 		go b.watchReady(spec.ID, v, gen, p, m.StartedAt)
 	}
+	if startFailpoint != nil {
+		if err := startFailpoint(spec.ID); err != nil {
+			return backend.Instance{}, err
+		}
+	}
 	return b.get(ctx, spec.ID, v, false)
+}
+
+// startFailpoint, set only by tests, runs once a start has done everything
+// but report the instance, and fails the start with its error: the latest a
+// start can fail, when there is the most to undo.
+var startFailpoint func(id string) error
+
+// abandon kills p, a process a failed start launched, after detaching it from
+// v so that neither reap nor watchReady records anything about it in the
+// directory being removed.
+func (b *Backend) abandon(v *vmState, p *proc) {
+	v.mu.Lock()
+	if v.proc == p {
+		v.proc = nil
+		v.gen++
+	}
+	v.mu.Unlock()
+	p.kill()
 }
 
 // reap records how a process this Backend started ended.
