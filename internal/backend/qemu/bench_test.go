@@ -23,19 +23,12 @@ func BenchmarkColdBoot(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		id := fmt.Sprintf("bench_vm%d", i)
 		start := time.Now()
-		inst, err := be.Start(ctx, backend.Spec{ID: id, Name: "bench/vm", CPU: 1, MemoryMiB: 256})
-		if err != nil {
+		if _, err := be.Start(ctx, backend.Spec{ID: id, Name: "bench/vm", CPU: 1, MemoryMiB: 256}); err != nil {
 			b.Fatal(err)
 		}
-		for inst.Phase != backend.Running {
-			time.Sleep(2 * time.Millisecond)
-			if inst, err = be.Get(ctx, id); err != nil || inst.Phase == backend.Exited {
-				b.Fatalf("%+v %v", inst, err)
-			}
-			if time.Since(start) > bootTimeout {
-				b.Fatalf("not Running after %s: %+v", bootTimeout, inst)
-			}
-		}
+		// ms/boot is the backend's own ReadyAfter; ns/op also counts up to
+		// one poll interval of the wait.
+		inst := waitPhase(b, be, id, backend.Running, bootTimeout)
 		b.StopTimer()
 		total += inst.ReadyAfter
 		kb := vmRSSkB(inst.PID)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/zyvor/kairon/internal/backend"
+	"github.com/zyvor/kairon/internal/testenv"
 )
 
 // bootTimeout is generous: the suite runs on two loaded cores under TCG.
@@ -190,24 +191,26 @@ func qemuProcesses(stateDir string) []int {
 	return pids
 }
 
-// waitPhase polls Get until the instance reaches phase.
+// waitPhase waits until Get reports the instance in phase, and fails at
+// once if it exited instead.
 func waitPhase(tb testing.TB, b backend.Backend, id string, phase backend.Phase, timeout time.Duration) backend.Instance {
 	tb.Helper()
-	deadline := time.Now().Add(timeout)
 	var inst backend.Instance
 	var err error
-	for time.Now().Before(deadline) {
-		inst, err = b.Get(context.Background(), id)
-		if err == nil && inst.Phase == phase {
-			return inst
-		}
-		if err == nil && inst.Phase == backend.Exited && phase != backend.Exited {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
+	seen := func() string {
+		return fmt.Sprintf("%+v (err %v)\nconsole:\n%s", inst, err, lastLines(readTail(b.ConsoleLog(id), 8192), 30))
 	}
-	tb.Fatalf("%s: want phase %s within %s, have %+v (err %v)\nconsole:\n%s", id, phase, timeout, inst, err,
-		lastLines(readTail(b.ConsoleLog(id), 8192), 30))
+	testenv.Eventually(tb, timeout, fmt.Sprintf("%s to be %s", id, phase), func() (bool, string) {
+		inst, err = b.Get(context.Background(), id)
+		if err != nil {
+			return false, seen()
+		}
+		// An exited VM reaches no other phase: stop waiting.
+		return inst.Phase == phase || inst.Phase == backend.Exited, seen()
+	})
+	if inst.Phase != phase {
+		tb.Fatalf("%s: want phase %s, have %s", id, phase, seen())
+	}
 	return inst
 }
 

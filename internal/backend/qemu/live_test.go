@@ -43,13 +43,32 @@ func tcpPair(t testing.TB) (send, receive net.Conn) {
 }
 
 // counterOutput matches what readCounter's command prints, not its echo.
-var counterOutput = regexp.MustCompile(`counter:(\d+)\.`)
+var counterOutput = regexp.MustCompile(`counter:(\d*)\.`)
 
-// readCounter prints the guest's counter file and returns its value.
+// readCounter prints the guest's counter file and returns its value. The
+// guest's loop rewrites the file ten times a second, so a read may find it
+// just truncated; then it reads again.
 func readCounter(t *testing.T, con *testenv.Console) int {
 	t.Helper()
-	n, _ := strconv.Atoi(con.Expect(t, "echo counter:$(cat /tmp/counter).", counterOutput, 30*time.Second)[1])
+	var n int
+	testenv.Eventually(t, 30*time.Second, "a value in the guest's counter file", func() (bool, string) {
+		m := con.Expect(t, "echo counter:$(cat /tmp/counter).", counterOutput, 30*time.Second)
+		var err error
+		n, err = strconv.Atoi(m[1])
+		return err == nil, m[0]
+	})
 	return n
+}
+
+// counterPast waits until the guest's counter is past n and returns it.
+func counterPast(t *testing.T, con *testenv.Console, n int, what string) int {
+	t.Helper()
+	var c int
+	testenv.Eventually(t, 30*time.Second, what, func() (bool, string) {
+		c = readCounter(t, con)
+		return c > n, fmt.Sprintf("counter %d", c)
+	})
+	return c
 }
 
 // livePair is a guest running on the first of two Backends (two nodes'
@@ -101,9 +120,9 @@ func (p *livePair) migrate(t *testing.T, receiveSpec backend.Spec) (downtime tim
 func TestLiveMigration(t *testing.T) {
 	ctx := context.Background()
 	p := startLivePair(t, "live")
-	p.con.ExpectText(t, `(i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; usleep 100000; done) & echo counting`, "counting", 30*time.Second)
-	time.Sleep(500 * time.Millisecond)
-	before := readCounter(t, p.con)
+	// The counter file exists before the loop runs, so it can be read at once.
+	p.con.ExpectText(t, `echo 0 > /tmp/counter; (i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; usleep 100000; done) & echo counting`, "counting", 30*time.Second)
+	before := counterPast(t, p.con, 0, "the guest's counter to start")
 
 	start := time.Now()
 	downtime, sendErr, receiveErr := p.migrate(t, p.spec)
@@ -134,10 +153,8 @@ func TestLiveMigration(t *testing.T) {
 	if after < before {
 		t.Errorf("counter went back from %d to %d: the guest lost its state", before, after)
 	}
-	time.Sleep(time.Second)
-	if later := readCounter(t, con); later <= after {
-		t.Errorf("counter stuck at %d after the migration: the guest's process does not run", later)
-	}
+	// A counter stuck at after: the guest's process does not run.
+	counterPast(t, con, after, fmt.Sprintf("the counter to go on from %d after the migration", after))
 }
 
 // TestLiveMigrationRefusedKeepsTheSourceRunning: a receiver that cannot take
@@ -159,17 +176,10 @@ func TestLiveMigrationRefusedKeepsTheSourceRunning(t *testing.T) {
 	if _, err := p.target.Get(ctx, p.spec.ID); err == nil {
 		t.Error("the refusing receiver kept an instance")
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testenv.Eventually(t, 30*time.Second, "the source's QMP status to be running after the failed migration", func() (bool, string) {
 		st := qmpStatusOf(t, p.source, p.spec.ID)
-		if st == "running" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("source QMP status %q after the failed migration, want running", st)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return st == "running", "status " + st
+	})
 	if got, _ := p.source.Get(ctx, p.spec.ID); got.Phase != backend.Running || got.PID != p.orig.PID {
 		t.Errorf("source after the failed migration: %+v, want the same process Running", got)
 	}

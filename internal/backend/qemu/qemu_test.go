@@ -122,49 +122,43 @@ func TestBootNetworkPauseResumeStop(t *testing.T) {
 	})
 }
 
-// talkToGuest fetches the HTTP page on 8080 and echoes a line on port 7,
-// from inside the test's namespace.
+// talkToGuest fetches the HTTP page on 8080 and echoes a line on port 7.
+// It dials from inside the test's namespace; a socket stays in the
+// namespace it was made in, whichever thread uses it afterwards.
 func talkToGuest(t *testing.T, ns *testNetns, addr string) (page, echo string, err error) {
-	ns.do(t, func() {
-		deadline := time.Now().Add(20 * time.Second)
-		var c net.Conn
-		for { // the guest's ARP answer and httpd may take a moment under TCG
-			c, err = net.DialTimeout("tcp", addr+":8080", 2*time.Second)
-			if err == nil || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(200 * time.Millisecond)
+	t.Helper()
+	var c net.Conn
+	// The guest's ARP answer and httpd may take a moment under TCG.
+	testenv.Eventually(t, 20*time.Second, "the guest's web server on "+addr+":8080 to accept", func() (bool, string) {
+		var derr error
+		ns.do(t, func() { c, derr = net.DialTimeout("tcp", addr+":8080", 2*time.Second) })
+		if derr != nil {
+			return false, derr.Error()
 		}
-		if err != nil {
-			err = fmt.Errorf("dial %s:8080: %w", addr, err)
-			return
-		}
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: guest\r\n\r\n")
-		b, rerr := io.ReadAll(c)
-		c.Close()
-		if rerr != nil {
-			err = fmt.Errorf("read page: %w", rerr)
-			return
-		}
-		page = string(b)
-
-		c, err = net.DialTimeout("tcp", addr+":7", 5*time.Second)
-		if err != nil {
-			err = fmt.Errorf("dial %s:7: %w", addr, err)
-			return
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		fmt.Fprintf(c, "ping kairon\n")
-		buf := make([]byte, 64)
-		n, rerr := io.ReadAtLeast(c, buf, len("ping kairon\n"))
-		if rerr != nil {
-			err = fmt.Errorf("echo: %w", rerr)
-		}
-		echo = string(buf[:n])
+		return true, ""
 	})
-	return page, echo, err
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: guest\r\n\r\n")
+	b, err := io.ReadAll(c)
+	c.Close()
+	if err != nil {
+		return "", "", fmt.Errorf("read page: %w", err)
+	}
+	page = string(b)
+
+	ns.do(t, func() { c, err = net.DialTimeout("tcp", addr+":7", 5*time.Second) })
+	if err != nil {
+		return page, "", fmt.Errorf("dial %s:7: %w", addr, err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "ping kairon\n")
+	buf := make([]byte, 64)
+	n, err := io.ReadAtLeast(c, buf, len("ping kairon\n"))
+	if err != nil {
+		err = fmt.Errorf("echo: %w", err)
+	}
+	return page, string(buf[:n]), err
 }
 
 func getsid(pid int) (int, error) {
@@ -189,17 +183,13 @@ func TestReadoptAndKill(t *testing.T) {
 		}
 		pids[id] = inst.PID
 	}
-	// Readers run concurrently with the boots (and with the watchers).
-	stop := make(chan struct{})
+	// Readers run concurrently with the boots, with the watchers and with
+	// the wait: each time the wait asks, a reader lists and gets too.
+	poke := make(chan struct{}, 1)
 	readers := make(chan error, 1)
 	go func() {
 		defer close(readers)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
+		for range poke {
 			if _, err := b1.List(ctx); err != nil {
 				readers <- err
 				return
@@ -208,15 +198,29 @@ func TestReadoptAndKill(t *testing.T) {
 				readers <- err
 				return
 			}
-			time.Sleep(time.Millisecond)
 		}
 	}()
-	for _, id := range ids {
-		waitPhase(t, b1, id, backend.Running, bootTimeout)
-	}
-	close(stop)
+	testenv.Eventually(t, bootTimeout, "both VMs to be Running while others read", func() (bool, string) {
+		select {
+		case poke <- struct{}{}:
+		default: // the reader has not taken the last one yet
+		}
+		var phases []string
+		done := true
+		for _, id := range ids {
+			inst, err := b1.Get(ctx, id)
+			phases = append(phases, fmt.Sprintf("%s: %s (err %v)", id, inst.Phase, err))
+			// An exited VM ends the wait too; waitPhase below says why.
+			done = done && err == nil && (inst.Phase == backend.Running || inst.Phase == backend.Exited)
+		}
+		return done, strings.Join(phases, ", ")
+	})
+	close(poke)
 	if err := <-readers; err != nil {
 		t.Fatalf("concurrent List/Get: %v", err)
+	}
+	for _, id := range ids {
+		waitPhase(t, b1, id, backend.Running, bootTimeout)
 	}
 	before := qemuProcesses(b1.opts.StateDir)
 	if len(before) != 2 {
@@ -259,14 +263,10 @@ func TestReadoptAndKill(t *testing.T) {
 		// an adopter opened after that learns the signal from the record.
 		waitPhase(t, b1, id, backend.Exited, 10*time.Second)
 		record := filepath.Join(b1.opts.StateDir, id, exitFile)
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			if _, err := os.Stat(record); err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the starter wrote no %s", record)
-			}
-		}
+		testenv.Eventually(t, 5*time.Second, "the starter to write "+record, func() (bool, string) {
+			_, err := os.Stat(record)
+			return err == nil, fmt.Sprint(err)
+		})
 		b2, err := New(Options{StateDir: b1.opts.StateDir, GuestDir: b1.opts.GuestDir})
 		if err != nil {
 			t.Fatal(err)
