@@ -35,9 +35,9 @@ func TestSimPhases(t *testing.T) {
 	if _, err := os.Stat(b.ConsoleLog("ns_vm")); err != nil {
 		t.Errorf("console log: %v", err)
 	}
-	time.Sleep(150 * time.Millisecond)
-	if in, _ = b.Get(ctx, "ns_vm"); in.Phase != backend.Running || in.ReadyAfter != 100*time.Millisecond {
-		t.Fatalf("after BootDelay: %+v", in)
+	waitRunning(t, b, "ns_vm")
+	if in, _ = b.Get(ctx, "ns_vm"); in.ReadyAfter != 100*time.Millisecond {
+		t.Fatalf("after BootDelay: %+v, want ReadyAfter the BootDelay", in)
 	}
 	b.Get(ctx, "ns_vm")
 	if console, _ := os.ReadFile(b.ConsoleLog("ns_vm")); !strings.HasSuffix(string(console), "\nKAIRON-READY\n") || strings.Count(string(console), "KAIRON-READY") != 1 {

@@ -3,13 +3,24 @@ package sim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/zyvor/kairon/internal/backend"
+	"github.com/zyvor/kairon/internal/testenv"
 )
+
+// waitRunning waits until the instance is Running, its BootDelay over.
+func waitRunning(t *testing.T, b *Backend, id string) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, id+" to be Running", func() (bool, string) {
+		in, err := b.Get(context.Background(), id)
+		return err == nil && in.Phase == backend.Running, fmt.Sprintf("%+v (err %v)", in, err)
+	})
+}
 
 func TestSimLifecycleSurvivesANewBackend(t *testing.T) {
 	ctx := context.Background()
@@ -22,9 +33,9 @@ func TestSimLifecycleSurvivesANewBackend(t *testing.T) {
 	if err != nil || in.Phase != backend.Booting || in.Acceleration != "sim" {
 		t.Fatalf("Start = %+v, %v; want Booting", in, err)
 	}
-	time.Sleep(250 * time.Millisecond)
-	if in, _ = b.Get(ctx, "ns_a"); in.Phase != backend.Running || in.ReadyAfter != 200*time.Millisecond {
-		t.Fatalf("after the boot delay: %+v", in)
+	waitRunning(t, b, "ns_a")
+	if in, _ = b.Get(ctx, "ns_a"); in.ReadyAfter != 200*time.Millisecond {
+		t.Fatalf("after the boot delay: %+v, want ReadyAfter the BootDelay", in)
 	}
 
 	// A new backend over the same directory adopts the instance unchanged.
@@ -76,7 +87,7 @@ func TestSimLiveMigration(t *testing.T) {
 	if _, err := source.Start(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(20 * time.Millisecond)
+	waitRunning(t, source, spec.ID)
 	send, receive := net.Pipe()
 	received := make(chan backend.Instance, 1)
 	go func() {
