@@ -184,5 +184,5 @@ type MachineTemplateMeta struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&Machine{}, &MachineList{})
+	register(&Machine{}, &MachineList{})
 }

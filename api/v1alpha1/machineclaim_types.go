@@ -114,5 +114,5 @@ type MachineClaimList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&MachineClaim{}, &MachineClaimList{})
+	register(&MachineClaim{}, &MachineClaimList{})
 }

@@ -80,5 +80,5 @@ type MachineDisruptionBudgetList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&MachineDisruptionBudget{}, &MachineDisruptionBudgetList{})
+	register(&MachineDisruptionBudget{}, &MachineDisruptionBudgetList{})
 }

@@ -114,5 +114,5 @@ type MachineMigrationList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&MachineMigration{}, &MachineMigrationList{})
+	register(&MachineMigration{}, &MachineMigrationList{})
 }

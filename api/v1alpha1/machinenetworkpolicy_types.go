@@ -63,5 +63,5 @@ type MachineNetworkPolicyList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&MachineNetworkPolicy{}, &MachineNetworkPolicyList{})
+	register(&MachineNetworkPolicy{}, &MachineNetworkPolicyList{})
 }

@@ -75,5 +75,5 @@ type MachinePoolList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&MachinePool{}, &MachinePoolList{})
+	register(&MachinePool{}, &MachinePoolList{})
 }

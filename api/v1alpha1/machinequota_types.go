@@ -74,5 +74,5 @@ type MachineQuotaList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&MachineQuota{}, &MachineQuotaList{})
+	register(&MachineQuota{}, &MachineQuotaList{})
 }

@@ -85,5 +85,5 @@ type MachineSetList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&MachineSet{}, &MachineSetList{})
+	register(&MachineSet{}, &MachineSetList{})
 }

@@ -18,7 +18,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -888,9 +887,10 @@ func TestRenderedFlagsExist(t *testing.T) {
 // directory and returns it.
 func buildCommands(t *testing.T, names ...string) string {
 	t.Helper()
+	// go test puts its own go first in the test's PATH.
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Fatalf("finding the go command to build with: %v", err)
 	}
 	dir := t.TempDir()
 	args := []string{"build", "-o", dir + string(filepath.Separator)}

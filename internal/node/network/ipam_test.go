@@ -70,7 +70,8 @@ func TestIPAMRefusesBadRanges(t *testing.T) {
 }
 
 func TestNamesAreStableAndShort(t *testing.T) {
-	if TapName("node-1", "ns_a") != TapName("node-1", "ns_a") || TapName("node-1", "ns_a") == TapName("node-1", "ns_b") || TapName("node-1", "ns_a") == TapName("node-2", "ns_a") {
+	first, again := TapName("node-1", "ns_a"), TapName("node-1", "ns_a")
+	if first != again || first == TapName("node-1", "ns_b") || first == TapName("node-2", "ns_a") {
 		t.Error("tap names are not stable and distinct")
 	}
 	if n := len(TapName("node-1", strings.Repeat("x", 300))); n > 15 {
