@@ -8,10 +8,11 @@ GO         ?= go
 GOFLAGS    ?=
 DATA_DIR   ?= $(CURDIR)/.kairon
 NODES      ?= 2
-TEST_FLAGS ?= -timeout 20m -count=1
+TEST_FLAGS ?= -race -timeout 20m -count=1
 CONTROLLER_GEN := $(BIN)/controller-gen
+STATICCHECK    := $(BIN)/staticcheck
 
-.PHONY: all deps tools guest generate build up test bench fmt clean help
+.PHONY: all deps tools guest generate build up test test-unit lint bench fmt clean help
 
 all: build
 
@@ -38,9 +39,22 @@ build: ## Build Kairon's commands into bin/.
 up: deps tools guest build ## Run a whole single-host Kairon with state in $(DATA_DIR).
 	$(BIN)/kairon-local up --data-dir $(DATA_DIR) --nodes $(NODES)
 
-test: deps tools guest build ## Install, build and run every test.
+test: deps tools guest build ## Install, build and run every test, with the race detector.
 	$(GO) vet ./...
 	KAIRON_BIN_DIR=$(BIN) $(GO) test $(TEST_FLAGS) ./...
+
+# The race detector needs cgo; test-unit runs without it where no C compiler is.
+UNIT_RACE := $(shell command -v gcc >/dev/null 2>&1 && echo -race)
+
+test-unit: ## Run the tests that need no root, QEMU, guest image or control plane (go test -short).
+	$(GO) test -short $(UNIT_RACE) -count=1 ./...
+
+$(STATICCHECK): hack/lint/go.mod hack/lint/go.sum
+	cd hack/lint && $(GO) build -o $(STATICCHECK) honnef.co/go/tools/cmd/staticcheck
+
+lint: $(STATICCHECK) ## go vet and the pinned staticcheck (hack/lint).
+	$(GO) vet ./...
+	$(STATICCHECK) ./...
 
 bench: deps tools guest build ## Run the benchmarks recorded in docs/benchmarks.md.
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench MachineColdBoot -benchtime 10x ./test/e2e/

@@ -106,20 +106,13 @@ func TestHorizontalPodAutoscalerScalesAMachinePool(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	testenv.Eventually(t, 90*time.Second, "the HPA to scale the pool to minReplicas 4", func() (bool, string) {
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(pool), pool); err != nil {
-			t.Fatal(err)
+			return false, err.Error()
 		}
-		if *pool.Spec.Replicas == 4 {
-			return
-		}
-		if time.Now().After(deadline) {
-			_ = env.Client.Get(ctx, client.ObjectKeyFromObject(hpa), hpa)
-			t.Fatalf("HPA did not scale the pool to minReplicas 4: spec.replicas=%d, HPA status %+v", *pool.Spec.Replicas, hpa.Status)
-		}
-		time.Sleep(time.Second)
-	}
+		_ = env.Client.Get(ctx, client.ObjectKeyFromObject(hpa), hpa)
+		return *pool.Spec.Replicas == 4, fmt.Sprintf("spec.replicas=%d, HPA status %+v", *pool.Spec.Replicas, hpa.Status)
+	})
 }
 
 func TestKubectlGetBudgetsShowsTheBudgetColumns(t *testing.T) {

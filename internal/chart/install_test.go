@@ -652,19 +652,8 @@ func deleteCRDs(t *testing.T, env *testenv.Env, names []string) {
 	})
 }
 
-// eventually polls check until it reports done, failing the test with its
-// last account of what it saw after installTimeout.
+// eventually waits, up to installTimeout, for check to report done.
 func eventually(t *testing.T, what string, check func() (done bool, saw string)) {
 	t.Helper()
-	deadline := time.Now().Add(installTimeout)
-	for {
-		done, saw := check()
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last saw: %s", installTimeout, what, saw)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	testenv.Eventually(t, installTimeout, what, check)
 }

@@ -110,6 +110,7 @@ func Run(m *testing.M) int {
 // the reason (missing binaries say to run `make tools`).
 func Get(t testing.TB) *Env {
 	t.Helper()
+	host.SkipIfShort(t, "a control plane (etcd, kube-apiserver, kube-controller-manager)")
 	mu.Lock()
 	defer mu.Unlock()
 	if !inRun {

@@ -23,11 +23,22 @@ const BinDirEnv = "KAIRON_BIN_DIR"
 // what to do when they are not there. It needs no running control plane.
 func BinDir(t testing.TB) string {
 	t.Helper()
+	SkipIfShort(t, "the pinned binaries in bin/")
 	dir, err := LocateBinDir()
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
 	return dir
+}
+
+// SkipIfShort skips t under `go test -short` (make test-unit), which runs
+// only the tests that need no root, no QEMU, no guest image and no control
+// plane; needs says what t would have needed.
+func SkipIfShort(t testing.TB, needs string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("needs %s: run by make test, skipped by make test-unit (-short)", needs)
+	}
 }
 
 // LocateBinDir finds the pinned binaries: $KAIRON_BIN_DIR if set, else bin/
