@@ -143,7 +143,7 @@ func TestCordonEvacuation(t *testing.T) {
 	// as the budget lets them come. The node empties, and never more than
 	// one web Machine is disrupted at once.
 	stop := executeMigrations(t, env, ns, nodeB.Name)
-	eventuallyWithin(t, 90*time.Second, "node "+nodeA.Name+" to empty", func() (bool, string) {
+	testenv.Eventually(t, 90*time.Second, "node "+nodeA.Name+" to empty", func() (bool, string) {
 		var on []string
 		for _, m := range listMachines(t, env, ns) {
 			if m.Spec.NodeName == nodeA.Name {
@@ -343,20 +343,4 @@ func finishMigration(ctx context.Context, env *testenv.Env, mig *kaironv1.Machin
 		return fmt.Errorf("finishing %s: %w", mig.Name, err)
 	}
 	return nil
-}
-
-// eventuallyWithin is eventually with its own timeout.
-func eventuallyWithin(t *testing.T, timeout time.Duration, what string, check func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		done, saw := check()
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last saw: %s", timeout, what, saw)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

@@ -132,23 +132,11 @@ func setMachinePhase(t *testing.T, env *testenv.Env, m *kaironv1.Machine, phase 
 	}
 }
 
-// eventually polls check until it reports done, failing the test with its
-// last account of what it saw after waitTimeout.
+// eventually waits up to waitTimeout for check to report done; see
+// testenv.Eventually.
 func eventually(t *testing.T, what string, check func() (done bool, saw string)) {
 	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	var saw string
-	for {
-		var done bool
-		done, saw = check()
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last saw: %s", waitTimeout, what, saw)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.Eventually(t, waitTimeout, what, check)
 }
 
 func listMachines(t *testing.T, env *testenv.Env, ns string, opts ...client.ListOption) []kaironv1.Machine {

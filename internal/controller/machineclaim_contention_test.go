@@ -30,23 +30,6 @@ import (
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
-// within is eventually with its own deadline, for the long waits of the
-// contention test.
-func within(t *testing.T, d time.Duration, what string, check func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		ok, saw := check()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last saw: %s", d, what, saw)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
 // claimBindHistory watches claims and records every Machine each claim's
 // status ever named, and every claim that ever named each Machine.
 type claimBindHistory struct {
@@ -102,7 +85,7 @@ func TestMachineClaimNoDoubleBindUnderContention(t *testing.T) {
 
 	began := time.Now()
 	createPool(t, env, ns, "agents", warm)
-	within(t, 90*time.Second, "50 Running warm members", func() (bool, string) {
+	testenv.Eventually(t, 90*time.Second, "50 Running warm members", func() (bool, string) {
 		w, _ := poolMachines(t, env, ns, "agents")
 		return len(w) == warm && countRunning(w) == warm, fmt.Sprintf("%d warm, %d Running", len(w), countRunning(w))
 	})
@@ -138,7 +121,7 @@ func TestMachineClaimNoDoubleBindUnderContention(t *testing.T) {
 	t.Logf("%d claims created in %s", claims, time.Since(began).Round(time.Millisecond))
 
 	var list kaironv1.MachineClaimList
-	within(t, 120*time.Second, "every claim bound", func() (bool, string) {
+	testenv.Eventually(t, 120*time.Second, "every claim bound", func() (bool, string) {
 		if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 			return false, err.Error()
 		}
@@ -165,7 +148,7 @@ func TestMachineClaimNoDoubleBindUnderContention(t *testing.T) {
 	}
 	// That Machine carries the claim, and no other Machine does once the
 	// members taken by the binds that lost a race are handed back.
-	within(t, waitTimeout, "each claim's label on its bound Machine only", func() (bool, string) {
+	testenv.Eventually(t, waitTimeout, "each claim's label on its bound Machine only", func() (bool, string) {
 		labelled := map[string][]string{}
 		for _, m := range listMachines(t, env, ns) {
 			if c := m.Labels[kaironv1.LabelMachineClaim]; c != "" && m.DeletionTimestamp == nil {
@@ -179,7 +162,7 @@ func TestMachineClaimNoDoubleBindUnderContention(t *testing.T) {
 		}
 		return true, ""
 	})
-	within(t, waitTimeout, "the watch to see every bind", func() (bool, string) {
+	testenv.Eventually(t, waitTimeout, "the watch to see every bind", func() (bool, string) {
 		history.mu.Lock()
 		defer history.mu.Unlock()
 		return len(history.byClaim) == claims, fmt.Sprintf("%d claims seen bound", len(history.byClaim))
@@ -206,7 +189,7 @@ func TestMachineClaimNoDoubleBindUnderContention(t *testing.T) {
 	t.Logf("bindMillis p50 %d, p90 %d, max %d", millis[len(millis)/2], millis[len(millis)*9/10], millis[len(millis)-1])
 
 	// And the pool is back to 50 warm members.
-	within(t, 60*time.Second, "the pool back to 50 Running warm members", func() (bool, string) {
+	testenv.Eventually(t, 60*time.Second, "the pool back to 50 Running warm members", func() (bool, string) {
 		w, c := poolMachines(t, env, ns, "agents")
 		return len(w) == warm && countRunning(w) == warm && len(c) == claims, fmt.Sprintf("%d warm (%d Running), %d claimed", len(w), countRunning(w), len(c))
 	})
