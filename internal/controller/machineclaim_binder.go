@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/patch"
 )
 
 // claimPoolIndex indexes MachineClaims by spec.poolName in the cache.
@@ -659,15 +660,15 @@ func invalidClaimLabels(labels map[string]string) string {
 	return "spec.labels cannot be put on a Machine: " + strings.Join(problems, "; ")
 }
 
-// patchClaimStatus writes a claim's status as a merge patch that carries
-// the claim's resourceVersion. Several writers share a claim's status (the
-// binders of every kairon-controller replica, the claim reconciler), and a
-// write from a stale copy must fail rather than, say, turn Bound back into
-// Pending.
+// patchClaimStatus writes status to claim and leaves claim as written.
+// Several writers share a claim's status (the binders of every
+// kairon-controller replica, the claim reconciler), so the write is locked:
+// from a stale copy it fails with a Conflict rather than, say, turn Bound
+// back into Pending.
 func patchClaimStatus(ctx context.Context, c client.Client, claim *kaironv1.MachineClaim, status *kaironv1.MachineClaimStatus) error {
 	desired := claim.DeepCopy()
 	desired.Status = *status
-	if err := c.Status().Patch(ctx, desired, client.MergeFromWithOptions(claim, client.MergeFromWithOptimisticLock{})); err != nil {
+	if err := patch.Status(ctx, c, claim, desired, patch.WithOptimisticLock()); err != nil {
 		return err
 	}
 	*claim = *desired

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/patch"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -116,7 +117,8 @@ func (r *MachineDisruptionBudgetReconciler) Reconcile(ctx context.Context, _ rec
 		if equality.Semantic.DeepEqual(b.Status, desired.Status) {
 			continue
 		}
-		if err := r.Client.Status().Patch(ctx, desired, client.MergeFrom(b)); err != nil {
+		// Last writer wins: the counts are recomputed every tick.
+		if err := patch.Status(ctx, r.Client, b, desired); err != nil {
 			if !apierrors.IsNotFound(err) {
 				logger.Error(err, "Patching disruption budget status; trying again next tick", "budget", key.String())
 			}

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/patch"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -94,7 +95,7 @@ func (r *MachineMigrationReconciler) Reconcile(ctx context.Context, req reconcil
 		return reconcile.Result{}, err
 	}
 	if !equality.Semantic.DeepEqual(mig.Status, desired.Status) {
-		if err := r.Client.Status().Patch(ctx, desired, client.MergeFromWithOptions(mig, client.MergeFromWithOptimisticLock{})); err != nil {
+		if err := patch.Status(ctx, r.Client, mig, desired, patch.WithOptimisticLock()); err != nil {
 			if apierrors.IsConflict(err) {
 				return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 			}

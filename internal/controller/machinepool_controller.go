@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/patch"
 )
 
 var machinePoolKind = kaironv1.GroupVersion.WithKind("MachinePool")
@@ -117,8 +118,10 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	current, stale := splitByTemplate(members.warm, hash)
 
 	warm, syncErr := r.syncMembers(ctx, &pool, hash, current, stale, createsInFlight)
-	status := computePoolStatus(&pool, warm, members.claimed, syncErr)
-	if err := patchWholeStatus(ctx, r.Client, &pool, &pool.Status, status); err != nil {
+	desired := pool.DeepCopy()
+	desired.Status = *computePoolStatus(&pool, warm, members.claimed, syncErr)
+	// The pool's status is this controller's alone: all of it is written.
+	if err := patch.Status(ctx, r.Client, &pool, desired, patch.WholeStatus(), patch.IgnoreNotFound()); err != nil {
 		return reconcile.Result{}, errors.Join(syncErr, err)
 	}
 	if syncErr != nil {

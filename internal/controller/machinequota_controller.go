@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/patch"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -68,7 +69,8 @@ func (r *MachineQuotaReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	if equality.Semantic.DeepEqual(quota.Status, desired.Status) {
 		return reconcile.Result{RequeueAfter: r.Interval}, nil
 	}
-	if err := r.Client.Status().Patch(ctx, desired, client.MergeFrom(&quota)); err != nil {
+	// Last writer wins: the usage is recomputed every pass.
+	if err := patch.Status(ctx, r.Client, &quota, desired); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	log.FromContext(ctx).V(1).Info("Updated quota usage", "used", rules.QuotaSummary(quota.Spec.Hard, used))

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/patch"
 )
 
 var machineSetKind = kaironv1.GroupVersion.WithKind("MachineSet")
@@ -104,7 +105,8 @@ func (r *MachineSetReconciler) Reconcile(ctx context.Context, req reconcile.Requ
 		return reconcile.Result{}, nil
 	}
 
-	status := set.Status.DeepCopy()
+	desired := set.DeepCopy()
+	status := &desired.Status
 	status.ObservedGeneration = set.Generation
 	status.Selector = metav1.FormatLabelSelector(set.Spec.Selector.LabelSelector())
 
@@ -115,7 +117,7 @@ func (r *MachineSetReconciler) Reconcile(ctx context.Context, req reconcile.Requ
 			Message: err.Error(), ObservedGeneration: set.Generation,
 		})
 		// Retrying cannot help until the spec changes, which requeues.
-		return reconcile.Result{}, patchWholeStatus(ctx, r.Client, &set, &set.Status, status)
+		return reconcile.Result{}, patch.Status(ctx, r.Client, &set, desired, patch.WholeStatus(), patch.IgnoreNotFound())
 	}
 
 	owned, err := r.claimMachines(ctx, &set, selector)
@@ -127,7 +129,8 @@ func (r *MachineSetReconciler) Reconcile(ctx context.Context, req reconcile.Requ
 	syncErr := r.syncReplicas(ctx, &set, live, createsInFlight)
 	setReplicaCounts(status, live)
 	setMachineSetConditions(status, &set, syncErr)
-	if err := patchWholeStatus(ctx, r.Client, &set, &set.Status, status); err != nil {
+	// The set's status is this controller's alone: all of it is written.
+	if err := patch.Status(ctx, r.Client, &set, desired, patch.WholeStatus(), patch.IgnoreNotFound()); err != nil {
 		return reconcile.Result{}, errors.Join(syncErr, err)
 	}
 	if syncErr != nil {

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/patch"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -349,15 +350,10 @@ func (r *SchedulerReconciler) markPending(ctx context.Context, m *kaironv1.Machi
 }
 
 // patchStatus writes the status fields that differ between current and
-// desired as a merge patch, so fields only the node agent writes are never
-// sent. The patch carries the resourceVersion because conditions are a list,
-// which a merge patch replaces whole: without the lock a stale copy could
-// drop a condition the agent just set.
+// desired, so fields only the node agent writes are never sent. It is
+// locked because the node agent shares the status, conditions included.
 func (r *SchedulerReconciler) patchStatus(ctx context.Context, current, desired *kaironv1.Machine) error {
-	if equality.Semantic.DeepEqual(current.Status, desired.Status) {
-		return nil
-	}
-	return r.Client.Status().Patch(ctx, desired, client.MergeFromWithOptions(current, client.MergeFromWithOptimisticLock{}))
+	return patch.Status(ctx, r.Client, current, desired, patch.WithOptimisticLock())
 }
 
 // schedulerOwnsPhase says whether the scheduler may write the phase: only
