@@ -58,25 +58,15 @@ func runAgentWithAddress(t *testing.T, env *testenv.Env, nodeName, stateDir stri
 	return testenv.RunInBackground(t, "agent "+nodeName, agent.Run), agent.Address()
 }
 
-func eventually(t *testing.T, what string, check func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ok, state := check()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; last seen: %s", what, state)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
+// waitTimeout bounds every wait of these tests: an upper bound for a loaded
+// machine, never a measurement (testenv.Eventually returns as soon as the
+// condition holds).
+const waitTimeout = 30 * time.Second
 
 func waitPhase(t *testing.T, env *testenv.Env, key client.ObjectKey, want kaironv1.MachinePhase) *kaironv1.Machine {
 	t.Helper()
 	m := &kaironv1.Machine{}
-	eventually(t, "machine "+key.String()+" "+string(want), func() (bool, string) {
+	testenv.Eventually(t, waitTimeout, "machine "+key.String()+" "+string(want), func() (bool, string) {
 		if err := env.Client.Get(context.Background(), key, m); err != nil {
 			return false, err.Error()
 		}
@@ -93,7 +83,7 @@ func TestAgentRegistersItsNode(t *testing.T) {
 	})
 
 	n := &corev1.Node{}
-	eventually(t, "node registered Ready", func() (bool, string) {
+	testenv.Eventually(t, waitTimeout, "node registered Ready", func() (bool, string) {
 		if err := env.Client.Get(context.Background(), client.ObjectKey{Name: "sim-register"}, n); err != nil {
 			return false, err.Error()
 		}
@@ -163,7 +153,7 @@ func TestAgentRunsAMachineThroughItsLife(t *testing.T) {
 	if err := env.Client.Delete(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "machine gone", func() (bool, string) {
+	testenv.Eventually(t, waitTimeout, "machine gone", func() (bool, string) {
 		err := env.Client.Get(ctx, key, m)
 		return apierrors.IsNotFound(err), string(m.Status.Phase)
 	})
@@ -197,7 +187,7 @@ func TestRestartedAgentAdoptsRunningVMsAndStopsOrphans(t *testing.T) {
 	}
 	runAgent(t, env, "sim-restart", state)
 
-	eventually(t, "orphan removed by the new agent", func() (bool, string) {
+	testenv.Eventually(t, waitTimeout, "orphan removed by the new agent", func() (bool, string) {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(orphan), &kaironv1.Machine{})
 		return apierrors.IsNotFound(err), "still there"
 	})

@@ -126,7 +126,7 @@ func migrationMetric(t *testing.T, strategy, phase, reason string) (ended float6
 // note is note.
 func waitEvent(t *testing.T, env *testenv.Env, ns, kind, name, reason, note string) {
 	t.Helper()
-	eventually(t, "a "+reason+" event on "+kind+" "+name, func() (bool, string) {
+	testenv.Eventually(t, waitTimeout, "a "+reason+" event on "+kind+" "+name, func() (bool, string) {
 		var l eventsv1.EventList
 		if err := env.Client.List(context.Background(), &l, client.InNamespace(ns)); err != nil {
 			return false, err.Error()
@@ -195,7 +195,7 @@ func TestLiveMigrationMovesARunningMachine(t *testing.T) {
 	if mig.Annotations[kaironv1.AnnotationMigrationStateSaved] != "true" || mig.Annotations[kaironv1.AnnotationMigrationDowntimeMillis] == "" {
 		t.Errorf("annotations %v, want the source's hand-over and downtime", mig.Annotations)
 	}
-	eventually(t, "the migration counted in the metrics", func() (bool, string) {
+	testenv.Eventually(t, waitTimeout, "the migration counted in the metrics", func() (bool, string) {
 		ended, downtimes := migrationMetric(t, "live", "Succeeded", "Succeeded")
 		return ended == endedBefore+1 && downtimes == downtimesBefore+1,
 			fmt.Sprintf("ended %v (before %v), downtimes %d (before %d)", ended, endedBefore, downtimes, downtimesBefore)
@@ -208,7 +208,7 @@ func TestLiveMigrationMovesARunningMachine(t *testing.T) {
 	if len(moved.Status.Addresses) != 1 || moved.Status.Addresses[0].Address != "10.88.7.3" {
 		t.Errorf("addresses after the migration %v, want the guest's 10.88.7.3 kept", moved.Status.Addresses)
 	}
-	eventually(t, "the source's copy gone and the target's running", func() (bool, string) {
+	testenv.Eventually(t, waitTimeout, "the source's copy gone and the target's running", func() (bool, string) {
 		return !instanceExists(sourceState, ns, "vm2") && instanceExists(targetState, ns, "vm2") && !instancePaused(t, targetState, ns, "vm2"),
 			"waiting for the source to stop its paused copy"
 	})
@@ -223,7 +223,7 @@ func TestLiveMigrationFailureLeavesTheMachineOnTheSource(t *testing.T) {
 	failedBefore, _ := migrationMetric(t, "live", "Failed", "ReceiveFailed")
 	mig := migrateLive(t, env, ns, "vm", kaironv1.MigrationFailed)
 	waitEvent(t, env, ns, "MachineMigration", "live", "ReceiveFailed", "receiving the guest on node live-fail-b: injected receive failure")
-	eventually(t, "the failure counted in the metrics", func() (bool, string) {
+	testenv.Eventually(t, waitTimeout, "the failure counted in the metrics", func() (bool, string) {
 		failed, _ := migrationMetric(t, "live", "Failed", "ReceiveFailed")
 		return failed == failedBefore+1, fmt.Sprintf("%v, before %v", failed, failedBefore)
 	})
@@ -234,7 +234,7 @@ func TestLiveMigrationFailureLeavesTheMachineOnTheSource(t *testing.T) {
 	if stayed.Spec.NodeName != "live-fail-a" {
 		t.Errorf("machine on %q, want it still on live-fail-a", stayed.Spec.NodeName)
 	}
-	eventually(t, "the source's guest resumed, nothing on the target", func() (bool, string) {
+	testenv.Eventually(t, waitTimeout, "the source's guest resumed, nothing on the target", func() (bool, string) {
 		return instanceExists(sourceState, ns, "vm") && !instancePaused(t, sourceState, ns, "vm") && !instanceExists(targetState, ns, "vm"),
 			"source paused or target holds a copy"
 	})

@@ -252,7 +252,7 @@ func setPhase(machine *kaironv1.Machine, phase kaironv1.MachinePhase, reason, me
 		ready = metav1.ConditionTrue
 	}
 	meta.SetStatusCondition(&machine.Status.Conditions, metav1.Condition{
-		Type: kaironv1.ConditionReady, Status: ready, Reason: reason, Message: message,
+		Type: kaironv1.ConditionReady.String(), Status: ready, Reason: reason, Message: message,
 		ObservedGeneration: machine.Generation,
 	})
 	machine.Status.ObservedGeneration = machine.Generation
