@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -184,7 +185,7 @@ func (r *CordonEvacuationReconciler) Reconcile(ctx context.Context, _ reconcile.
 	for _, node := range cordoned {
 		for _, m := range snap.MachinesOn(node) {
 			if retryAt, throttled := r.retryAt(m, now); throttled {
-				logger.V(1).Info("Cordon evacuation tried this machine recently; waiting", "machine", m.Namespace+"/"+m.Name, "node", node, "retryAt", retryAt)
+				logger.V(1).Info("Cordon evacuation tried this machine recently; waiting", "machine", klog.KObj(m), "node", klog.KRef("", node), "retryAt", retryAt)
 				if retryAt.Before(next) {
 					next = retryAt
 				}
@@ -202,12 +203,12 @@ func (r *CordonEvacuationReconciler) Reconcile(ctx context.Context, _ reconcile.
 		case rules.EvacuationDeleting:
 			continue
 		case rules.EvacuationInFlight:
-			logger.V(1).Info("Machine is already being migrated", "machine", m.Namespace+"/"+m.Name, "node", node, "migration", d.Migration.Name)
+			logger.V(1).Info("Machine is already being migrated", "machine", klog.KObj(m), "node", klog.KRef("", node), "migration", klog.KObj(d.Migration))
 			continue
 		case rules.EvacuationBlocked:
 			attempted = true
 			message := fmt.Sprintf("Node %s is cordoned, but the machine was not migrated: %s; trying again in %s", node, d.Reason, r.MinRetryInterval)
-			logger.Info("Cordon evacuation blocked by disruption budget", "machine", m.Namespace+"/"+m.Name, "node", node, "reason", d.Reason)
+			logger.Info("Cordon evacuation blocked by disruption budget", "machine", klog.KObj(m), "node", klog.KRef("", node), "reason", d.Reason)
 			r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, kaironv1.EventReasonEvacuationBlocked, "Evacuate", "%s", message)
 		case rules.EvacuationMigrate:
 			attempted = true
@@ -228,12 +229,12 @@ func (r *CordonEvacuationReconciler) Reconcile(ctx context.Context, _ reconcile.
 // budget spent by someone else since the pass read the cluster) counts as
 // a blocked attempt.
 func (r *CordonEvacuationReconciler) migrate(ctx context.Context, m *kaironv1.Machine, node string) {
-	logger := log.FromContext(ctx).WithValues("machine", m.Namespace+"/"+m.Name, "node", node)
+	logger := log.FromContext(ctx).WithValues("machine", klog.KObj(m), "node", klog.KRef("", node))
 	mig := rules.NewEvacuationMigration(m, node, r.Strategy)
 	err := r.Client.Create(ctx, mig)
 	switch {
 	case err == nil:
-		logger.Info("Created evacuation migration", "migration", mig.Name, "strategy", mig.Spec.Strategy)
+		logger.Info("Created evacuation migration", "migration", klog.KObj(mig), "strategy", mig.Spec.Strategy)
 		r.Recorder.Eventf(m, mig, corev1.EventTypeNormal, kaironv1.EventReasonEvacuationMigrationCreated, "Evacuate",
 			"Node %s is cordoned: created MachineMigration %s (%s) to move the machine off it", node, mig.Name, mig.Spec.Strategy)
 	case isRefusal(err):
@@ -281,6 +282,6 @@ func (r *CordonEvacuationReconciler) stampAttempt(ctx context.Context, m *kairon
 		return
 	}
 	if err := r.Client.Patch(ctx, m.DeepCopy(), client.RawPatch(types.MergePatchType, patch)); err != nil && !apierrors.IsNotFound(err) {
-		log.FromContext(ctx).Error(err, "Recording the cordon evacuation attempt", "machine", m.Namespace+"/"+m.Name)
+		log.FromContext(ctx).Error(err, "Recording the cordon evacuation attempt", "machine", klog.KObj(m))
 	}
 }

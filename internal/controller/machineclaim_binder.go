@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -373,7 +374,7 @@ func (b *MachineClaimBinder) tryBind(ctx context.Context, pass *bindingPass, cla
 		// Changed since listed: bound by someone else, or its status moved
 		// on. Either way not this pass's to take.
 		claimBindConflicts.Inc()
-		log.FromContext(ctx).V(1).Info("Warm machine changed since listed; trying the next", "machine", m.Name, "claim", claim.Name)
+		log.FromContext(ctx).V(1).Info("Warm machine changed since listed; trying the next", "machine", klog.KObj(m), "claim", klog.KObj(claim))
 		return bindResult{outcome: bindMemberTaken}
 	case apierrors.IsNotFound(err):
 		return bindResult{outcome: bindMemberTaken}
@@ -451,7 +452,7 @@ func withoutControllerRef(refs []metav1.OwnerReference) []metav1.OwnerReference 
 // policy first, so the claim never reads Bound without it, then the claim's
 // status, guarded by the claim's resourceVersion.
 func (b *MachineClaimBinder) recordBind(ctx context.Context, pass *bindingPass, claim *kaironv1.MachineClaim, m *kaironv1.Machine) bindResult {
-	logger := log.FromContext(ctx).WithValues("claim", claim.Name, "machine", m.Name)
+	logger := log.FromContext(ctx).WithValues("claim", klog.KObj(claim), "machine", klog.KObj(m))
 	policy := ""
 	if claim.Spec.Egress != nil {
 		name, err := ensureEgressPolicy(ctx, b.Client, b.APIReader, claim, m.Name)
@@ -516,7 +517,7 @@ func (b *MachineClaimBinder) recordBind(ctx context.Context, pass *bindingPass, 
 func (b *MachineClaimBinder) handBack(ctx context.Context, pool *kaironv1.MachinePool, claim *kaironv1.MachineClaim, m *kaironv1.Machine) {
 	if err := returnToPool(ctx, b.Client, b.APIReader, b.Recorder, pool, claim, m.Name); err != nil {
 		// The claim reconciler finds the stray label and tries again.
-		log.FromContext(ctx).Error(err, "Handing a machine back to its pool", "machine", m.Name, "claim", claim.Name)
+		log.FromContext(ctx).Error(err, "Handing a machine back to its pool", "machine", klog.KObj(m), "claim", klog.KObj(claim))
 	}
 	b.tracker.gaveBackMachine(m.UID)
 }

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -176,7 +177,7 @@ func (r *MachineClaimReconciler) reconcilePending(ctx context.Context, claim *ka
 	}
 	r.tracker.forgetOrphan(claim.UID)
 	claimBindDuration.Observe(bindTime.Seconds())
-	log.FromContext(ctx).Info("Recorded an unrecorded bind", "machine", adopted.Name)
+	log.FromContext(ctx).Info("Recorded an unrecorded bind", "machine", klog.KObj(adopted))
 	r.Recorder.Eventf(claim, adopted, corev1.EventTypeNormal, kaironv1.ClaimReasonBound, "Bind",
 		"Bound to machine %s in %dms", adopted.Name, claim.Status.BindMillis)
 	return reconcile.Result{RequeueAfter: r.Interval}, r.handBackStrays(ctx, claim, labelled, adopted.Name)
@@ -258,7 +259,7 @@ func (r *MachineClaimReconciler) markLost(ctx context.Context, claim *kaironv1.M
 	if err := patchClaimStatus(ctx, r.Client, claim, status); err != nil {
 		return reconcile.Result{}, err
 	}
-	log.FromContext(ctx).Info("Claim lost its machine", "machine", claim.Status.MachineName)
+	log.FromContext(ctx).Info("Claim lost its machine", "machine", klog.KRef(claim.Namespace, claim.Status.MachineName))
 	r.Recorder.Eventf(claim, nil, corev1.EventTypeWarning, kaironv1.ClaimReasonMachineLost, "Bind", "%s", message)
 	return r.reconcileLost(ctx, claim, labelled)
 }
@@ -314,7 +315,7 @@ func (r *MachineClaimReconciler) handBackStrays(ctx context.Context, claim *kair
 				pool = nil
 			}
 		}
-		log.FromContext(ctx).Info("Handing back a machine the claim does not hold", "machine", m.Name)
+		log.FromContext(ctx).Info("Handing back a machine the claim does not hold", "machine", klog.KObj(m))
 		errs = append(errs, returnToPool(ctx, r.Client, r.APIReader, r.Recorder, pool, claim, m.Name))
 	}
 	return errors.Join(errs...)
@@ -393,7 +394,7 @@ func (r *MachineClaimReconciler) release(ctx context.Context, claim *kaironv1.Ma
 
 // reclaim applies spec.reclaimPolicy to the claim's Machine.
 func (r *MachineClaimReconciler) reclaim(ctx context.Context, claim *kaironv1.MachineClaim, m *kaironv1.Machine) error {
-	logger := log.FromContext(ctx).WithValues("machine", m.Name)
+	logger := log.FromContext(ctx).WithValues("machine", klog.KObj(m))
 	if claim.Spec.ReclaimPolicy == kaironv1.ReclaimRetain {
 		if err := r.retain(ctx, claim, m.Name); err != nil {
 			return fmt.Errorf("keeping machine %s: %w", m.Name, err)

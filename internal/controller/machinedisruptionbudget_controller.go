@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -120,11 +121,11 @@ func (r *MachineDisruptionBudgetReconciler) Reconcile(ctx context.Context, _ rec
 		// Last writer wins: the counts are recomputed every tick.
 		if err := patch.Status(ctx, r.Client, b, desired); err != nil {
 			if !apierrors.IsNotFound(err) {
-				logger.Error(err, "Patching disruption budget status; trying again next tick", "budget", key.String())
+				logger.Error(err, "Patching disruption budget status; trying again next tick", "budget", klog.KObj(b))
 			}
 			continue
 		}
-		logger.V(1).Info("Updated disruption budget status", "budget", key.String(),
+		logger.V(1).Info("Updated disruption budget status", "budget", klog.KObj(b),
 			"expected", s.ExpectedMachines, "healthy", s.CurrentHealthy, "desired", s.DesiredHealthy, "allowed", s.DisruptionsAllowed)
 	}
 	r.forgetDeleted(seen)

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -246,7 +247,7 @@ func (r *MachinePoolReconciler) createMembers(ctx context.Context, pool *kaironv
 			return fmt.Errorf("creating a warm machine: %w", err)
 		}
 		r.expectations.created(pool.UID, m.Name)
-		log.FromContext(ctx).Info("Created warm machine", "machine", m.Name, "templateHash", hash)
+		log.FromContext(ctx).Info("Created warm machine", "machine", klog.KObj(m), "templateHash", hash)
 		r.Recorder.Eventf(pool, m, corev1.EventTypeNormal, kaironv1.EventReasonSuccessfulCreate, "Create", "Created warm machine %s", m.Name)
 	}
 	return nil
@@ -279,14 +280,14 @@ func (r *MachinePoolReconciler) deleteMember(ctx context.Context, pool *kaironv1
 	case apierrors.IsConflict(err):
 		// It changed (bound, or its status moved on); the event that
 		// changed it brings the pool back here with the new version.
-		log.FromContext(ctx).V(1).Info("Warm machine changed since listed; not deleting it", "machine", m.Name)
+		log.FromContext(ctx).V(1).Info("Warm machine changed since listed; not deleting it", "machine", klog.KObj(m))
 		return nil
 	case err != nil:
 		r.Recorder.Eventf(pool, m, corev1.EventTypeWarning, kaironv1.ReplicaReasonFailedDelete, "Delete", "Deleting warm machine %s: %v", m.Name, err)
 		return fmt.Errorf("deleting warm machine %s: %w", m.Name, err)
 	}
 	r.expectations.deleted(pool.UID, m.UID)
-	log.FromContext(ctx).Info("Deleted warm machine", "machine", m.Name, "phase", m.Status.Phase, "why", why)
+	log.FromContext(ctx).Info("Deleted warm machine", "machine", klog.KObj(m), "phase", m.Status.Phase, "why", why)
 	r.Recorder.Eventf(pool, m, corev1.EventTypeNormal, kaironv1.EventReasonSuccessfulDelete, "Delete", "Deleted warm machine %s: %s", m.Name, why)
 	return nil
 }

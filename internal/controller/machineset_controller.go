@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -59,7 +60,7 @@ func (r *MachineSetReconciler) machineSetsOfMachine(ctx context.Context, o clien
 	}
 	var sets kaironv1.MachineSetList
 	if err := r.Client.List(ctx, &sets, client.InNamespace(o.GetNamespace())); err != nil {
-		log.FromContext(ctx).Error(err, "Listing machine sets that could adopt a machine", "machine", client.ObjectKeyFromObject(o))
+		log.FromContext(ctx).Error(err, "Listing machine sets that could adopt a machine", "machine", klog.KObj(o))
 		return nil
 	}
 	var requests []reconcile.Request
@@ -175,7 +176,7 @@ func (r *MachineSetReconciler) adopt(ctx context.Context, set *kaironv1.MachineS
 	if err := r.Client.Patch(ctx, m, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	log.FromContext(ctx).Info("Adopted machine", "machine", m.Name)
+	log.FromContext(ctx).Info("Adopted machine", "machine", klog.KObj(m))
 	return nil
 }
 
@@ -191,7 +192,7 @@ func (r *MachineSetReconciler) release(ctx context.Context, set *kaironv1.Machin
 	if err := r.Client.Patch(ctx, m, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	log.FromContext(ctx).Info("Released machine that no longer matches the selector", "machine", m.Name)
+	log.FromContext(ctx).Info("Released machine that no longer matches the selector", "machine", klog.KObj(m))
 	return nil
 }
 
@@ -220,7 +221,7 @@ func (r *MachineSetReconciler) createMachines(ctx context.Context, set *kaironv1
 			return fmt.Errorf("creating a machine: %w", err)
 		}
 		r.expectations.created(set.UID, m.Name)
-		log.FromContext(ctx).Info("Created machine", "machine", m.Name)
+		log.FromContext(ctx).Info("Created machine", "machine", klog.KObj(m))
 		r.Recorder.Eventf(set, m, corev1.EventTypeNormal, kaironv1.EventReasonSuccessfulCreate, "Create", "Created machine %s", m.Name)
 	}
 	return nil
@@ -237,7 +238,7 @@ func (r *MachineSetReconciler) deleteMachines(ctx context.Context, set *kaironv1
 			continue
 		}
 		r.expectations.deleted(set.UID, m.UID)
-		log.FromContext(ctx).Info("Deleted surplus machine", "machine", m.Name, "phase", m.Status.Phase)
+		log.FromContext(ctx).Info("Deleted surplus machine", "machine", klog.KObj(m), "phase", m.Status.Phase)
 		r.Recorder.Eventf(set, m, corev1.EventTypeNormal, kaironv1.EventReasonSuccessfulDelete, "Delete", "Deleted machine %s", m.Name)
 	}
 	return errors.Join(errs...)

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -272,7 +273,7 @@ func (r *SchedulerReconciler) scheduleOne(ctx context.Context, pass *schedulingP
 	}
 	pass.charge(m, node)
 	r.assumed.assume(bound, node.Node.Name)
-	log := ctrl.LoggerFrom(ctx).WithValues("machine", client.ObjectKeyFromObject(m), "node", node.Node.Name)
+	log := ctrl.LoggerFrom(ctx).WithValues("machine", klog.KObj(m), "node", klog.KObj(node.Node))
 	log.Info("Bound machine to node", "cpu", rules.MachineCPU(m), "memory", rules.FormatMemory(rules.MachineMemory(m)))
 	r.Recorder.Eventf(bound, nil, corev1.EventTypeNormal, kaironv1.MachineReasonScheduled, "Binding", "Bound to node %s", node.Node.Name)
 	return r.markScheduled(ctx, bound)
@@ -343,7 +344,7 @@ func (r *SchedulerReconciler) markPending(ctx context.Context, m *kaironv1.Machi
 		return err
 	}
 	if previous == nil || previous.Message != message {
-		ctrl.LoggerFrom(ctx).Info("Machine stays pending", "machine", client.ObjectKeyFromObject(m), "reason", reason, "why", message)
+		ctrl.LoggerFrom(ctx).Info("Machine stays pending", "machine", klog.KObj(m), "reason", reason, "why", message)
 		r.Recorder.Eventf(desired, nil, corev1.EventTypeWarning, kaironv1.EventReasonFailedScheduling, "Scheduling", "%s", message)
 	}
 	return nil
