@@ -47,6 +47,8 @@ type flags struct {
 	migListen    string
 	migTLSDir    string
 	interval     time.Duration
+	onShutdown   string
+	suspendLimit time.Duration
 }
 
 func main() {
@@ -80,6 +82,8 @@ func run(args []string) error {
 	fs.StringVar(&f.migListen, "migration-listen", "", "accept live migrations from other agents on this host:port (empty: none; an unspecified host is advertised as the Node's InternalIP)")
 	fs.StringVar(&f.migTLSDir, "migration-tls-dir", "", "directory with tls.crt, tls.key and ca.crt: live migrations between agents use mutual TLS (empty: plain TCP)")
 	fs.DurationVar(&f.interval, "interval", 5*time.Second, "reconcile tick")
+	fs.StringVar(&f.onShutdown, "on-shutdown", string(node.ShutdownKeep), "what a graceful stop (SIGTERM, Ctrl-C) does to the VMs: keep (leave them running for the next agent to adopt,\nas a DaemonSet rollout wants) or suspend (save each VM's state to --state-dir and stop it; the next agent restores it)")
+	fs.DurationVar(&f.suspendLimit, "suspend-timeout", node.DefaultSuspendTimeout, "with --on-shutdown=suspend, how long saving the VMs may take; a VM not saved by then keeps running")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -88,6 +92,11 @@ func run(args []string) error {
 	}
 	ctrl.SetLogger(zap.New(zap.UseDevMode(false)))
 
+	switch node.ShutdownAction(f.onShutdown) {
+	case node.ShutdownKeep, node.ShutdownSuspend:
+	default:
+		return fmt.Errorf("--on-shutdown %q: must be keep or suspend", f.onShutdown)
+	}
 	memory, err := resource.ParseQuantity(f.memory)
 	if err != nil {
 		return fmt.Errorf("--memory %q: %w", f.memory, err)
@@ -126,6 +135,7 @@ func run(args []string) error {
 		StateDir: f.stateDir, CPU: f.cpu, Memory: memory, Network: network,
 		ListenAddress: f.listen, ClientCAFile: f.clientCA, Interval: f.interval,
 		MigrationListenAddress: f.migListen, MigrationTLSDir: f.migTLSDir,
+		OnShutdown: node.ShutdownAction(f.onShutdown), SuspendTimeout: f.suspendLimit,
 	})
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -15,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
@@ -45,6 +47,11 @@ type Agent struct {
 	// restConfig is the agent's own credentials, also its client certificate
 	// towards other agents (migration state transfer).
 	restConfig *rest.Config
+	// lifecycle is read-held by every Machine reconcile; suspendAll takes it
+	// to wait for those in flight. stopping, set first, makes later ones
+	// return without acting, so no VM is started or replaced meanwhile.
+	lifecycle sync.RWMutex
+	stopping  atomic.Bool
 }
 
 // New prepares an agent: the node network, the console listener and a
@@ -130,9 +137,26 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 	return a, nil
 }
 
-// Run serves until ctx ends. VMs are left running when it returns.
+// Run serves until ctx ends. With Options.OnShutdown ShutdownKeep the VMs
+// are left running when it returns; with ShutdownSuspend they are saved and
+// stopped first (suspend.go), while the manager still runs.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.close()
+	// The manager stops only once the VMs are dealt with: suspending them
+	// needs its cache and the API server for events.
+	mgrCtx, stopManager := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopManager()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-mgrCtx.Done():
+			return
+		}
+		if a.opts.OnShutdown == ShutdownSuspend {
+			a.suspendAll(log.IntoContext(context.WithoutCancel(ctx), log.FromContext(ctx).WithName("node-agent")))
+		}
+		stopManager()
+	}()
 	if err := a.syncNode(ctx, true, "AgentReady", "kairon-node is running"); err != nil {
 		return fmt.Errorf("registering node %s: %w", a.opts.NodeName, err)
 	}
@@ -148,7 +172,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	return a.mgr.Start(ctx)
+	return a.mgr.Start(mgrCtx)
 }
 
 // Address is where the agent's console server listens, once New returned.

@@ -15,9 +15,13 @@ import (
 // pollInstances asks the backend what runs and wakes the reconciler for every
 // instance whose phase changed, appeared or vanished. The first pass wakes it
 // for every instance, which is how VMs left by an earlier agent are adopted —
-// or stopped, when their Machine is gone.
+// or stopped, when their Machine is gone. It also wakes it for every VM
+// the last agent suspended, whose Machine may be gone meanwhile.
 func (a *Agent) pollInstances(ctx context.Context) error {
 	logger := log.FromContext(ctx).WithName("instances")
+	for _, name := range a.suspendedMachines() {
+		a.wake(name)
+	}
 	seen := map[string]backend.Phase{}
 	ticker := time.NewTicker(a.opts.InstancePollInterval)
 	defer ticker.Stop()

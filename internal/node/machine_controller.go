@@ -10,11 +10,13 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -50,6 +52,12 @@ func (a *Agent) setupMachineController() error {
 
 // Reconcile makes the VM of one Machine match its spec and reports what runs.
 func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	a.lifecycle.RLock()
+	defer a.lifecycle.RUnlock()
+	if a.stopping.Load() {
+		// The agent is suspending its VMs (suspend.go): hands off.
+		return ctrl.Result{}, nil
+	}
 	id := instanceID(req.Namespace, req.Name)
 	machine := &kaironv1.Machine{}
 	err := a.client.Get(ctx, req.NamespacedName, machine)
@@ -108,7 +116,22 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 	}
 
 	instance, err := a.opts.Backend.Get(ctx, id)
-	if errors.Is(err, backend.ErrNotFound) {
+	if err != nil && !errors.Is(err, backend.ErrNotFound) {
+		return time.Second, err
+	}
+	rec, suspended, recErr := a.readSuspend(id)
+	if recErr != nil {
+		return time.Second, recErr
+	}
+	switch {
+	case suspended:
+		// Saved when the last agent stopped: bring the guest back rather
+		// than boot it.
+		var ok bool
+		if instance, ok = a.resumeSuspended(ctx, machine, id, rec, instance, err); !ok {
+			return a.opts.Interval, nil
+		}
+	case errors.Is(err, backend.ErrNotFound):
 		if machine.Status.Phase == kaironv1.MachineFailed {
 			// A failed Machine stays failed until it is deleted or stopped and
 			// started again; restarting it silently would hide the failure.
@@ -118,17 +141,15 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 		if err != nil {
 			_ = a.teardown(ctx, id)
 			setPhase(machine, kaironv1.MachineFailed, "StartFailed", err.Error())
-			a.event(machine, "Warning", "StartFailed", err.Error())
+			a.event(machine, corev1.EventTypeWarning, "StartFailed", err.Error())
 			return a.opts.Interval, nil
 		}
-		a.event(machine, "Normal", "Started", fmt.Sprintf("VM started on %s (%s)", a.opts.NodeName, instance.Acceleration))
-	} else if err != nil {
-		return time.Second, err
+		a.event(machine, corev1.EventTypeNormal, "Started", fmt.Sprintf("VM started on %s (%s)", a.opts.NodeName, instance.Acceleration))
 	}
 
 	a.observe(machine, instance, id)
 	if instance.Phase == backend.Exited {
-		a.event(machine, "Warning", "VMExited", machine.Status.Message)
+		a.event(machine, corev1.EventTypeWarning, "VMExited", machine.Status.Message)
 		if err := a.teardown(ctx, id); err != nil {
 			return time.Second, err
 		}
@@ -147,7 +168,7 @@ func (a *Agent) start(ctx context.Context, machine *kaironv1.Machine, id string)
 	if err != nil {
 		return backend.Instance{}, err
 	}
-	log.FromContext(ctx).Info("starting VM", "cpu", spec.CPU, "memoryMiB", spec.MemoryMiB, "image", machine.Spec.Image)
+	log.FromContext(ctx).Info("starting VM", "machine", klog.KObj(machine), "cpu", spec.CPU, "memoryMiB", spec.MemoryMiB, "image", machine.Spec.Image)
 	return a.opts.Backend.Start(ctx, spec)
 }
 
@@ -279,16 +300,20 @@ func (a *Agent) reconcileDelete(ctx context.Context, machine *kaironv1.Machine, 
 	if err := a.client.Patch(ctx, machine, client.MergeFrom(base)); err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
-	a.event(machine, "Normal", "Stopped", "VM stopped and its network removed")
+	a.event(machine, corev1.EventTypeNormal, "Stopped", "VM stopped and its network removed")
 	return nil
 }
 
-// teardown removes everything this node holds for an instance. It is
-// idempotent, so every path that must leave nothing behind can call it.
+// teardown removes everything this node holds for an instance, including
+// the state it was suspended to. It is idempotent, so every path that must
+// leave nothing behind can call it.
 func (a *Agent) teardown(ctx context.Context, id string) error {
 	var errs []error
 	if err := a.opts.Backend.Stop(ctx, id); err != nil {
 		errs = append(errs, fmt.Errorf("stopping VM: %w", err))
+	}
+	if err := a.removeSuspend(id); err != nil {
+		errs = append(errs, err)
 	}
 	if a.links != nil {
 		if err := a.links.DeleteTap(id); err != nil {

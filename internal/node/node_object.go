@@ -126,7 +126,7 @@ func (a *Agent) endpoint() (string, int) {
 }
 
 // heartbeat keeps the Node Ready while the agent runs and marks it NotReady
-// when the agent stops. VMs keep running either way.
+// when the agent stops, after any VMs were suspended (Options.OnShutdown).
 func (a *Agent) heartbeat(ctx context.Context) error {
 	logger := log.FromContext(ctx).WithName("heartbeat")
 	ticker := time.NewTicker(a.opts.HeartbeatInterval)
@@ -136,7 +136,11 @@ func (a *Agent) heartbeat(ctx context.Context) error {
 		case <-ctx.Done():
 			stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			if err := a.syncNode(stopCtx, false, "AgentStopped", "kairon-node stopped; its VMs keep running"); err != nil {
+			message := "kairon-node stopped; its VMs keep running"
+			if a.opts.OnShutdown == ShutdownSuspend {
+				message = "kairon-node stopped; its VMs were saved and resume when it starts again"
+			}
+			if err := a.syncNode(stopCtx, false, "AgentStopped", message); err != nil {
 				logger.Error(err, "marking node NotReady")
 			}
 			return nil

@@ -51,7 +51,31 @@ type Options struct {
 	// InstancePollInterval is how often the backend is asked what runs, to see
 	// guests become ready and VMs die.
 	InstancePollInterval time.Duration
+	// OnShutdown is what a graceful stop of the agent does to its VMs:
+	// ShutdownKeep (the default) leaves them running for the next agent to
+	// adopt; ShutdownSuspend saves and stops them, and the next agent
+	// restores them (kairon-local).
+	OnShutdown ShutdownAction
+	// SuspendTimeout bounds how long ShutdownSuspend may take for all VMs
+	// together; a VM not saved by then is left running.
+	SuspendTimeout time.Duration
 }
+
+// ShutdownAction is what the agent does to its VMs when it stops gracefully.
+type ShutdownAction string
+
+const (
+	// ShutdownKeep leaves the VMs running; the next agent re-adopts them.
+	// For agents run by a DaemonSet, whose restarts must not touch guests.
+	ShutdownKeep ShutdownAction = "keep"
+	// ShutdownSuspend saves each VM's state (memory and devices) to the
+	// state dir and stops it; the next agent restores it, and the guest
+	// goes on where it was. For kairon-local, where nothing may outlive it.
+	ShutdownSuspend ShutdownAction = "suspend"
+)
+
+// DefaultSuspendTimeout is Options.SuspendTimeout when unset.
+const DefaultSuspendTimeout = 2 * time.Minute
 
 // NetworkOptions describe the node network.
 type NetworkOptions struct {
@@ -89,6 +113,16 @@ func (o *Options) defaults() error {
 	}
 	if o.InstancePollInterval <= 0 {
 		o.InstancePollInterval = 250 * time.Millisecond
+	}
+	switch o.OnShutdown {
+	case "":
+		o.OnShutdown = ShutdownKeep
+	case ShutdownKeep, ShutdownSuspend:
+	default:
+		return fmt.Errorf("--on-shutdown %q: must be keep or suspend", o.OnShutdown)
+	}
+	if o.SuspendTimeout <= 0 {
+		o.SuspendTimeout = DefaultSuspendTimeout
 	}
 	return nil
 }
