@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/zyvor/kairon/internal/controlplane"
 )
@@ -85,13 +86,41 @@ func (s *componentSet) start(ctx context.Context, cp *controlplane.ControlPlane,
 // Done delivers the first component failure.
 func (s *componentSet) Done() <-chan error { return s.done }
 
-// stop stops the started components in reverse order.
+// agentStopper is implemented by the node agents, which stop all at once:
+// each saves its own VMs, and none needs another meanwhile.
+type agentStopper interface{ stopsWithAgents() bool }
+
+func isAgent(c Component) bool {
+	a, ok := c.(agentStopper)
+	return ok && a.stopsWithAgents()
+}
+
+// stop stops the started components in reverse order, the agents among them
+// together, and returns once all are gone.
 func (s *componentSet) stop() error {
-	var errs []error
-	for i := len(s.started) - 1; i >= 0; i-- {
-		if err := s.started[i].Stop(); err != nil {
-			errs = append(errs, fmt.Errorf("stopping %s: %w", s.started[i].Name(), err))
+	var (
+		mu   sync.Mutex
+		errs []error
+	)
+	stopOne := func(c Component) {
+		if err := c.Stop(); err != nil {
+			mu.Lock()
+			errs = append(errs, fmt.Errorf("stopping %s: %w", c.Name(), err))
+			mu.Unlock()
 		}
+	}
+	for i := len(s.started) - 1; i >= 0; {
+		if !isAgent(s.started[i]) {
+			stopOne(s.started[i])
+			i--
+			continue
+		}
+		var wg sync.WaitGroup
+		for ; i >= 0 && isAgent(s.started[i]); i-- {
+			wg.Add(1)
+			go func(c Component) { defer wg.Done(); stopOne(c) }(s.started[i])
+		}
+		wg.Wait()
 	}
 	s.started = nil
 	return errors.Join(errs...)

@@ -28,6 +28,10 @@ type nodeOptions struct {
 	memory       string
 }
 
+// suspendTimeout bounds how long each agent may take to save its VMs when
+// kairon-local stops (kairon-node --suspend-timeout).
+const suspendTimeout = 2 * time.Minute
+
 // process is a Kairon binary run as a Component, ready once ready() says so.
 type process struct {
 	name  string
@@ -35,6 +39,10 @@ type process struct {
 	args  []string
 	ready func(ctx context.Context, cp *controlplane.ControlPlane) error
 	proc  *controlplane.Process
+	// stopGrace is how long Stop waits after SIGTERM before SIGKILL.
+	stopGrace time.Duration
+	// agent: a node agent, stopped together with the other agents.
+	agent bool
 }
 
 func (p *process) Name() string { return p.name }
@@ -71,10 +79,16 @@ func (p *process) Done() <-chan error { return p.proc.Done() }
 
 func (p *process) Stop() error {
 	if p.proc != nil {
-		p.proc.Stop(15 * time.Second)
+		grace := p.stopGrace
+		if grace == 0 {
+			grace = 15 * time.Second
+		}
+		p.proc.Stop(grace)
 	}
 	return nil
 }
+
+func (p *process) stopsWithAgents() bool { return p.agent }
 
 // controllerComponent runs kairon-controller; it is ready when /readyz answers.
 func controllerComponent(binDir, kubeconfig string) (Component, error) {
@@ -119,6 +133,10 @@ func nodeComponent(binDir, dataDir, kubeconfig string, i int, o nodeOptions) Com
 		"--listen", "127.0.0.1:0",
 		"--migration-listen", "127.0.0.1:0", "--migration-tls-dir", controlplane.MigrationTLSDir(dataDir),
 		"--client-ca-file", filepath.Join(dataDir, "pki", "ca.crt"),
+		// Nothing may outlive kairon-local: on Ctrl-C or SIGTERM each agent
+		// saves its VMs into its state dir and stops them, and the next
+		// agent restores them.
+		"--on-shutdown", "suspend", "--suspend-timeout", suspendTimeout.String(),
 	}
 	if o.netns != "" {
 		args = append(args, "--netns", o.netns)
@@ -127,6 +145,9 @@ func nodeComponent(binDir, dataDir, kubeconfig string, i int, o nodeOptions) Com
 		name: "kairon-" + name,
 		bin:  filepath.Join(binDir, "kairon-node"),
 		args: args,
+		// Saving the VMs, then marking the Node NotReady.
+		stopGrace: suspendTimeout + 30*time.Second,
+		agent:     true,
 		ready: func(ctx context.Context, cp *controlplane.ControlPlane) error {
 			clients, err := kubernetes.NewForConfig(cp.RESTConfig())
 			if err != nil {

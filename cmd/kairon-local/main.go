@@ -20,11 +20,14 @@ const usage = `kairon-local runs Kairon on this machine: a real Kubernetes contr
 (etcd, kube-apiserver, kube-controller-manager) with Kairon's CRDs installed.
 
 Usage:
-  kairon-local up [flags]    start, and run until Ctrl-C or SIGTERM
+  kairon-local up [flags]    start, and run until Ctrl-C or SIGTERM (which save the VMs;
+                             the next 'up' resumes them)
+  kairon-local down [flags]  stop the kairon-local of a data dir and every VM it left;
+                             --purge also deletes the data dir
   kairon-local version       print the version
   kairon-local help          print this text
 
-Run 'kairon-local up --help' for the flags of up.
+Run 'kairon-local up --help' and 'kairon-local down --help' for their flags.
 `
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -38,6 +41,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "up":
 		return up(args[1:], stdout, stderr)
+	case "down":
+		return down(args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, versionString())
 		return 0

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zyvor/kairon/internal/testenv"
 	"github.com/zyvor/kairon/internal/testenv/host"
 )
 
@@ -31,7 +32,12 @@ func TestCommandsThatStartNothing(t *testing.T) {
 		{name: "help", args: []string{"--help"}, wantStdout: "kairon-local up [flags]"},
 		{name: "up help", args: []string{"up", "--help"}, wantStderr: "-data-dir string"},
 		{name: "no command", args: nil, wantCode: 2, wantStderr: "Usage:"},
-		{name: "unknown command", args: []string{"down"}, wantCode: 2, wantStderr: `unknown command "down"`},
+		{name: "unknown command", args: []string{"sideways"}, wantCode: 2, wantStderr: `unknown command "sideways"`},
+		{name: "help lists down", args: []string{"help"}, wantStdout: "kairon-local down [flags]"},
+		{name: "down help", args: []string{"down", "--help"}, wantStderr: "-purge"},
+		{name: "down with an argument", args: []string{"down", "now"}, wantCode: 2, wantStderr: `unexpected argument "now"`},
+		{name: "down on nothing", args: []string{"down", "--data-dir", dataDir}, wantStdout: "kairon-local: nothing runs on " + dataDir},
+		{name: "down --purge on nothing", args: []string{"down", "--purge", "--data-dir", dataDir}, wantStdout: "does not exist; nothing to delete"},
 		{name: "unknown flag", args: []string{"up", "--replicas", "3"}, wantCode: 2, wantStderr: "flag provided but not defined: -replicas"},
 		{name: "bad port", args: []string{"up", "--port", "70000"}, wantCode: 2, wantStderr: "--port 70000 is not a TCP port"},
 		{
@@ -106,18 +112,44 @@ func startUp(t *testing.T, exe string, args ...string) *upProcess {
 		}
 	})
 
-	deadline := time.After(2 * time.Minute)
-	for {
+	testenv.Eventually(t, 2*time.Minute, "kairon-local up to be up", func() (bool, string) {
 		if out, _ := os.ReadFile(p.stdout); bytes.Contains(out, []byte("kairon-local is up")) {
-			return p
+			return true, ""
 		}
-		select {
-		case <-p.exited:
+		if p.hasExited() {
 			t.Fatalf("kairon-local up exited (%v) before it was up\n%s", p.cmd.ProcessState, p.output())
-		case <-deadline:
-			t.Fatalf("kairon-local up not up after 2 minutes\n%s", p.output())
-		case <-time.After(200 * time.Millisecond):
 		}
+		return false, p.output()
+	})
+	return p
+}
+
+func (p *upProcess) hasExited() bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitExit waits for the process to end and expects status 0 and nothing
+// of the data dir left running.
+func (p *upProcess) waitExit(t *testing.T, dataDir, after string) {
+	t.Helper()
+	testenv.Eventually(t, 3*time.Minute, "kairon-local up to exit after "+after, func() (bool, string) {
+		return p.hasExited(), "still running"
+	})
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("kairon-local up exited with %d after %s, want 0\n%s", code, after, p.output())
+	}
+	procs, err := host.Processes(dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, proc := range procs {
+		t.Errorf("process %d outlived kairon-local: %s", proc.PID, proc.Cmdline)
+		_ = syscall.Kill(proc.PID, syscall.SIGKILL)
 	}
 }
 
@@ -128,22 +160,7 @@ func (p *upProcess) terminate(t *testing.T, dataDir string) {
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-p.exited:
-	case <-time.After(time.Minute):
-		t.Fatalf("kairon-local up still running a minute after SIGTERM\n%s", p.output())
-	}
-	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
-		t.Errorf("kairon-local up exited with %d after SIGTERM, want 0\n%s", code, p.output())
-	}
-	procs, err := host.Processes(dataDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, proc := range procs {
-		t.Errorf("process %d outlived kairon-local: %s", proc.PID, proc.Cmdline)
-		_ = syscall.Kill(proc.PID, syscall.SIGKILL)
-	}
+	p.waitExit(t, dataDir, "SIGTERM")
 }
 
 func kubectl(t *testing.T, binDir, kubeconfig string, args ...string) string {
@@ -239,17 +256,10 @@ func TestUpRunsControllerAndNodeAgents(t *testing.T) {
 		t.Fatal(err)
 	}
 	kubectl(t, binDir, kubeconfig, "apply", "-f", machine)
-	deadline := time.Now().Add(time.Minute)
-	for {
+	testenv.Eventually(t, time.Minute, "machine hello Running on a node", func() (bool, string) {
 		phase := kubectl(t, binDir, kubeconfig, "get", "machine", "hello", "-o", "jsonpath={.status.phase} {.spec.nodeName}")
-		if strings.HasPrefix(phase, "Running node-") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("machine hello not Running on a node after a minute: %q\n%s", phase, up.output())
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		return strings.HasPrefix(phase, "Running node-"), phase
+	})
 	kubectl(t, binDir, kubeconfig, "delete", "machine", "hello", "--timeout=60s")
 	up.terminate(t, dataDir)
 }

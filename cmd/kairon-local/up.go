@@ -47,7 +47,7 @@ func up(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.node.memory, "node-memory", "4Gi", "memory each node offers to Machines")
 	fs.BoolVar(&f.verbose, "v", false, "log each startup step")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "Usage: kairon-local up [flags]\n\nStarts the control plane with Kairon's CRDs and runs until Ctrl-C or SIGTERM.\n\nFlags:\n")
+		fmt.Fprint(stderr, "Usage: kairon-local up [flags]\n\nStarts the control plane with Kairon's CRDs and runs until Ctrl-C or SIGTERM,\nwhich save every VM and stop it; the next up resumes them.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -96,6 +96,12 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 
+	// VMs of data dirs deleted under them run on, unmanaged, until killed:
+	// say so, since this is where someone who deleted one looks next.
+	if vms, err := findVMs(); err == nil {
+		warnOrphans(stderr, orphans(vms, dirExists))
+	}
+
 	fmt.Fprintf(stderr, "kairon-local: starting the control plane in %s ...\n", f.dataDir)
 	began := time.Now()
 	cp, err := controlplane.Start(ctx, controlplane.Options{
@@ -128,8 +134,15 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 	// A second Ctrl-C now kills kairon-local outright; the children follow
 	// it through Pdeathsig, so nothing is left behind either way.
 	stopSignals()
-	fmt.Fprintln(stderr, "kairon-local: stopping ...")
+	if f.nodes > 0 {
+		fmt.Fprintln(stderr, "kairon-local: stopping; the node agents save their VMs first ...")
+	} else {
+		fmt.Fprintln(stderr, "kairon-local: stopping ...")
+	}
+	// The agents stop (and save their VMs, writing events) before the
+	// control plane they need for that.
 	stopErr := errors.Join(set.stop(), cp.Stop())
+	reportVMs(stderr, cp.DataDir())
 	if failure != nil {
 		return errors.Join(failure, stopErr)
 	}
@@ -138,6 +151,26 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stderr, "kairon-local: stopped; state is kept in", cp.DataDir())
 	return nil
+}
+
+// reportVMs says, once everything stopped, how many VMs were saved and
+// which still run because their agent could not save them.
+func reportVMs(w io.Writer, dataDir string) {
+	records, _ := filepath.Glob(filepath.Join(dataDir, "nodes", "*", "suspended", "*.json"))
+	if n := len(records); n > 0 {
+		fmt.Fprintf(w, "kairon-local: %d VM(s) saved; the next 'kairon-local up' resumes them\n", n)
+	}
+	vms, err := findVMs()
+	if err != nil {
+		return
+	}
+	for _, vm := range vmsOf(vms, dataDir) {
+		if vm.Deleted {
+			continue
+		}
+		fmt.Fprintf(w, "kairon-local: warning: VM %s (pid %d) still runs: its agent could not save it (see %s). The next 'up' adopts it; 'kairon-local down' stops it.\n",
+			vm.Name, vm.PID, filepath.Join(dataDir, "logs"))
+	}
 }
 
 // defaultBinDir prefers the binaries next to kairon-local, which is where an

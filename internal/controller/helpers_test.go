@@ -36,6 +36,12 @@ const testInterval = 10 * time.Minute
 // with an API server on it is slow, but not this slow.
 const waitTimeout = 30 * time.Second
 
+// gcWindow is how long a test watches for the garbage collector (in
+// kube-controller-manager) to delete what it must not. It acts on an
+// owner's deletion within moments, as the tests that wait for it to
+// collect something show, so a wrong deletion would show within this.
+const gcWindow = 2 * time.Second
+
 // startControllers runs every Kairon controller, as kairon-controller
 // does, in a manager whose cache sees only namespace ns (and the cluster's
 // Nodes), until the test ends or it calls stop, whichever comes first.

@@ -235,10 +235,13 @@ func TestMachineClaimReclaimPolicies(t *testing.T) {
 		t.Errorf("retained machine: labels %v owners %s phase %s deleting %v", m.Labels, fmtJSON(m.OwnerReferences), m.Status.Phase, m.DeletionTimestamp)
 	}
 	waitWarm(t, env, ns, "agents", 2, 0)
-	time.Sleep(time.Second) // the garbage collector would have acted by now
-	if machineGone(t, env, ns, retMachine) {
-		t.Error("retained machine was deleted")
-	}
+	testenv.Consistently(t, gcWindow, "the retained machine to stay", func() (bool, string) {
+		if machineGone(t, env, ns, retMachine) {
+			return false, "deleted"
+		}
+		m := getMachine(t, env, ns, retMachine)
+		return m.DeletionTimestamp == nil, describeMachine(m) + fmt.Sprintf(" deleting since %v", m.DeletionTimestamp)
+	})
 }
 
 // A claim with ttlSeconds is deleted that long after its bind, which
@@ -326,7 +329,11 @@ func watchNamespace(t *testing.T, env *testenv.Env, ns string, list client.Objec
 			if err != nil {
 				if ctx.Err() == nil {
 					t.Logf("watching %T: %v", list, err)
-					time.Sleep(100 * time.Millisecond)
+				}
+				// Back off before opening it again, unless the test ended.
+				select {
+				case <-ctx.Done():
+				case <-time.After(testenv.PollInterval):
 				}
 				continue
 			}
@@ -471,25 +478,44 @@ func TestMachineClaimEgressPolicy(t *testing.T) {
 	eventually(t, "both claims released", func() (bool, string) {
 		return claimGone(t, env, ns, "del") && claimGone(t, env, ns, "ret") && machineGone(t, env, ns, machines["del"]), ""
 	})
-	time.Sleep(200 * time.Millisecond) // let the watches deliver
-	history := events()
-	for _, claim := range []string{"del", "ret"} {
-		machine := machines[claim]
-		policyDeleted := firstRev(history, func(e objectEvent) bool {
-			return e.kind == "MachineNetworkPolicy" && e.name == "claim-egress-"+claim && e.typ == watch.Deleted
-		})
-		var released uint64
-		if claim == "del" {
-			released = firstRev(history, func(e objectEvent) bool {
-				return e.kind == "Machine" && e.name == machine && (e.typ == watch.Deleted || e.obj.GetDeletionTimestamp() != nil)
-			})
-		} else {
-			released = firstRev(history, func(e objectEvent) bool {
-				return e.kind == "Machine" && e.name == machine && e.typ == watch.Modified && e.obj.GetLabels()[kaironv1.LabelMachinePool] == ""
-			})
+	// The watches deliver the releases a moment after the API server did them.
+	var history []objectEvent
+	eventually(t, "the watches to deliver both releases", func() (bool, string) {
+		history = events()
+		saw := ""
+		for _, claim := range []string{"del", "ret"} {
+			policyDeleted, released := releaseRevisions(history, claim, machines[claim])
+			saw += fmt.Sprintf("claim %s: policy deleted at %d, machine released at %d; ", claim, policyDeleted, released)
+			if policyDeleted == 0 || released == 0 {
+				return false, saw
+			}
 		}
-		if policyDeleted == 0 || released == 0 || policyDeleted >= released {
-			t.Errorf("claim %s: policy deleted at revision %d, machine %s released at %d; want the policy gone first", claim, policyDeleted, machine, released)
+		return true, saw
+	})
+	for _, claim := range []string{"del", "ret"} {
+		policyDeleted, released := releaseRevisions(history, claim, machines[claim])
+		if policyDeleted >= released {
+			t.Errorf("claim %s: policy deleted at revision %d, machine %s released at %d; want the policy gone first", claim, policyDeleted, machines[claim], released)
 		}
 	}
+}
+
+// releaseRevisions finds in history the revisions at which claim's egress
+// policy was deleted and its machine released: deleted for the claim
+// "del", handed back (its pool label gone) for the Retain claim "ret".
+// Either is 0 if history does not show it.
+func releaseRevisions(history []objectEvent, claim, machine string) (policyDeleted, released uint64) {
+	policyDeleted = firstRev(history, func(e objectEvent) bool {
+		return e.kind == "MachineNetworkPolicy" && e.name == "claim-egress-"+claim && e.typ == watch.Deleted
+	})
+	if claim == "del" {
+		released = firstRev(history, func(e objectEvent) bool {
+			return e.kind == "Machine" && e.name == machine && (e.typ == watch.Deleted || e.obj.GetDeletionTimestamp() != nil)
+		})
+	} else {
+		released = firstRev(history, func(e objectEvent) bool {
+			return e.kind == "Machine" && e.name == machine && e.typ == watch.Modified && e.obj.GetLabels()[kaironv1.LabelMachinePool] == ""
+		})
+	}
+	return policyDeleted, released
 }

@@ -380,12 +380,11 @@ func TestMachinePoolDeletionLeavesClaimedMachines(t *testing.T) {
 		left := listMachines(t, env, ns)
 		return len(left) == 1 && left[0].Name == claimed && left[0].DeletionTimestamp == nil, strings.Join(names(left), ",")
 	})
-	// Give the garbage collector the time to make a mistake.
-	time.Sleep(2 * time.Second)
-	m := getMachine(t, env, ns, claimed)
-	if m.DeletionTimestamp != nil || m.Status.Phase != kaironv1.MachineRunning {
-		t.Errorf("claimed machine %s is going: phase %s deletion %v", m.Name, m.Status.Phase, m.DeletionTimestamp)
-	}
+	testenv.Consistently(t, gcWindow, "the claimed machine to stay, Running", func() (bool, string) {
+		m := getMachine(t, env, ns, claimed)
+		return m.DeletionTimestamp == nil && m.Status.Phase == kaironv1.MachineRunning,
+			fmt.Sprintf("claimed machine %s is going: phase %s deletion %v", m.Name, m.Status.Phase, m.DeletionTimestamp)
+	})
 	if c := getClaim(t, env, ns, "job"); c.Status.Phase != kaironv1.ClaimBound || c.Status.MachineName != claimed {
 		t.Errorf("claim after pool deletion: %+v", c.Status)
 	}
