@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -157,34 +158,74 @@ func TestMachineClaimBindsAndWaitsForWarmMembers(t *testing.T) {
 // Each pass binds the oldest Pending claim to the oldest Running warm
 // member. The members here come Running newest first, while no controller
 // runs, so that only the order of the pass decides.
+//
+// creationTimestamp has whole seconds; within one, the binder orders by
+// when its watch first delivered each object (the bind tracker's
+// arrivals). The test drives the tracker's clock, moving it on after each
+// arrival, and hands the tracker to the second manager, so the order is
+// the one the test made whether or not a second boundary falls between
+// two creations.
 func TestMachineClaimBindOrder(t *testing.T) {
 	env := testenv.Get(t)
 	ns := prepareNamespace(t, env)
 	createNode(t, env, ns, "n1", 16, "16Gi")
-	stop := startControllers(t, env, ns, Options{})
+	clock := newTestClock(time.Now())
+	binds := newBindTracker()
+	binds.now = clock.Now
+	opts := Options{binds: binds}
+	stop := startControllers(t, env, ns, opts)
+
+	// arrive waits for the binder's watch to deliver uid, checks that the
+	// tracker took the clock's time for it, and moves the clock on.
+	arrive := func(what string, uid types.UID) {
+		t.Helper()
+		want := clock.Now()
+		var at time.Time
+		eventually(t, what+" to reach the binder", func() (bool, string) {
+			var ok bool
+			at, ok = binds.arrivedAt(uid)
+			return ok, "no arrival recorded"
+		})
+		if !at.Equal(want) {
+			t.Fatalf("%s arrived at %s, want the test clock's %s", what, at, want)
+		}
+		clock.Step(time.Millisecond)
+	}
+
 	createPool(t, env, ns, "agents", 1)
-	// creationTimestamp has whole seconds: a second between members.
+	var members []kaironv1.Machine // oldest first: in the order the pool made them
 	for n := 1; n <= 3; n++ {
 		if n > 1 {
-			time.Sleep(1100 * time.Millisecond)
 			scalePool(t, env, ns, "agents", int32(n))
 		}
+		var added *kaironv1.Machine
 		eventually(t, fmt.Sprintf("%d members", n), func() (bool, string) {
 			warm, _ := poolMachines(t, env, ns, "agents")
-			return len(warm) == n, describeMembers(warm, nil)
+			added = nil
+			for i := range warm {
+				if !slices.Contains(names(members), warm[i].Name) {
+					added = &warm[i]
+				}
+			}
+			return len(warm) == n && added != nil, describeMembers(warm, nil)
 		})
+		members = append(members, *added)
+		arrive("member "+added.Name, added.UID)
+	}
+	// No agent runs: the members stay Scheduled, and the claims wait.
+	for _, name := range []string{"b-first", "a-second"} {
+		c := createClaim(t, env, ns, name, "agents")
+		arrive("claim "+name, c.UID)
+	}
+	for _, name := range []string{"b-first", "a-second"} {
+		waitClaimPending(t, env, ns, name, kaironv1.ClaimReasonWaitingForWarmMachine, `no Running warm machine in pool "agents" (3 warming)`)
 	}
 	stop()
 
-	members, _ := poolMachines(t, env, ns, "agents") // oldest first
 	for i := len(members) - 1; i >= 0; i-- {
 		setMachinePhase(t, env, &members[i], kaironv1.MachineRunning)
 	}
-	createClaim(t, env, ns, "b-first", "agents")
-	time.Sleep(1100 * time.Millisecond)
-	createClaim(t, env, ns, "a-second", "agents")
-
-	startControllers(t, env, ns, Options{})
+	startControllers(t, env, ns, opts)
 	first := waitClaimBound(t, env, ns, "b-first")
 	second := waitClaimBound(t, env, ns, "a-second")
 	if first.Status.MachineName != members[0].Name || second.Status.MachineName != members[1].Name {

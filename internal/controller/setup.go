@@ -42,6 +42,11 @@ type Options struct {
 	// a target or moves a migration's phase. For tests that drive
 	// migration phases by hand.
 	NoMigrationController bool
+
+	// binds is the bind tracker the claim binder and the claim reconciler
+	// share; nil means a new one. Tests set it to drive its clock, and to
+	// carry what one manager's watches delivered over to the next.
+	binds *bindTracker
 }
 
 // SetupWithManager registers every Kairon controller, and the webhook when
@@ -57,7 +62,10 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 	}
 	// The binder and the claim reconciler share what this process knows of
 	// binds its cache has yet to show.
-	binds := newBindTracker()
+	binds := opts.binds
+	if binds == nil {
+		binds = newBindTracker()
+	}
 	err = errors.Join(
 		(&SchedulerReconciler{
 			Client:    mgr.GetClient(),
