@@ -2,7 +2,6 @@ package kaironctl
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,11 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -115,14 +111,6 @@ func parseSelectorFlags(values []string) (map[string]string, error) {
 	return sel, nil
 }
 
-// intOrStringJSON is v as JSON sees it: a number or a string.
-func intOrStringJSON(v *intstr.IntOrString) any {
-	if v.Type == intstr.Int {
-		return int64(v.IntVal)
-	}
-	return v.StrVal
-}
-
 // budgetName checks the NAME argument of create and edit.
 func budgetName(cmd *cobra.Command, verb string, args []string) (string, error) {
 	switch len(args) {
@@ -207,8 +195,8 @@ up as for a PodDisruptionBudget. Nothing is created when a flag is wrong.`,
 	return cmd
 }
 
-// budgetResource is the budgets kind, the namespace and its client.
-func (o *Options) budgetResource() (*Kind, string, dynamic.ResourceInterface, error) {
+// budgetTarget is the budgets kind, the namespace and the client.
+func (o *Options) budgetTarget() (*Kind, string, client.Client, error) {
 	k, err := lookupKind("budgets")
 	if err != nil {
 		return nil, "", nil, err
@@ -217,32 +205,24 @@ func (o *Options) budgetResource() (*Kind, string, dynamic.ResourceInterface, er
 	if err != nil {
 		return nil, "", nil, err
 	}
-	ri, err := o.resource(k, ns)
-	return k, ns, ri, err
+	c, err := o.Client()
+	return k, ns, c, err
 }
 
 func (o *Options) createBudget(ctx context.Context, name string, p *parsedBudgetFlags) error {
-	k, ns, ri, err := o.budgetResource()
+	k, ns, c, err := o.budgetTarget()
 	if err != nil {
 		return err
 	}
-	selector := map[string]any{}
-	for key, value := range p.selector {
-		selector[key] = value
+	b := &kaironv1.MachineDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: kaironv1.MachineDisruptionBudgetSpec{
+			Selector:       p.selector,
+			MinAvailable:   p.minAvailable,
+			MaxUnavailable: p.maxUnavailable,
+		},
 	}
-	spec := map[string]any{"selector": selector}
-	if p.minAvailable != nil {
-		spec["minAvailable"] = intOrStringJSON(p.minAvailable)
-	} else {
-		spec["maxUnavailable"] = intOrStringJSON(p.maxUnavailable)
-	}
-	obj := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": k.GVR.GroupVersion().String(),
-		"kind":       k.GoKind,
-		"metadata":   map[string]any{"name": name, "namespace": ns},
-		"spec":       spec,
-	}}
-	if _, err := ri.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+	if err := c.Create(ctx, b); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("%s %q already exists%s; change it with kaironctl edit budget %s", k.Singular, name, k.where(ns), name)
 		}
@@ -302,50 +282,32 @@ the other, which this verb does not do; use kubectl edit for that.`,
 }
 
 func (o *Options) editBudget(ctx context.Context, name string, p *parsedBudgetFlags) error {
-	k, ns, ri, err := o.budgetResource()
+	k, ns, c, err := o.budgetTarget()
 	if err != nil {
 		return err
 	}
-	// Read, then patch with the resourceVersion read, so the selector keys
-	// to drop are those of the version patched; retry if it changed.
+	// Read, then merge-patch with the resourceVersion read (so the selector
+	// keys to drop are those of the version patched); retry if it changed.
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := ri.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
 		var b kaironv1.MachineDisruptionBudget
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(cur.Object, &b); err != nil {
-			return fmt.Errorf("reading %s %q: %w", k.Singular, name, err)
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &b); err != nil {
+			return err
 		}
 		if err := refuseBoundSwitch(&b, p); err != nil {
 			return err
 		}
-		spec := map[string]any{}
+		patch := client.MergeFromWithOptions(b.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		if p.selector != nil {
-			selector := map[string]any{}
-			for key := range b.Spec.Selector {
-				selector[key] = nil // merge patch: drop the key
-			}
-			for key, value := range p.selector {
-				selector[key] = value
-			}
-			spec["selector"] = selector
+			// The whole map is replaced: the patch drops the keys not given.
+			b.Spec.Selector = p.selector
 		}
 		if p.minAvailable != nil {
-			spec["minAvailable"] = intOrStringJSON(p.minAvailable)
+			b.Spec.MinAvailable = p.minAvailable
 		}
 		if p.maxUnavailable != nil {
-			spec["maxUnavailable"] = intOrStringJSON(p.maxUnavailable)
+			b.Spec.MaxUnavailable = p.maxUnavailable
 		}
-		patch, err := json.Marshal(map[string]any{
-			"metadata": map[string]any{"resourceVersion": cur.GetResourceVersion()},
-			"spec":     spec,
-		})
-		if err != nil {
-			return err
-		}
-		_, err = ri.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
-		return err
+		return c.Patch(ctx, &b, patch)
 	})
 	if err != nil {
 		if errors.As(err, new(boundSwitchError)) {
@@ -381,11 +343,11 @@ func refuseBoundSwitch(b *kaironv1.MachineDisruptionBudget, p *parsedBudgetFlags
 // rather than reading the status (which is up to a tick old), and lists
 // every matching Machine as healthy or not, and why.
 func describeBudget(ctx context.Context, o *Options, obj *unstructured.Unstructured, w io.Writer) error {
-	reader, err := o.typedReader()
+	c, err := o.Client()
 	if err != nil {
 		return err
 	}
-	states, err := rules.LoadBudgetStates(ctx, reader)
+	states, err := rules.LoadBudgetStates(ctx, c)
 	if err != nil {
 		return err
 	}
@@ -394,20 +356,6 @@ func describeBudget(ctx context.Context, o *Options, obj *unstructured.Unstructu
 		return fmt.Errorf("budget %q in namespace %q was deleted while describing it", obj.GetName(), obj.GetNamespace())
 	}
 	return printBudgetState(w, s)
-}
-
-// typedReader is a controller-runtime client for the Kairon kinds, for
-// code shared with kairon-controller that reads through client.Reader.
-func (o *Options) typedReader() (client.Reader, error) {
-	cfg, err := o.RESTConfig()
-	if err != nil {
-		return nil, err
-	}
-	scheme := runtime.NewScheme()
-	if err := kaironv1.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	return client.New(cfg, client.Options{Scheme: scheme})
 }
 
 // budgetNameWidth is the width of the Machine column in describe budget.

@@ -12,11 +12,8 @@ import (
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
@@ -208,38 +205,34 @@ func generatedClaimName(pool string) string {
 
 func (o *Options) runClaim(cmd *cobra.Command, pool string, f *claimFlags) error {
 	claimKind, _ := lookupKind("machineclaims")
-	obj, err := o.claimMachine(cmd.Context(), cmd, pool, f)
+	c, err := o.claimMachine(cmd.Context(), cmd, pool, f)
 	if err != nil {
 		return err
 	}
-	name := obj.GetName()
+	if f.output != "" {
+		return o.printClaim(c, f.output)
+	}
 	if f.wait == 0 {
-		if f.output != "" {
-			return o.printClaim(obj, f.output)
-		}
-		fmt.Fprintf(o.Out, "%s created\n", claimKind.ref(name))
+		fmt.Fprintf(o.Out, "%s created\n", claimKind.ref(c.Name))
 		return nil
 	}
-	if f.output != "" {
-		return o.printClaim(obj, f.output)
-	}
-	var c kaironv1.MachineClaim
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &c); err != nil {
-		return fmt.Errorf("reading %s: %w", claimKind.ref(name), err)
-	}
-	fmt.Fprintf(o.Out, "%s bound to machine/%s in %dms\n", claimKind.ref(name), c.Status.MachineName, c.Status.BindMillis)
+	fmt.Fprintf(o.Out, "%s bound to machine/%s in %dms\n", claimKind.ref(c.Name), c.Status.MachineName, c.Status.BindMillis)
 	return nil
 }
 
 // claimMachine creates the claim the flags describe and, unless f.wait is
 // 0, waits for it to bind. It returns the claim as created (f.wait 0) or as
 // bound; cmd only names the command in usage errors.
-func (o *Options) claimMachine(ctx context.Context, cmd *cobra.Command, pool string, f *claimFlags) (*unstructured.Unstructured, error) {
+func (o *Options) claimMachine(ctx context.Context, cmd *cobra.Command, pool string, f *claimFlags) (*kaironv1.MachineClaim, error) {
 	spec, err := claimSpec(cmd, pool, f)
 	if err != nil {
 		return nil, err
 	}
 	ns, err := o.Namespace()
+	if err != nil {
+		return nil, err
+	}
+	c, err := o.Client()
 	if err != nil {
 		return nil, err
 	}
@@ -249,36 +242,22 @@ func (o *Options) claimMachine(ctx context.Context, cmd *cobra.Command, pool str
 	// A claim on a pool that does not exist would wait for nothing. Only a
 	// definite "not found" stops here: someone allowed to create claims but
 	// not to read pools still gets to try.
-	pri, err := o.resource(poolKind, ns)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := pri.Get(ctx, pool, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: pool}, &kaironv1.MachinePool{}); apierrors.IsNotFound(err) {
 		return nil, o.objectError(poolKind, ns, pool, err)
 	}
 
-	ri, err := o.resource(claimKind, ns)
-	if err != nil {
-		return nil, err
-	}
-	specMap, err := runtime.DefaultUnstructuredConverter.ToUnstructured(spec)
-	if err != nil {
-		return nil, err
-	}
-	var created *unstructured.Unstructured
+	var claim *kaironv1.MachineClaim
 	// A generated name that happens to be taken is drawn again.
 	for attempt := 0; ; attempt++ {
 		name := f.name
 		if !f.nameGiven {
 			name = generatedClaimName(pool)
 		}
-		obj := &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": kaironv1.GroupVersion.String(),
-			"kind":       claimKind.GoKind,
-			"metadata":   map[string]any{"name": name, "namespace": ns},
-			"spec":       specMap,
-		}}
-		created, err = ri.Create(ctx, obj, metav1.CreateOptions{})
+		claim = &kaironv1.MachineClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec:       *spec.DeepCopy(),
+		}
+		err = c.Create(ctx, claim)
 		if err == nil {
 			break
 		}
@@ -287,39 +266,28 @@ func (o *Options) claimMachine(ctx context.Context, cmd *cobra.Command, pool str
 		}
 		return nil, claimCreateError(claimKind, ns, name, err)
 	}
-	name := created.GetName()
 
 	if f.wait == 0 {
-		return created, nil
+		return claim, nil
 	}
-
-	bound, err := o.waitForBind(ctx, ri, created, f.wait)
+	bound, err := waitForObject(ctx, c, claim, f.wait, claimBound)
 	if err != nil {
-		return nil, claimWaitError(claimKind, ns, name, f.wait, bound, err)
+		return nil, claimWaitError(claimKind, ns, claim.Name, f.wait, bound, err)
 	}
 	return bound, nil
 }
 
-func (o *Options) printClaim(obj *unstructured.Unstructured, format string) error {
-	obj = obj.DeepCopy()
-	obj.SetManagedFields(nil)
-	if obj.GetAPIVersion() == "" || obj.GetKind() == "" {
-		obj.SetAPIVersion(kaironv1.GroupVersion.String())
-		obj.SetKind("MachineClaim")
+// printClaim prints the claim as the server has it, in the layout of
+// `get -o json|yaml`.
+func (o *Options) printClaim(c *kaironv1.MachineClaim, format string) error {
+	obj, err := printable(c, kaironv1.GroupVersion.WithKind("MachineClaim"))
+	if err != nil {
+		return err
 	}
 	if format == outputJSON {
-		return printJSON(o.Out, obj.Object)
+		return printJSON(o.Out, obj)
 	}
-	return printYAML(o.Out, obj.Object)
-}
-
-// claimStatus reads a claim's status; nil reads as an empty one.
-func claimStatus(obj *unstructured.Unstructured) kaironv1.MachineClaimStatus {
-	var c kaironv1.MachineClaim
-	if obj != nil {
-		_ = runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &c)
-	}
-	return c.Status
+	return printYAML(o.Out, obj)
 }
 
 // Errors that end a wait for a bind early.
@@ -328,136 +296,28 @@ var (
 	errClaimDeleted = errors.New("claim was deleted")
 )
 
-// waitForBind watches the claim until it is Bound (returning it), Lost or
-// deleted, or until timeout. It always returns the claim as last seen, so
-// a timeout can say why the claim is still Pending. The watch starts at the
-// created object's resourceVersion and is resumed from the last version seen
-// when the server closes it, so no change is missed between attempts.
-func (o *Options) waitForBind(ctx context.Context, ri dynamic.ResourceInterface, created *unstructured.Unstructured, timeout time.Duration) (*unstructured.Unstructured, error) {
-	name := created.GetName()
-	last := created
-	check := func(obj *unstructured.Unstructured) error {
-		last = obj
-		st := claimStatus(obj)
-		switch {
-		case st.Phase == kaironv1.ClaimBound && st.MachineName != "":
-			return nil
-		case st.Phase == kaironv1.ClaimLost:
-			return errClaimLost
-		}
-		return errPending
-	}
-
-	waitCtx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	rv := created.GetResourceVersion()
-	err := func() error {
-		if err := check(created); err != errPending {
-			return err
-		}
-		for {
-			w, err := ri.Watch(waitCtx, metav1.ListOptions{
-				FieldSelector:       "metadata.name=" + name,
-				ResourceVersion:     rv,
-				AllowWatchBookmarks: true,
-			})
-			if err != nil {
-				if waitCtx.Err() != nil {
-					return waitCtx.Err()
-				}
-				if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
-					return fmt.Errorf("watching the claim: %w", err)
-				}
-				// Passing trouble (the server restarting): look again.
-				if rv, err = relist(waitCtx, ri, name, rv, check); err != errPending {
-					return err
-				}
-				continue
-			}
-			err = func() error {
-				defer w.Stop()
-				for ev := range w.ResultChan() {
-					switch ev.Type {
-					case watch.Added, watch.Modified:
-						obj, ok := ev.Object.(*unstructured.Unstructured)
-						if !ok {
-							continue
-						}
-						rv = obj.GetResourceVersion()
-						if err := check(obj); err != errPending {
-							return err
-						}
-					case watch.Deleted:
-						return errClaimDeleted
-					case watch.Bookmark:
-						if obj, ok := ev.Object.(*unstructured.Unstructured); ok {
-							rv = obj.GetResourceVersion()
-						}
-					case watch.Error:
-						// Typically 410 Gone: our version is too old to
-						// resume from. Read the claim afresh instead.
-						var err error
-						if rv, err = relist(waitCtx, ri, name, rv, check); err != errPending {
-							return err
-						}
-						return errPending
-					}
-				}
-				return errPending
-			}()
-			if err != errPending {
-				return err
-			}
-			if waitCtx.Err() != nil {
-				return waitCtx.Err()
-			}
-		}
-	}()
-	if err == nil || errors.Is(err, errClaimLost) || errors.Is(err, errClaimDeleted) {
-		return last, err
-	}
-	if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-		// The deadline passed. Read the claim once more: a bind that raced
-		// the deadline still counts, and the error should quote the
-		// newest status message.
-		getCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if obj, gerr := ri.Get(getCtx, name, metav1.GetOptions{}); gerr == nil {
-			if cerr := check(obj); cerr != errPending {
-				return last, cerr
-			}
-		}
-	}
-	return last, err
-}
-
-// errPending means "not bound yet, keep waiting".
-var errPending = errors.New("pending")
-
-// relist reads the claim directly and checks it, returning the version to
-// resume watching from: the one read, or rv when the read failed (after a
-// short pause, so a server that is away is not hammered).
-func relist(ctx context.Context, ri dynamic.ResourceInterface, name, rv string, check func(*unstructured.Unstructured) error) (string, error) {
-	obj, err := ri.Get(ctx, name, metav1.GetOptions{})
+// claimBound is the condition claim --wait waits for: the claim Bound to
+// a Machine. A Lost or deleted claim ends the wait with an error.
+func claimBound(c *kaironv1.MachineClaim) (bool, error) {
 	switch {
-	case apierrors.IsNotFound(err):
-		return rv, errClaimDeleted
-	case err != nil:
-		select {
-		case <-ctx.Done():
-			return rv, ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-		return rv, errPending
+	case c == nil:
+		return false, errClaimDeleted
+	case c.Status.Phase == kaironv1.ClaimBound && c.Status.MachineName != "":
+		return true, nil
+	case c.Status.Phase == kaironv1.ClaimLost:
+		return false, errClaimLost
 	}
-	return obj.GetResourceVersion(), check(obj)
+	return false, nil
 }
 
 // claimWaitError explains why kaironctl stopped waiting for a bind, in one
 // line that quotes the claim's own status message and says how to get rid
 // of the claim, which is left in place.
-func claimWaitError(k *Kind, ns, name string, timeout time.Duration, last *unstructured.Unstructured, err error) error {
-	st := claimStatus(last)
+func claimWaitError(k *Kind, ns, name string, timeout time.Duration, last *kaironv1.MachineClaim, err error) error {
+	var st kaironv1.MachineClaimStatus
+	if last != nil {
+		st = last.Status
+	}
 	release := "kaironctl release " + name
 	if ns != metav1.NamespaceDefault {
 		release += " -n " + ns

@@ -8,9 +8,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 func newDeleteCommand(o *Options) *cobra.Command {
@@ -61,14 +60,14 @@ server has accepted the deletion.`,
 // to disappear, printing "kind/name deleted" for each one done. It goes on
 // past a name that fails and reports every failure at the end.
 func (o *Options) deleteObjects(ctx context.Context, k *Kind, ns string, names []string, waitForGone bool, timeout time.Duration) error {
-	ri, err := o.resource(k, ns)
+	c, err := o.Client()
 	if err != nil {
 		return err
 	}
 	var errs []error
 	var deleted []string
 	for _, name := range names {
-		opts := metav1.DeleteOptions{}
+		var opts []client.DeleteOption
 		if k.RequiredLabel != "" {
 			// Never delete something that is not Kairon's (a real kubelet's
 			// Node); the precondition pins the object that was checked.
@@ -78,9 +77,9 @@ func (o *Options) deleteObjects(ctx context.Context, k *Kind, ns string, names [
 				continue
 			}
 			uid := obj.GetUID()
-			opts.Preconditions = &metav1.Preconditions{UID: &uid}
+			opts = append(opts, client.Preconditions{UID: &uid})
 		}
-		if err := ri.Delete(ctx, name, opts); err != nil {
+		if err := c.Delete(ctx, k.object(ns, name), opts...); err != nil {
 			errs = append(errs, o.objectError(k, ns, name, err))
 			continue
 		}
@@ -109,48 +108,34 @@ func (o *Options) deleteObjects(ctx context.Context, k *Kind, ns string, names [
 	return errors.Join(errs...)
 }
 
-// waitGone polls until the object is gone. When ctx ends first, the error
+// waitGone waits until the object is gone. When ctx ends first, the error
 // says what still holds the object (its finalizers), if anything.
 func (o *Options) waitGone(ctx context.Context, k *Kind, ns, name string, timeout time.Duration) error {
-	ri, err := o.resource(k, ns)
+	c, err := o.Client()
 	if err != nil {
 		return err
 	}
-	var finalizers []string
-	var lastErr error
-	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		obj, err := ri.Get(ctx, name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			return true, nil
-		case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
-			return false, o.objectError(k, ns, name, err)
-		case err != nil:
-			// Likely passing (a restarting API server, the deadline
-			// racing the request); keep trying until the timeout.
-			lastErr = err
-			return false, nil
-		}
-		finalizers = obj.GetFinalizers()
-		return false, nil
+	last, err := waitForObject(ctx, c, k.object(ns, name), 0, func(obj *unstructured.Unstructured) (bool, error) {
+		return obj == nil, nil
 	})
 	if err == nil {
 		return nil
 	}
-	if !wait.Interrupted(err) {
-		return err
+	var stopped *waitError
+	if !errors.As(err, &stopped) {
+		return o.objectError(k, ns, name, err)
 	}
 	msg := fmt.Sprintf("%s%s was not gone after %s", k.ref(name), k.where(ns), timeout)
 	if timeout == 0 {
 		msg = fmt.Sprintf("stopped waiting for %s%s to be deleted", k.ref(name), k.where(ns))
 	}
-	// The last poll often races the deadline, so the finalizers last seen
+	// The last read often races the deadline, so the finalizers last seen
 	// say more than its error does.
 	switch {
-	case len(finalizers) > 0:
-		msg += fmt.Sprintf("; it still has finalizers %s", strings.Join(finalizers, ", "))
-	case lastErr != nil:
-		msg += fmt.Sprintf("; last error: %v", lastErr)
+	case last != nil && len(last.GetFinalizers()) > 0:
+		msg += fmt.Sprintf("; it still has finalizers %s", strings.Join(last.GetFinalizers(), ", "))
+	case stopped.lastErr != nil:
+		msg += fmt.Sprintf("; last error: %v", stopped.lastErr)
 	}
 	return errors.New(msg + " (raise --timeout or pass --wait=false)")
 }

@@ -11,9 +11,8 @@ import (
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
@@ -121,27 +120,10 @@ func (f *evacuateFlags) check(cmd *cobra.Command) (kaironv1.MigrationStrategy, e
 	return strategy, nil
 }
 
-// typedClient is a controller-runtime client for the Kairon kinds and the
-// core ones, for code shared with kairon-controller.
-func (o *Options) typedClient() (client.Client, error) {
-	cfg, err := o.RESTConfig()
-	if err != nil {
-		return nil, err
-	}
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	if err := kaironv1.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	return client.New(cfg, client.Options{Scheme: scheme})
-}
-
 // evacuation is one run of kaironctl evacuate: its passes and what they saw.
 type evacuation struct {
 	o        *Options
-	c        client.Client
+	c        client.WithWatch
 	node     string
 	strategy kaironv1.MigrationStrategy
 	wait     bool
@@ -184,7 +166,7 @@ type waitingMachine struct {
 }
 
 func (o *Options) runEvacuate(ctx context.Context, node string, strategy kaironv1.MigrationStrategy, f *evacuateFlags) error {
-	c, err := o.typedClient()
+	c, err := o.Client()
 	if err != nil {
 		return err
 	}
@@ -300,12 +282,33 @@ func (e *evacuation) untilEmpty(ctx context.Context, timeout time.Duration) erro
 		if res != nil {
 			fmt.Fprintf(e.o.Out, "[%s] %s\n", shortDuration(time.Since(start)), e.progress(res, sleep))
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(sleep):
+		if err := e.nextPass(ctx, sleep); err != nil {
+			return err
 		}
 	}
+}
+
+// nextPass waits until the next pass is due: after d, or as soon as no
+// Machine has spec.nodeName NODE any more, so that the pass reporting the
+// node empty comes at once.
+func (e *evacuation) nextPass(ctx context.Context, d time.Duration) error {
+	onNode := selection{
+		newList: func() client.ObjectList { return &kaironv1.MachineList{} },
+		fields:  fields.OneTermEqualSelector("spec.nodeName", e.node),
+	}
+	_, err := waitFor(ctx, e.c, onNode, d, func(machines []client.Object) (bool, error) {
+		return len(machines) == 0, nil
+	})
+	var stopped *waitError
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.As(err, &stopped):
+		return nil // d passed
+	}
+	return fmt.Errorf("watching the machines on node %s: %w", e.node, err)
 }
 
 // progress is the line --wait prints after each pass.
@@ -511,16 +514,6 @@ func migrationPhase(mig *kaironv1.MachineMigration) string {
 // deleted meanwhile) from other failures.
 func isAdmissionDenial(err error) bool {
 	return strings.Contains(err.Error(), "admission webhook") && strings.Contains(err.Error(), "denied the request")
-}
-
-// retriable is an error a --wait pass may shrug off and try again.
-func retriable(err error) bool {
-	var status apierrors.APIStatus
-	if !errors.As(err, &status) {
-		return true // a network error
-	}
-	return !apierrors.IsForbidden(err) && !apierrors.IsUnauthorized(err) && !apierrors.IsBadRequest(err) &&
-		!apierrors.IsInvalid(err) && !apierrors.IsNotFound(err)
 }
 
 func plural(n int, one, many string) string {

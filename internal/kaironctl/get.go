@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 func newGetCommand(o *Options) *cobra.Command {
@@ -176,12 +177,12 @@ func (o *Options) buildTable(ctx context.Context, k *Kind, items []unstructured.
 // getObject reads one object, with a not-found error that names the kind,
 // the object and the namespace.
 func (o *Options) getObject(ctx context.Context, k *Kind, ns, name string) (*unstructured.Unstructured, error) {
-	ri, err := o.resource(k, ns)
+	c, err := o.Client()
 	if err != nil {
 		return nil, err
 	}
-	obj, err := ri.Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
+	obj := k.object(ns, name)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
 		return nil, o.objectError(k, ns, name, err)
 	}
 	if k.RequiredLabel != "" {
@@ -195,7 +196,7 @@ func (o *Options) getObject(ctx context.Context, k *Kind, ns, name string) (*uns
 // listObjects lists k in ns ("" for every namespace), restricted to
 // k.RequiredLabel and the user's selector.
 func (o *Options) listObjects(ctx context.Context, k *Kind, ns, selector string) ([]unstructured.Unstructured, error) {
-	ri, err := o.resource(k, ns)
+	c, err := o.Client()
 	if err != nil {
 		return nil, err
 	}
@@ -206,8 +207,12 @@ func (o *Options) listObjects(ctx context.Context, k *Kind, ns, selector string)
 	if selector != "" {
 		sel = append(sel, selector)
 	}
-	list, err := ri.List(ctx, metav1.ListOptions{LabelSelector: strings.Join(sel, ",")})
-	if err != nil {
+	opts := &client.ListOptions{Raw: &metav1.ListOptions{LabelSelector: strings.Join(sel, ",")}}
+	if k.Namespaced {
+		opts.Namespace = ns
+	}
+	list := k.list()
+	if err := c.List(ctx, list, opts); err != nil {
 		return nil, fmt.Errorf("listing %s%s: %w", k.Resource, k.where(ns), err)
 	}
 	return list.Items, nil

@@ -295,6 +295,29 @@ func kindHelp() string {
 	return b.String()
 }
 
+// gvk is the kind's group, version and kind.
+func (k *Kind) gvk() schema.GroupVersionKind { return k.GVR.GroupVersion().WithKind(k.GoKind) }
+
+// object is an empty unstructured object of kind k named ns/name (the
+// namespace dropped for cluster-scoped kinds), for the generic verbs that
+// read or delete any kind by name through Options.Client.
+func (k *Kind) object(ns, name string) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(k.gvk())
+	if k.Namespaced {
+		u.SetNamespace(ns)
+	}
+	u.SetName(name)
+	return u
+}
+
+// list is an empty unstructured list of kind k.
+func (k *Kind) list() *unstructured.UnstructuredList {
+	l := &unstructured.UnstructuredList{}
+	l.SetGroupVersionKind(k.GVR.GroupVersion().WithKind(k.GoKind + "List"))
+	return l
+}
+
 // ref is "singular/name", the way kaironctl names one object in output.
 func (k *Kind) ref(name string) string { return k.Singular + "/" + name }
 

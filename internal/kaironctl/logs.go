@@ -15,9 +15,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
@@ -66,13 +66,13 @@ kubectl logs reaches a kubelet (GET /api/v1/nodes/NODE/proxy/...).`,
 			}
 			ctx := cmd.Context()
 			k, _ := lookupKind("machines")
-			obj, err := o.getObject(ctx, k, ns, name)
+			c, err := o.Client()
 			if err != nil {
 				return err
 			}
 			var m kaironv1.Machine
-			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &m); err != nil {
-				return fmt.Errorf("reading machine %s/%s: %w", ns, name, err)
+			if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &m); err != nil {
+				return o.objectError(k, ns, name, err)
 			}
 			node := m.Spec.NodeName
 			if node == "" {
@@ -106,6 +106,10 @@ kubectl logs reaches a kubelet (GET /api/v1/nodes/NODE/proxy/...).`,
 // (kairon-local) kaironctl calls the agent directly with the same
 // credentials; the agent checks the client certificate against the cluster CA.
 func (o *Options) openConsole(ctx context.Context, node, ns, name string, tail int64, follow bool) (io.ReadCloser, error) {
+	c, err := o.Client()
+	if err != nil {
+		return nil, err
+	}
 	cs, err := o.Clientset()
 	if err != nil {
 		return nil, err
@@ -117,11 +121,11 @@ func (o *Options) openConsole(ctx context.Context, node, ns, name string, tail i
 	if follow {
 		params.Set("follow", "true")
 	}
-	n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-	if err != nil {
+	var n corev1.Node
+	if err := c.Get(ctx, client.ObjectKey{Name: node}, &n); err != nil {
 		return nil, err
 	}
-	if address, ok := loopbackEndpoint(n); ok {
+	if address, ok := loopbackEndpoint(&n); ok {
 		return o.openConsoleDirect(ctx, address, ns, name, params)
 	}
 	// client-go has no ProxyGet for nodes; this is the request it

@@ -13,7 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
@@ -77,7 +77,7 @@ func (s *mcpServer) call(out *bytes.Buffer) *Options {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Errors here (a broken kubeconfig) come back from the verb itself.
-	_, _ = s.o.Dynamic()
+	_, _ = s.o.Client()
 	c := *s.o
 	c.Out, c.ErrOut = out, out
 	return &c
@@ -144,23 +144,25 @@ func (s *mcpServer) listMachinePools(ctx context.Context, _ *mcp.CallToolRequest
 	var out bytes.Buffer
 	o := s.call(&out)
 	k, _ := lookupKind("machinepools")
+	var opts []client.ListOption
 	ns := metav1.NamespaceAll
 	if !in.AllNamespaces {
 		var err error
 		if ns, err = o.Namespace(); err != nil {
 			return nil, ListMachinePoolsOutput{}, mcpError(err)
 		}
+		opts = append(opts, client.InNamespace(ns))
 	}
-	items, err := o.listObjects(ctx, k, ns, "")
+	c, err := o.Client()
 	if err != nil {
 		return nil, ListMachinePoolsOutput{}, mcpError(err)
 	}
+	var pools kaironv1.MachinePoolList
+	if err := c.List(ctx, &pools, opts...); err != nil {
+		return nil, ListMachinePoolsOutput{}, mcpError(fmt.Errorf("listing %s%s: %w", k.Resource, k.where(ns), err))
+	}
 	res := ListMachinePoolsOutput{Pools: []MachinePoolSummary{}}
-	for i := range items {
-		var p kaironv1.MachinePool
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(items[i].Object, &p); err != nil {
-			return nil, ListMachinePoolsOutput{}, mcpError(fmt.Errorf("reading %s: %w", k.ref(items[i].GetName()), err))
-		}
+	for _, p := range pools.Items {
 		sum := MachinePoolSummary{Namespace: p.Namespace, Name: p.Name, Warm: p.Status.Warm, ReadyWarm: p.Status.ReadyWarm, Claimed: p.Status.Claimed}
 		if p.Spec.Replicas != nil {
 			sum.Desired = *p.Spec.Replicas
@@ -224,22 +226,17 @@ func (s *mcpServer) claimMachine(ctx context.Context, _ *mcp.CallToolRequest, in
 			return nil, ClaimMachineOutput{}, mcpError(fmt.Errorf("invalid wait %q: %v", in.Wait, err))
 		}
 	}
-	obj, err := o.claimMachine(ctx, s.claimCmd, in.Pool, f)
+	c, err := o.claimMachine(ctx, s.claimCmd, in.Pool, f)
 	if err != nil {
 		return nil, ClaimMachineOutput{}, mcpError(err)
-	}
-	var c kaironv1.MachineClaim
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &c); err != nil {
-		return nil, ClaimMachineOutput{}, mcpError(fmt.Errorf("reading machineclaim/%s: %w", obj.GetName(), err))
 	}
 	res := ClaimMachineOutput{Claim: c.Name, Phase: string(c.Status.Phase), Machine: c.Status.MachineName, BindMillis: c.Status.BindMillis}
 	if res.Machine != "" {
 		// The address is a convenience: a Machine that cannot be read
 		// (yet) leaves it empty rather than failing a bind that happened.
-		mk, _ := lookupKind("machines")
-		if mobj, err := o.getObject(ctx, mk, c.Namespace, res.Machine); err == nil {
-			var m kaironv1.Machine
-			if runtime.DefaultUnstructuredConverter.FromUnstructured(mobj.Object, &m) == nil && len(m.Status.Addresses) > 0 {
+		var m kaironv1.Machine
+		if cl, err := o.Client(); err == nil {
+			if cl.Get(ctx, client.ObjectKey{Namespace: c.Namespace, Name: res.Machine}, &m) == nil && len(m.Status.Addresses) > 0 {
 				res.Address = m.Status.Addresses[0].Address
 			}
 		}

@@ -15,11 +15,7 @@ import (
 	"github.com/zyvor/kairon/internal/rules"
 )
 
-const (
-	defaultMigrateTimeout = 5 * time.Minute
-	// migratePoll is how often --wait looks at the migration.
-	migratePoll = 250 * time.Millisecond
-)
+const defaultMigrateTimeout = 5 * time.Minute
 
 type migrateFlags struct {
 	to       string
@@ -85,7 +81,7 @@ func (o *Options) runMigrate(ctx context.Context, name string, strategy kaironv1
 	if err != nil {
 		return err
 	}
-	c, err := o.typedClient()
+	c, err := o.Client()
 	if err != nil {
 		return err
 	}
@@ -138,33 +134,36 @@ func (o *Options) runMigrate(ctx context.Context, name string, strategy kaironv1
 	return o.waitMigration(ctx, c, client.ObjectKeyFromObject(mig), f.timeout)
 }
 
+var errMigrationDeleted = errors.New("migration was deleted")
+
 // waitMigration follows a migration until it ends and reports how.
-func (o *Options) waitMigration(ctx context.Context, c client.Client, key client.ObjectKey, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+func (o *Options) waitMigration(ctx context.Context, c client.WithWatch, key client.ObjectKey, timeout time.Duration) error {
 	began := time.Now()
-	mig := &kaironv1.MachineMigration{}
-	for {
-		err := c.Get(ctx, key, mig)
-		switch {
-		case apierrors.IsNotFound(err):
-			return fmt.Errorf("machinemigration %s was deleted before it finished", key)
-		case err != nil && !errors.Is(err, context.DeadlineExceeded):
-			return err
-		case err == nil && mig.Status.Phase == kaironv1.MigrationSucceeded:
-			fmt.Fprintf(o.Out, "machine %s/%s moved from node %s to node %s (%s) in %s; the guest did not run for %dms\n",
-				key.Namespace, mig.Spec.MachineName, mig.Status.SourceNode, mig.Status.TargetNode, orCold(mig.Spec.Strategy),
-				shortDuration(time.Since(began)), mig.Status.DowntimeMillis)
-			return nil
-		case err == nil && mig.Status.Phase == kaironv1.MigrationFailed:
-			return fmt.Errorf("machinemigration %s failed (%s): %s", key, mig.Status.Reason, mig.Status.Message)
+	mig, err := waitForObject(ctx, c, &kaironv1.MachineMigration{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}, timeout,
+		func(mig *kaironv1.MachineMigration) (bool, error) {
+			if mig == nil {
+				return false, errMigrationDeleted
+			}
+			return mig.Status.Phase == kaironv1.MigrationSucceeded || mig.Status.Phase == kaironv1.MigrationFailed, nil
+		})
+	var stopped *waitError
+	switch {
+	case errors.Is(err, errMigrationDeleted):
+		return fmt.Errorf("machinemigration %s was deleted before it finished", key)
+	case errors.As(err, &stopped):
+		if mig == nil {
+			mig = &kaironv1.MachineMigration{}
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("machinemigration %s still %s after %s", key, migrationPhase(mig), timeout)
-		case <-time.After(migratePoll):
-		}
+		return fmt.Errorf("machinemigration %s still %s after %s", key, migrationPhase(mig), timeout)
+	case err != nil:
+		return fmt.Errorf("machinemigration %s: %w", key, err)
+	case mig.Status.Phase == kaironv1.MigrationFailed:
+		return fmt.Errorf("machinemigration %s failed (%s): %s", key, mig.Status.Reason, mig.Status.Message)
 	}
+	fmt.Fprintf(o.Out, "machine %s/%s moved from node %s to node %s (%s) in %s; the guest did not run for %dms\n",
+		key.Namespace, mig.Spec.MachineName, mig.Status.SourceNode, mig.Status.TargetNode, orCold(mig.Spec.Strategy),
+		shortDuration(time.Since(began)), mig.Status.DowntimeMillis)
+	return nil
 }
 
 func orCold(s kaironv1.MigrationStrategy) kaironv1.MigrationStrategy {

@@ -9,6 +9,9 @@ import (
 	"text/tabwriter"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 )
 
@@ -140,4 +143,24 @@ func listObject(items []unstructured.Unstructured) map[string]any {
 		"metadata":   map[string]any{"resourceVersion": ""},
 		"items":      objs,
 	}
+}
+
+// printable is a typed object as -o json and -o yaml print one: its fields
+// as the server sent them, with apiVersion and kind (gvk, when the object
+// lacks them), without metadata.managedFields. A typed object renders an
+// empty status as {}, where the server leaves it out; so does printable.
+func printable(obj client.Object, gvk schema.GroupVersionKind) (map[string]any, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return nil, fmt.Errorf("printing %s %q: %w", gvk.Kind, obj.GetName(), err)
+	}
+	u := &unstructured.Unstructured{Object: m}
+	u.SetManagedFields(nil)
+	if u.GetAPIVersion() == "" || u.GetKind() == "" {
+		u.SetGroupVersionKind(gvk)
+	}
+	if status, ok := m["status"].(map[string]any); ok && len(status) == 0 {
+		delete(m, "status")
+	}
+	return m, nil
 }

@@ -7,10 +7,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
@@ -59,13 +57,13 @@ func (o *Options) runRelease(ctx context.Context, name string, waitForIt bool, t
 	}
 	claimKind, _ := lookupKind("machineclaims")
 	machineKind, _ := lookupKind("machines")
-	obj, err := o.getObject(ctx, claimKind, ns, name)
+	c, err := o.Client()
 	if err != nil {
 		return err
 	}
 	var claim kaironv1.MachineClaim
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &claim); err != nil {
-		return fmt.Errorf("reading %s: %w", claimKind.ref(name), err)
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &claim); err != nil {
+		return o.objectError(claimKind, ns, name, err)
 	}
 	policy := claim.Spec.ReclaimPolicy
 	if policy == "" {
@@ -77,12 +75,8 @@ func (o *Options) runRelease(ctx context.Context, name string, waitForIt bool, t
 		machine = claim.Status.MachineName
 	}
 
-	ri, err := o.resource(claimKind, ns)
-	if err != nil {
-		return err
-	}
 	uid := claim.UID
-	if err := ri.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}); err != nil {
+	if err := c.Delete(ctx, &claim, client.Preconditions{UID: &uid}); err != nil {
 		return o.objectError(claimKind, ns, name, err)
 	}
 	if !waitForIt {
@@ -128,33 +122,35 @@ func (o *Options) runRelease(ctx context.Context, name string, waitForIt bool, t
 // Machine again: no longer labelled as claim's, nor as a pool member.
 func (o *Options) waitHandedBack(ctx context.Context, ns, machine, claim string, timeout time.Duration) error {
 	k, _ := lookupKind("machines")
-	ri, err := o.resource(k, ns)
+	c, err := o.Client()
 	if err != nil {
 		return err
 	}
-	var labels map[string]string
-	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		obj, err := ri.Get(ctx, machine, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			return false, fmt.Errorf("%s%s was deleted, although claim %q has reclaimPolicy Retain", k.ref(machine), k.where(ns), claim)
-		case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
-			return false, o.objectError(k, ns, machine, err)
-		case err != nil:
-			return false, nil
-		}
-		labels = obj.GetLabels()
-		_, pooled := labels[kaironv1.LabelMachinePool]
-		return labels[kaironv1.LabelMachineClaim] != claim && !pooled, nil
-	})
-	if err == nil || !wait.Interrupted(err) {
+	errDeleted := fmt.Errorf("%s%s was deleted, although claim %q has reclaimPolicy Retain", k.ref(machine), k.where(ns), claim)
+	last, err := waitForObject(ctx, c, &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: machine}}, 0,
+		func(m *kaironv1.Machine) (bool, error) {
+			if m == nil {
+				return false, errDeleted
+			}
+			_, pooled := m.Labels[kaironv1.LabelMachinePool]
+			return m.Labels[kaironv1.LabelMachineClaim] != claim && !pooled, nil
+		})
+	var stopped *waitError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errDeleted):
 		return err
+	case !errors.As(err, &stopped):
+		return o.objectError(k, ns, machine, err)
 	}
-	msg := fmt.Sprintf("%s%s still carries", k.ref(machine), k.where(ns))
-	if labels == nil {
+	var msg string
+	if last == nil {
 		msg = fmt.Sprintf("could not read %s%s to see it handed back", k.ref(machine), k.where(ns))
 	} else {
-		msg += fmt.Sprintf(" its pool labels (%s=%s, %s=%s)", kaironv1.LabelPoolState, labels[kaironv1.LabelPoolState], kaironv1.LabelMachineClaim, labels[kaironv1.LabelMachineClaim])
+		labels := last.Labels
+		msg = fmt.Sprintf("%s%s still carries its pool labels (%s=%s, %s=%s)", k.ref(machine), k.where(ns),
+			kaironv1.LabelPoolState, labels[kaironv1.LabelPoolState], kaironv1.LabelMachineClaim, labels[kaironv1.LabelMachineClaim])
 	}
 	if timeout > 0 {
 		msg += " after " + timeout.String()

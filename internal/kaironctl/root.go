@@ -14,14 +14,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-
-	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // verbs are the top-level commands, in the order help lists them. A new
@@ -51,7 +47,7 @@ type Options struct {
 	Now func() time.Time
 
 	restConfig *rest.Config
-	dynamic    dynamic.Interface
+	client     client.WithWatch
 	clientset  kubernetes.Interface
 }
 
@@ -129,101 +125,6 @@ func oneLine(s string) string {
 		}
 	}
 	return strings.Join(parts, "; ")
-}
-
-// RESTConfig is the client configuration from the kubeconfig flags.
-func (o *Options) RESTConfig() (*rest.Config, error) {
-	if o.restConfig == nil {
-		cfg, err := o.ConfigFlags.ToRESTConfig()
-		if err != nil {
-			return nil, kubeconfigError(err)
-		}
-		cfg = rest.CopyConfig(cfg)
-		// kubectl's defaults; client-go's 5 QPS makes waiting loops sluggish.
-		if cfg.QPS == 0 {
-			cfg.QPS, cfg.Burst = 50, 100
-		}
-		cfg.UserAgent = "kaironctl/" + clientVersion()
-		o.restConfig = cfg
-	}
-	return o.restConfig, nil
-}
-
-// Dynamic is a dynamic client; kaironctl reads and writes every kind through
-// it so that output shows exactly what the server returned.
-func (o *Options) Dynamic() (dynamic.Interface, error) {
-	if o.dynamic == nil {
-		cfg, err := o.RESTConfig()
-		if err != nil {
-			return nil, err
-		}
-		if o.dynamic, err = dynamic.NewForConfig(cfg); err != nil {
-			return nil, err
-		}
-	}
-	return o.dynamic, nil
-}
-
-// Clientset is a typed client for core APIs (node proxy, server version).
-func (o *Options) Clientset() (kubernetes.Interface, error) {
-	if o.clientset == nil {
-		cfg, err := o.RESTConfig()
-		if err != nil {
-			return nil, err
-		}
-		if o.clientset, err = kubernetes.NewForConfig(cfg); err != nil {
-			return nil, err
-		}
-	}
-	return o.clientset, nil
-}
-
-// Namespace is -n, else the current context's namespace, else "default".
-func (o *Options) Namespace() (string, error) {
-	ns, _, err := o.ConfigFlags.ToRawKubeConfigLoader().Namespace()
-	if err != nil {
-		return "", kubeconfigError(err)
-	}
-	return ns, nil
-}
-
-// kubeconfigError says where the broken configuration came from.
-func kubeconfigError(err error) error {
-	return fmt.Errorf("loading the kubeconfig (--kubeconfig, else $KUBECONFIG, else ~/.kube/config; --context): %w", err)
-}
-
-// resource is the dynamic client for kind k in namespace ns (ignored for
-// cluster-scoped kinds).
-func (o *Options) resource(k *Kind, ns string) (dynamic.ResourceInterface, error) {
-	dyn, err := o.Dynamic()
-	if err != nil {
-		return nil, err
-	}
-	if !k.Namespaced || ns == metav1.NamespaceAll {
-		return dyn.Resource(k.GVR), nil
-	}
-	return dyn.Resource(k.GVR).Namespace(ns), nil
-}
-
-// listMachines returns the Machines in ns ("" for all namespaces), typed.
-func (o *Options) listMachines(ctx context.Context, ns string) ([]kaironv1.Machine, error) {
-	// Not through lookupKind: kinds' hooks call this, and Go would see an
-	// initialization cycle.
-	dyn, err := o.Dynamic()
-	if err != nil {
-		return nil, err
-	}
-	list, err := dyn.Resource(kaironGVR("machines")).Namespace(ns).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("listing machines: %w", err)
-	}
-	out := make([]kaironv1.Machine, len(list.Items))
-	for i := range list.Items {
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(list.Items[i].Object, &out[i]); err != nil {
-			return nil, fmt.Errorf("reading machine %s/%s: %w", list.Items[i].GetNamespace(), list.Items[i].GetName(), err)
-		}
-	}
-	return out, nil
 }
 
 // usageError is a mistake in the command line, as opposed to a failure

@@ -5,8 +5,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 func newScaleCommand(o *Options) *cobra.Command {
@@ -45,13 +45,13 @@ subresource, the same way kubectl scale and a HorizontalPodAutoscaler do.`,
 			if err != nil {
 				return err
 			}
-			ri, err := o.resource(k, ns)
+			c, err := o.Client()
 			if err != nil {
 				return err
 			}
 			name := args[1]
-			patch := fmt.Sprintf(`{"spec":{"replicas":%d}}`, replicas)
-			if _, err := ri.Patch(cmd.Context(), name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "scale"); err != nil {
+			patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"spec":{"replicas":%d}}`, replicas))
+			if err := c.SubResource("scale").Patch(cmd.Context(), k.object(ns, name), patch); err != nil {
 				return o.objectError(k, ns, name, err)
 			}
 			fmt.Fprintf(o.Out, "%s scaled\n", k.ref(name))
