@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -122,6 +123,35 @@ func TestMachineSetSelector(t *testing.T) {
 	for _, tt := range tests {
 		if _, err := machineSetSelector(tt.set); (err != nil) != tt.wantErr {
 			t.Errorf("%s: err = %v, want error %v", tt.name, err, tt.wantErr)
+		}
+	}
+}
+
+// Among Running Machines, the newest goes first: the latest
+// creationTimestamp and, within its second (all a timestamp tells), the
+// greatest name. TestMachinePoolTrimsBootingMembersFirst relies on this
+// order for members the API server stamped.
+func TestSurplusMachinesNewestFirst(t *testing.T) {
+	running := func(name string, sec int64) *kaironv1.Machine {
+		return rulestest.Machine(name, 1, "256Mi", rulestest.Placed("n", kaironv1.MachineRunning), createdAt(sec))
+	}
+	tests := []struct {
+		name string
+		live []*kaironv1.Machine
+		n    int
+		want []string
+	}{
+		{"a later second before an earlier one, whatever the names", []*kaironv1.Machine{running("z", 4), running("a", 5)}, 1, []string{"a"}},
+		{"within a second the greater name first", []*kaironv1.Machine{running("m-1", 5), running("m-3", 5), running("m-2", 5)}, 2, []string{"m-3", "m-2"}},
+		{"the newest second first, then by name within the next", []*kaironv1.Machine{running("b", 4), running("a", 6), running("c", 4)}, 3, []string{"a", "c", "b"}},
+	}
+	for _, tt := range tests {
+		var got []string
+		for _, m := range surplusMachines(tt.live, tt.n) {
+			got = append(got, m.Name)
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%s: surplusMachines(%d) = %v, want %v", tt.name, tt.n, got, tt.want)
 		}
 	}
 }

@@ -85,7 +85,13 @@ func TestQuotaHoldsMachinesPending(t *testing.T) {
 	t.Logf("admitted %s %s after the quota was raised", waiting[0], time.Since(began).Round(time.Millisecond))
 }
 
-// With room for one more Machine, the oldest waiting one gets it.
+// With room for one more Machine, the oldest waiting one gets it. The
+// scheduler orders by creationTimestamp, which has whole seconds, then by
+// name, and the names here go against the order of creation: the Machine
+// created first is admitted, unless both got the same second, when the
+// name decides. The test takes the timestamps the API server gave; that
+// age comes before the name, with timestamps set a second apart, is
+// TestSchedulerAdmitsOldestFirst's to show.
 func TestQuotaAdmitsOldestFirst(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
@@ -93,14 +99,18 @@ func TestQuotaAdmitsOldestFirst(t *testing.T) {
 	quota := createQuota(t, env, ns, 0)
 	startControllers(t, env, ns, Options{})
 
-	// Creation timestamps have whole seconds; named so the tie breaker
-	// would pick the younger one.
-	createMachine(t, env, ns, "z-older", 1, "256Mi")
-	time.Sleep(1100 * time.Millisecond)
-	createMachine(t, env, ns, "a-younger", 1, "256Mi")
-	waitPending(t, env, ns, "a-younger", kaironv1.MachineReasonQuotaExceeded, `exceeds MachineQuota "team": machines 0/0 used`)
+	older := createMachine(t, env, ns, "z-older", 1, "256Mi")
+	younger := createMachine(t, env, ns, "a-younger", 1, "256Mi")
+	for _, name := range []string{older.Name, younger.Name} {
+		waitPending(t, env, ns, name, kaironv1.MachineReasonQuotaExceeded, `exceeds MachineQuota "team": machines 0/0 used`)
+	}
+	admitted, left := older.Name, younger.Name
+	if older.CreationTimestamp.Equal(&younger.CreationTimestamp) {
+		admitted, left = left, admitted
+		t.Logf("both created in the second %s: the name decides", older.CreationTimestamp.UTC().Format(time.RFC3339))
+	}
 
 	setQuotaMachines(t, env, quota, 1)
-	waitScheduled(t, env, ns, "z-older")
-	waitPending(t, env, ns, "a-younger", kaironv1.MachineReasonQuotaExceeded, `exceeds MachineQuota "team": machines 1/1 used`)
+	waitScheduled(t, env, ns, admitted)
+	waitPending(t, env, ns, left, kaironv1.MachineReasonQuotaExceeded, `exceeds MachineQuota "team": machines 1/1 used`)
 }

@@ -2,13 +2,19 @@ package controller
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -102,5 +108,115 @@ func TestSchedulerAssumesItsBindingsUntilTheCacheCatchesUp(t *testing.T) {
 	}
 	if got.Spec.NodeName != node.Name || got.Status.Phase != kaironv1.MachineScheduled {
 		t.Errorf("first Machine: %s", describeMachine(&got))
+	}
+}
+
+// Within a quota, a pass admits the waiting Machines oldest first: by
+// creationTimestamp, then, within its second, by name.
+func TestSchedulerAdmitsOldestFirst(t *testing.T) {
+	base := time.Unix(1_700_000_000, 0)
+	const node = "node-1"
+	bound := "Bound to node " + node
+	full := func(used, hard int) string {
+		return fmt.Sprintf(`exceeds MachineQuota "team": machines %d/%d used`, used, hard)
+	}
+	tests := []struct {
+		name string
+		// when z and a were created, after base
+		zAt, aAt time.Duration
+		quota    int32
+		// the Scheduled condition's reason and message each Machine ends with
+		want       map[string][2]string
+		wantEvents []string
+	}{
+		{
+			name: "z a second older: age before name",
+			aAt:  time.Second, quota: 1,
+			want: map[string][2]string{
+				"z": {kaironv1.MachineReasonScheduled, bound},
+				"a": {kaironv1.MachineReasonQuotaExceeded, full(1, 1)},
+			},
+			wantEvents: []string{
+				corev1.EventTypeNormal + " " + kaironv1.MachineReasonScheduled + " " + bound,
+				corev1.EventTypeWarning + " " + kaironv1.EventReasonFailedScheduling + " " + full(1, 1),
+			},
+		},
+		{
+			name: "same second: the name decides",
+			zAt:  300 * time.Millisecond, aAt: 700 * time.Millisecond, quota: 1,
+			want: map[string][2]string{
+				"a": {kaironv1.MachineReasonScheduled, bound},
+				"z": {kaironv1.MachineReasonQuotaExceeded, full(1, 1)},
+			},
+			wantEvents: []string{
+				corev1.EventTypeNormal + " " + kaironv1.MachineReasonScheduled + " " + bound,
+				corev1.EventTypeWarning + " " + kaironv1.EventReasonFailedScheduling + " " + full(1, 1),
+			},
+		},
+		{
+			name: "room for both",
+			aAt:  time.Second, quota: 2,
+			want: map[string][2]string{
+				"z": {kaironv1.MachineReasonScheduled, bound},
+				"a": {kaironv1.MachineReasonScheduled, bound},
+			},
+			wantEvents: []string{
+				corev1.EventTypeNormal + " " + kaironv1.MachineReasonScheduled + " " + bound,
+				corev1.EventTypeNormal + " " + kaironv1.MachineReasonScheduled + " " + bound,
+			},
+		},
+		{
+			name: "room for none",
+			aAt:  time.Second, quota: 0,
+			want: map[string][2]string{
+				"z": {kaironv1.MachineReasonQuotaExceeded, full(0, 0)},
+				"a": {kaironv1.MachineReasonQuotaExceeded, full(0, 0)},
+			},
+			wantEvents: []string{
+				corev1.EventTypeWarning + " " + kaironv1.EventReasonFailedScheduling + " " + full(0, 0),
+				corev1.EventTypeWarning + " " + kaironv1.EventReasonFailedScheduling + " " + full(0, 0),
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			at := func(d time.Duration) func(*kaironv1.Machine) {
+				// creationTimestamp as the API server stores it: whole seconds.
+				return func(m *kaironv1.Machine) { m.CreationTimestamp = metav1.NewTime(base.Add(d).Truncate(time.Second)) }
+			}
+			quota := &kaironv1.MachineQuota{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "team"},
+				Spec:       kaironv1.MachineQuotaSpec{Hard: kaironv1.MachineResources{Machines: ptr.To(tt.quota)}},
+			}
+			api := fake.NewClientBuilder().WithScheme(testScheme(t)).
+				WithObjects(rulestest.Node(node, 16, "16Gi"), quota,
+					rulestest.Machine("z", 1, "256Mi", at(tt.zAt)), rulestest.Machine("a", 1, "256Mi", at(tt.aAt))).
+				WithStatusSubresource(&kaironv1.Machine{}).
+				Build()
+			recorder := events.NewFakeRecorder(10)
+			r := &SchedulerReconciler{Client: api, APIReader: api, Recorder: recorder, Interval: time.Minute, assumed: newAssumedBindings()}
+			if _, err := r.Reconcile(context.Background(), schedulingPassKey); err != nil {
+				t.Fatal(err)
+			}
+			for name, want := range tt.want {
+				var m kaironv1.Machine
+				if err := api.Get(context.Background(), client.ObjectKey{Namespace: "team", Name: name}, &m); err != nil {
+					t.Fatal(err)
+				}
+				reason, message := want[0], want[1]
+				c := meta.FindStatusCondition(m.Status.Conditions, kaironv1.ConditionScheduled.String())
+				wantNode, wantPhase, wantStatus, wantMessage := node, kaironv1.MachineScheduled, metav1.ConditionTrue, ""
+				if reason != kaironv1.MachineReasonScheduled {
+					wantNode, wantPhase, wantStatus, wantMessage = "", kaironv1.MachinePending, metav1.ConditionFalse, message
+				}
+				if m.Spec.NodeName != wantNode || m.Status.Phase != wantPhase || m.Status.Message != wantMessage ||
+					c == nil || c.Status != wantStatus || c.Reason != reason || c.Message != message {
+					t.Errorf("machine %s: %s; want node %q, phase %s, Scheduled=%s/%s %q", name, describeMachine(&m), wantNode, wantPhase, wantStatus, reason, message)
+				}
+			}
+			if got := recordedEvents(recorder); !slices.Equal(got, tt.wantEvents) {
+				t.Errorf("events %q, want %q", got, tt.wantEvents)
+			}
+		})
 	}
 }
