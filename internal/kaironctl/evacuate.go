@@ -391,12 +391,12 @@ func (e *evacuation) pass(ctx context.Context) (*passResult, error) {
 		case rules.EvacuationMigrate:
 			mig := rules.NewEvacuationMigration(m, e.node, e.strategy)
 			if err := e.c.Create(ctx, mig); err != nil {
-				if !isAdmissionDenial(err) {
+				if !isMigrationRefusal(err) {
 					return nil, fmt.Errorf("creating a migration for machine %s: %w", key, err)
 				}
-				// The MachineMigration webhook judged the budgets again
-				// and saw them spent, by someone else since this pass
-				// read the cluster.
+				// The MachineMigration webhook judged again and refused:
+				// the budgets were spent, or the Machine deleted, by
+				// someone else since this pass read the cluster.
 				res.skipped++
 				res.waiting = append(res.waiting, waitingMachine{machine: key, why: err.Error()})
 				e.say(m, e.skippedLine(key, oneLine(err.Error())))
@@ -507,13 +507,6 @@ func migrationPhase(mig *kaironv1.MachineMigration) string {
 		return "not started yet"
 	}
 	return string(mig.Status.Phase)
-}
-
-// isAdmissionDenial tells a create refused by an admission webhook (the
-// MachineMigration webhook judging the budgets, or finding the Machine
-// deleted meanwhile) from other failures.
-func isAdmissionDenial(err error) bool {
-	return strings.Contains(err.Error(), "admission webhook") && strings.Contains(err.Error(), "denied the request")
 }
 
 func plural(n int, one, many string) string {

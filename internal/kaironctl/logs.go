@@ -141,7 +141,7 @@ func (o *Options) openConsole(ctx context.Context, node, ns, name string, tail i
 	body, err := req.Stream(ctx)
 	if err != nil {
 		err = agentError(err)
-		if strings.Contains(err.Error(), "address not allowed") {
+		if isProxyRefusal(err) {
 			err = fmt.Errorf("%w (the API server does not proxy to loopback or link-local addresses; see the Node's status.addresses)", err)
 		}
 		return nil, err

@@ -117,7 +117,7 @@ func (o *Options) runMigrate(ctx context.Context, name string, strategy kaironv1
 		Spec:       kaironv1.MachineMigrationSpec{MachineName: name, Strategy: strategy, TargetNode: f.to},
 	}
 	if err := c.Create(ctx, mig); err != nil {
-		if isAdmissionDenial(err) {
+		if isMigrationRefusal(err) {
 			return fmt.Errorf("machine %s/%s not migrated: %w", ns, name, err)
 		}
 		return fmt.Errorf("creating the migration of machine %s/%s: %w", ns, name, err)
