@@ -77,7 +77,7 @@ func BenchmarkEvacuateSim20(b *testing.B) {
 		// Start from a settled cluster: every Machine Running on from,
 		// and the previous iteration's sources (now to) done cleaning up.
 		waitAllRunning(b, env, ns, from, machines)
-		eventually(b, time.Minute, "previous migrations cleaned up", func() (bool, string) {
+		testenv.Eventually(b, time.Minute, "previous migrations cleaned up", func() (bool, string) {
 			left := simInstances(agents[to])
 			files := append(migrationFiles(agents[from]), migrationFiles(agents[to])...)
 			return len(left) == 0 && len(files) == 0, fmt.Sprintf("instances on %s: %v; migration files: %v", to, left, files)
@@ -112,7 +112,7 @@ func BenchmarkEvacuateSim20(b *testing.B) {
 		// before the controller marks their migrations Succeeded; the
 		// recording goes on until then.
 		want := machines * (i + 1)
-		eventually(b, time.Minute, fmt.Sprintf("%d Succeeded migrations", want), func() (bool, string) {
+		testenv.Eventually(b, time.Minute, fmt.Sprintf("%d Succeeded migrations", want), func() (bool, string) {
 			succeeded := 0
 			for _, mig := range migrationsIn(b, env, ns) {
 				switch mig.Status.Phase {

@@ -192,25 +192,10 @@ func killVMs(t testing.TB, dir string) {
 	}
 }
 
-func eventually(t testing.TB, timeout time.Duration, what string, check func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, state := check()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last seen: %s", timeout, what, state)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
 func waitPhase(t testing.TB, env *testenv.Env, key client.ObjectKey, want kaironv1.MachinePhase) *kaironv1.Machine {
 	t.Helper()
 	m := &kaironv1.Machine{}
-	eventually(t, 3*time.Minute, key.String()+" "+string(want), func() (bool, string) {
+	testenv.Eventually(t, 3*time.Minute, key.String()+" "+string(want), func() (bool, string) {
 		if err := env.Client.Get(context.Background(), key, m); err != nil {
 			return false, err.Error()
 		}

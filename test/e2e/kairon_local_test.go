@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,48 +19,8 @@ import (
 // applied with kubectl boots a real VM that answers on its address. The
 // agent's network lives in a namespace the test creates.
 func TestKaironLocalRunsRealVMs(t *testing.T) {
-	binDir := testenv.BinDir(t)
-	netNS := netns(t)
-	dataDir := t.TempDir()
-	t.Cleanup(func() { killVMs(t, dataDir) })
-	kubeconfig := filepath.Join(dataDir, "kubeconfig")
-	out := filepath.Join(t.TempDir(), "out")
-	log, err := os.Create(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
-	up := exec.Command(filepath.Join(binDir, "kairon-local"), "up", "--data-dir", dataDir, "--port", "0",
-		"--nodes", "1", "--netns", netNS, "--node-cpu", "2", "--node-memory", "1Gi")
-	up.Stdout, up.Stderr = log, log
-	up.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := up.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- up.Wait() }()
-	t.Cleanup(func() {
-		_ = up.Process.Kill()
-		if t.Failed() {
-			text, _ := os.ReadFile(out)
-			t.Logf("kairon-local output:\n%s", tail(string(text), 30))
-		}
-	})
-	eventually(t, 3*time.Minute, "kairon-local up", func() (bool, string) {
-		text, _ := os.ReadFile(out)
-		return strings.Contains(string(text), "kairon-local is up"), tail(string(text), 3)
-	})
-
-	k := func(args ...string) string {
-		t.Helper()
-		cmd := exec.Command(filepath.Join(binDir, "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...)
-		b, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("kubectl %v: %v\n%s", args, err, b)
-		}
-		return string(b)
-	}
-	crds := k("get", "crd", "-o", "name")
+	c := startKaironLocal(t, 1)
+	crds := c.kubectl("", "get", "crd", "-o", "name")
 	for _, plural := range []string{"machines", "machinesets", "machinepools", "machineclaims",
 		"machinedisruptionbudgets", "machinemigrations", "machinenetworkpolicies", "machinequotas"} {
 		if !strings.Contains(crds, "customresourcedefinition.apiextensions.k8s.io/"+plural+".kairon.zyvor.dev\n") {
@@ -66,33 +28,121 @@ func TestKaironLocalRunsRealVMs(t *testing.T) {
 		}
 	}
 
-	machine := filepath.Join(t.TempDir(), "m.yaml")
-	_ = os.WriteFile(machine, []byte("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata: {name: local, namespace: default}\nspec: {}\n"), 0o644)
-	k("apply", "-f", machine)
+	c.kubectl("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata: {name: local, namespace: default}\nspec: {}\n", "apply", "-f", "-")
 	var address string
-	eventually(t, 3*time.Minute, "machine local Running", func() (bool, string) {
-		state := k("get", "machine", "local", "-o", "jsonpath={.status.phase} {.status.addresses[0].address}")
+	testenv.Eventually(t, 3*time.Minute, "machine local Running", func() (bool, string) {
+		state := c.jsonpath("machine", "local", "{.status.phase} {.status.addresses[0].address}")
 		phase, addr, _ := strings.Cut(state, " ")
 		address = addr
 		return phase == "Running" && addr != "", state
 	})
-	if page, err := getInNetNS(netNS, "http://"+address+":8080/"); err != nil || !strings.Contains(page, "kairon guest local") {
+	if page, err := getInNetNS(c.netNS, "http://"+address+":8080/"); err != nil || !strings.Contains(page, "kairon guest local") {
 		t.Errorf("guest at %s did not answer: %v %q", address, err, page)
 	}
-	k("delete", "machine", "local", "--timeout=60s")
-	if vms := vmProcesses(t, dataDir); len(vms) != 0 {
+	c.kubectl("", "delete", "machine", "local", "--timeout=60s")
+	if vms := vmProcesses(t, c.dataDir); len(vms) != 0 {
 		t.Errorf("VMs left after delete: %v", vms)
 	}
+	c.stop()
+}
 
-	if err := up.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("kairon-local exited with %v after SIGTERM, want 0", err)
+// machineEvents lists the events of one reason on a Machine, as
+// "Type|message" lines.
+func (c *localCluster) machineEvents(machine, reason string) []string {
+	c.t.Helper()
+	out := c.kubectl("", "get", "events", "-n", "default",
+		"--field-selector", "involvedObject.kind=Machine,involvedObject.name="+machine+",reason="+reason,
+		"-o", `jsonpath={range .items[*]}{.type}|{.message}{"\n"}{end}`)
+	var events []string
+	for _, line := range strings.Split(out, "\n") {
+		if line != "" {
+			events = append(events, line)
 		}
-	case <-time.After(time.Minute):
-		t.Fatal("kairon-local still running a minute after SIGTERM")
+	}
+	return events
+}
+
+// The issue's promise: stop kairon-local with SIGTERM (or Ctrl-C), and no
+// VM keeps running; run it again, and the guests go on from where they
+// were, memory and all. Then `down` stops a running kairon-local the same
+// way, and `down --purge` deletes its data dir.
+func TestKaironLocalSuspendsVMsAcrossRestarts(t *testing.T) {
+	c := startKaironLocal(t, 2)
+	machines := []string{"counter-a", "counter-b"}
+	for _, name := range machines {
+		c.kubectl(fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata: {name: %s, namespace: default}\nspec: {}\n", name), "apply", "-f", "-")
+	}
+	nodes := map[string]string{}
+	for _, name := range machines {
+		testenv.Eventually(t, 3*time.Minute, "machine "+name+" Running", func() (bool, string) {
+			state := c.jsonpath("machine", name, "{.status.phase} {.spec.nodeName}")
+			phase, node, _ := strings.Cut(state, " ")
+			nodes[name] = node
+			return phase == "Running" && node != "", state
+		})
+	}
+	before := map[string]guestState{}
+	for _, name := range machines {
+		con := c.console(nodes[name], "default", name)
+		startGuestState(t, con)
+		// Let it count for a moment on its own clock, so that a reset shows.
+		con.Expect(t, "while [ $(cat /tmp/counter) -lt 20 ]; do usleep 50000; done; echo twenty:$((10+10)).", regexp.MustCompile(`twenty:20\.`), time.Minute)
+		before[name] = readGuestState(t, con)
+		t.Logf("%s on %s: token %d, counter at %d", name, nodes[name], before[name].token, before[name].counter)
+	}
+
+	began := time.Now()
+	out := c.stop()
+	t.Logf("kairon-local stopped in %s:\n%s", time.Since(began).Round(time.Millisecond), tail(out, 6))
+	if vms := vmProcesses(t, c.dataDir); len(vms) != 0 {
+		t.Fatalf("QEMU processes left after SIGTERM: %v", vms)
+	}
+	if !strings.Contains(out, "2 VM(s) saved") {
+		t.Errorf("kairon-local did not report the saved VMs:\n%s", tail(out, 10))
+	}
+
+	c.up()
+	for _, name := range machines {
+		if suspended := c.machineEvents(name, "Suspended"); len(suspended) != 1 || !strings.HasPrefix(suspended[0], "Normal|") {
+			t.Errorf("%s: Suspended events %q, want one Normal", name, suspended)
+		}
+		var resumed []string
+		testenv.Eventually(t, 3*time.Minute, "a Resumed event on "+name, func() (bool, string) {
+			resumed = c.machineEvents(name, "Resumed")
+			return len(resumed) > 0, c.jsonpath("machine", name, "{.status.phase}: {.status.message}")
+		})
+		if !strings.HasPrefix(resumed[0], "Normal|") || !strings.Contains(resumed[0], "paused for ") {
+			t.Errorf("%s: Resumed event %q, want Normal and naming the pause", name, resumed[0])
+		}
+		t.Logf("%s: %s", name, resumed[0])
+		if got := c.jsonpath("machine", name, "{.status.phase} {.spec.nodeName}"); got != "Running "+nodes[name] {
+			t.Errorf("%s after the restart: %q, want Running on %s", name, got, nodes[name])
+		}
+		now := checkGuestKeptState(t, c.console(nodes[name], "default", name), before[name], name+" after kairon-local restarted")
+		t.Logf("%s: token %d kept, counter went on from %d to %d", name, now.token, before[name].counter, now.counter)
+	}
+
+	// `down` stops the running kairon-local as SIGTERM does: the VMs are
+	// saved, none keeps running.
+	down := exec.Command(filepath.Join(c.binDir, "kairon-local"), "down", "--data-dir", c.dataDir)
+	text, err := down.CombinedOutput()
+	t.Logf("kairon-local down:\n%s", text)
+	if err != nil {
+		t.Fatalf("kairon-local down: %v", err)
+	}
+	out = c.waitExit("kairon-local down")
+	if vms := vmProcesses(t, c.dataDir); len(vms) != 0 {
+		t.Errorf("QEMU processes left after down: %v", vms)
+	}
+	if !strings.Contains(out, "2 VM(s) saved") {
+		t.Errorf("kairon-local did not save the VMs when stopped by down:\n%s", tail(out, 10))
+	}
+
+	purge := exec.Command(filepath.Join(c.binDir, "kairon-local"), "down", "--purge", "--data-dir", c.dataDir)
+	if text, err := purge.CombinedOutput(); err != nil || !strings.Contains(string(text), "deleted "+c.dataDir) {
+		t.Errorf("kairon-local down --purge: %v\n%s", err, text)
+	}
+	if _, err := os.Stat(c.dataDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the data dir is still there after down --purge: %v", err)
 	}
 }

@@ -72,7 +72,7 @@ func TestPoolClaimGetsARunningVM(t *testing.T) {
 		}
 		return running == 2, fmt.Sprintf("%d Running of warm members %v", running, seen)
 	}
-	eventually(t, 4*time.Minute, "2 Running warm members of pool agents", warm)
+	testenv.Eventually(t, 4*time.Minute, "2 Running warm members of pool agents", warm)
 
 	// Claim one from the command line, as the guide shows.
 	start := time.Now()
@@ -152,7 +152,7 @@ func TestPoolClaimGetsARunningVM(t *testing.T) {
 	// Tidy up so no VM outlives the test: job-42's Machine goes with its
 	// claim, the warm members with the pool.
 	kubectl(t, env, "", "-n", ns, "delete", "-f", example, "--wait=true", "--timeout=2m")
-	eventually(t, 2*time.Minute, "every Machine deleted", func() (bool, string) {
+	testenv.Eventually(t, 2*time.Minute, "every Machine deleted", func() (bool, string) {
 		list := &kaironv1.MachineList{}
 		_ = env.Client.List(ctx, list, client.InNamespace(ns))
 		var left []string

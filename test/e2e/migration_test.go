@@ -18,13 +18,20 @@ import (
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
-// localCluster is a kairon-local run by a test.
+// localCluster is a kairon-local run by a test, on a data dir and network
+// namespace of the test's own, started (up) and stopped (stop) as often as
+// the test wants.
 type localCluster struct {
 	t          *testing.T
 	binDir     string
 	dataDir    string
 	kubeconfig string
 	netNS      string
+	nodes      int
+	// proc is the running `kairon-local up`, nil when none; out its output.
+	proc   *exec.Cmd
+	exited chan struct{}
+	out    string
 }
 
 // startKaironLocal runs `kairon-local up` with nodes QEMU agents, their
@@ -32,42 +39,102 @@ type localCluster struct {
 // process and VM ends with the test.
 func startKaironLocal(t *testing.T, nodes int) *localCluster {
 	t.Helper()
-	c := &localCluster{t: t, binDir: testenv.BinDir(t), netNS: netns(t), dataDir: t.TempDir()}
-	c.kubeconfig = filepath.Join(c.dataDir, "kubeconfig")
-	t.Cleanup(func() { killVMs(t, c.dataDir) })
-	out := filepath.Join(t.TempDir(), "out")
-	log, err := os.Create(out)
+	// Not t.TempDir(): it holds the test's name, and the VMs' unix sockets
+	// below the data dir must fit in 108 bytes.
+	dataDir, err := os.MkdirTemp("", "kairon-e2e-")
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = os.RemoveAll(dataDir) })
+	c := &localCluster{t: t, binDir: testenv.BinDir(t), netNS: netns(t), dataDir: dataDir, nodes: nodes}
+	c.kubeconfig = filepath.Join(c.dataDir, "kubeconfig")
+	t.Cleanup(func() { killVMs(t, c.dataDir) })
+	c.up()
+	return c
+}
+
+// up starts kairon-local on the cluster's data dir and waits until it is up.
+func (c *localCluster) up() {
+	t := c.t
+	t.Helper()
+	c.out = filepath.Join(t.TempDir(), "out")
+	log, err := os.Create(c.out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
 	up := exec.Command(filepath.Join(c.binDir, "kairon-local"), "up", "--data-dir", c.dataDir, "--port", "0",
-		"--nodes", strconv.Itoa(nodes), "--netns", c.netNS, "--node-cpu", "2", "--node-memory", "1Gi")
+		"--nodes", strconv.Itoa(c.nodes), "--netns", c.netNS, "--node-cpu", "2", "--node-memory", "1Gi")
 	up.Stdout, up.Stderr = log, log
 	up.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := up.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	go func() { _ = up.Wait(); close(exited) }()
+	c.proc, c.exited = up, exited
+	out := c.out
 	t.Cleanup(func() {
-		_ = up.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = up.Wait(); close(done) }()
 		select {
-		case <-done:
-		case <-time.After(time.Minute):
-			_ = up.Process.Kill()
-			<-done
+		case <-exited:
+		default:
+			_ = up.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-exited:
+			case <-time.After(4 * time.Minute):
+				_ = up.Process.Kill()
+				<-exited
+			}
 		}
-		log.Close()
 		if t.Failed() {
 			text, _ := os.ReadFile(out)
-			t.Logf("kairon-local output:\n%s", tail(string(text), 40))
+			t.Logf("kairon-local output (%s):\n%s", out, tail(string(text), 40))
 		}
 	})
-	eventually(t, 3*time.Minute, "kairon-local up", func() (bool, string) {
+	testenv.Eventually(t, 3*time.Minute, "kairon-local up", func() (bool, string) {
 		text, _ := os.ReadFile(out)
+		if c.hasExited() {
+			t.Fatalf("kairon-local exited (%v) before it was up:\n%s", up.ProcessState, tail(string(text), 20))
+		}
 		return strings.Contains(string(text), "kairon-local is up"), tail(string(text), 3)
 	})
-	return c
+}
+
+func (c *localCluster) hasExited() bool {
+	select {
+	case <-c.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// output is what the last kairon-local printed.
+func (c *localCluster) output() string {
+	text, _ := os.ReadFile(c.out)
+	return string(text)
+}
+
+// waitExit waits for kairon-local to end (its agents may take a while to
+// save the VMs) and expects status 0; it returns the output.
+func (c *localCluster) waitExit(after string) string {
+	c.t.Helper()
+	testenv.Eventually(c.t, 4*time.Minute, "kairon-local to exit after "+after, func() (bool, string) {
+		return c.hasExited(), tail(c.output(), 3)
+	})
+	if code := c.proc.ProcessState.ExitCode(); code != 0 {
+		c.t.Errorf("kairon-local exited with %d after %s, want 0:\n%s", code, after, tail(c.output(), 20))
+	}
+	return c.output()
+}
+
+// stop sends kairon-local SIGTERM and waits for it; it returns the output.
+func (c *localCluster) stop() string {
+	c.t.Helper()
+	if err := c.proc.Process.Signal(syscall.SIGTERM); err != nil {
+		c.t.Fatal(err)
+	}
+	return c.waitExit("SIGTERM")
 }
 
 // kubectl runs kubectl against the cluster and fails the test on an error.
@@ -147,11 +214,22 @@ func checkGuestKeptState(t *testing.T, con *testenv.Console, before guestState, 
 	if now.counter < before.counter {
 		t.Errorf("%s: counter went back from %d to %d: the guest restarted", after, before.counter, now.counter)
 	}
-	time.Sleep(time.Second)
-	if later := readGuestState(t, con); later.counter <= now.counter {
-		t.Errorf("%s: counter stuck at %d: the guest's process does not run", after, later.counter)
-	}
+	// The guest waits, on its own clock, until its counter moves on.
+	con.Expect(t, "c=$(cat /tmp/counter); while [ \"$(cat /tmp/counter)\" = \"$c\" ]; do usleep 20000; done; echo counting:$((1+1)).",
+		regexp.MustCompile(`counting:2\.`), 30*time.Second)
 	return now
+}
+
+// startGuestState puts a token and a running counter into the guest's
+// memory and returns what they are.
+func startGuestState(t *testing.T, con *testenv.Console) guestState {
+	t.Helper()
+	token := rand.IntN(1_000_000) + 1000
+	con.Expect(t, fmt.Sprintf("echo %d > /tmp/token; echo wrote:$((%d+1)).", token, token), regexp.MustCompile(fmt.Sprintf(`wrote:%d\.`, token+1)), 30*time.Second)
+	con.Expect(t, "(i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; usleep 100000; done) & echo started:$((1+1)).", regexp.MustCompile(`started:2\.`), 30*time.Second)
+	// Until the counter's first write, on the guest's side.
+	con.Expect(t, "while [ ! -s /tmp/counter ]; do usleep 20000; done; echo counter-file:$((1+1)).", regexp.MustCompile(`counter-file:2\.`), 30*time.Second)
+	return readGuestState(t, con)
 }
 
 // migrate creates a MachineMigration with kubectl and waits for it to end.
@@ -163,7 +241,7 @@ metadata: {name: %s, namespace: default}
 spec: {machineName: %s, strategy: %s}
 `, name, machine, strategy), "apply", "-f", "-")
 	var state string
-	eventually(c.t, 3*time.Minute, "migration "+name+" to end", func() (bool, string) {
+	testenv.Eventually(c.t, 3*time.Minute, "migration "+name+" to end", func() (bool, string) {
 		state = c.jsonpath("machinemigration", name, "{.status.phase}|{.status.reason}|{.status.message}")
 		return strings.HasPrefix(state, "Succeeded|") || strings.HasPrefix(state, "Failed|"), state
 	})
@@ -203,7 +281,7 @@ func TestMigrationKeepsTheGuestState(t *testing.T) {
 	c := startKaironLocal(t, 2)
 	c.kubectl("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata: {name: mover, namespace: default}\nspec: {}\n", "apply", "-f", "-")
 	var node, address string
-	eventually(t, 3*time.Minute, "machine mover Running", func() (bool, string) {
+	testenv.Eventually(t, 3*time.Minute, "machine mover Running", func() (bool, string) {
 		state := c.jsonpath("machine", "mover", "{.status.phase} {.spec.nodeName} {.status.addresses[0].address}")
 		fields := strings.Fields(state)
 		if len(fields) != 3 {
@@ -220,11 +298,7 @@ func TestMigrationKeepsTheGuestState(t *testing.T) {
 	}
 	answers("before any migration")
 	con := c.console(node, "default", "mover")
-	token := rand.IntN(1_000_000) + 1000
-	con.Expect(t, fmt.Sprintf("echo %d > /tmp/token; echo wrote:$((%d+1)).", token, token), regexp.MustCompile(fmt.Sprintf(`wrote:%d\.`, token+1)), 30*time.Second)
-	con.Expect(t, "(i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; usleep 100000; done) & echo started:$((1+1)).", regexp.MustCompile(`started:2\.`), 30*time.Second)
-	time.Sleep(500 * time.Millisecond)
-	state := readGuestState(t, con)
+	state := startGuestState(t, con)
 
 	for _, strategy := range []string{"cold", "live"} {
 		source, target := node, otherNode(node)
@@ -238,7 +312,7 @@ func TestMigrationKeepsTheGuestState(t *testing.T) {
 			t.Fatalf("after the %s migration the machine is on %q, want %s", strategy, got, target)
 		}
 		node = target
-		eventually(t, time.Minute, "no VM left on "+source, func() (bool, string) {
+		testenv.Eventually(t, time.Minute, "no VM left on "+source, func() (bool, string) {
 			left := vmProcesses(t, filepath.Join(c.dataDir, "nodes", source))
 			return len(left) == 0, fmt.Sprint(left)
 		})
