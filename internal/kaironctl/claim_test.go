@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"regexp"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -42,10 +44,11 @@ func listClaims(t *testing.T, env *testenv.Env, ns string) []kaironv1.MachineCla
 	return l.Items
 }
 
-// fakeBinder stands in for kairon-controller: it waits for a claim to appear
-// in ns, then calls act with it, once; act writes what the controller would.
-// The returned function waits for the binder and reports its error.
-func fakeBinder(t *testing.T, env *testenv.Env, ns string, act func(ctx context.Context, c *kaironv1.MachineClaim) error) func() {
+// standIn runs on in the background, as a stand-in for kairon-controller,
+// with every change to list's kind in ns (see watchEvents) until on reports
+// done. The returned function waits for that and reports on's error, or
+// that on was not done within a minute.
+func standIn(t *testing.T, env *testenv.Env, list client.ObjectList, ns string, on func(ctx context.Context, ev watch.Event) (done bool, err error)) func() {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	var (
@@ -55,15 +58,7 @@ func fakeBinder(t *testing.T, env *testenv.Env, ns string, act func(ctx context.
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for ctx.Err() == nil {
-			var l kaironv1.MachineClaimList
-			if lerr := env.Client.List(ctx, &l, client.InNamespace(ns)); lerr == nil && len(l.Items) > 0 {
-				err = act(ctx, &l.Items[0])
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		err = ctx.Err()
+		err = watchEvents(ctx, env, list, ns, func(ev watch.Event) (bool, error) { return on(ctx, ev) })
 	}()
 	return func() {
 		t.Helper()
@@ -73,6 +68,20 @@ func fakeBinder(t *testing.T, env *testenv.Env, ns string, act func(ctx context.
 			t.Errorf("fake controller: %v", err)
 		}
 	}
+}
+
+// fakeBinder stands in for kairon-controller: it waits for a claim to appear
+// in ns, then calls act with it, once; act writes what the controller would.
+// The returned function waits for the binder and reports its error.
+func fakeBinder(t *testing.T, env *testenv.Env, ns string, act func(ctx context.Context, c *kaironv1.MachineClaim) error) func() {
+	t.Helper()
+	return standIn(t, env, &kaironv1.MachineClaimList{}, ns, func(ctx context.Context, ev watch.Event) (bool, error) {
+		c, ok := ev.Object.(*kaironv1.MachineClaim)
+		if !ok || ev.Type != watch.Added {
+			return false, nil
+		}
+		return true, act(ctx, c)
+	})
 }
 
 // writeClaimStatus sets a claim's status as kairon-controller would.
@@ -86,13 +95,13 @@ func writeClaimStatus(ctx context.Context, env *testenv.Env, c *kaironv1.Machine
 }
 
 // bindAfterPending first reports the claim Pending with the controller's
-// message, then, a moment later, Bound to machine.
+// message, then Bound to machine: two writes, which a watching kaironctl
+// sees in that order.
 func bindAfterPending(env *testenv.Env, machine string, millis int64) func(ctx context.Context, c *kaironv1.MachineClaim) error {
 	return func(ctx context.Context, c *kaironv1.MachineClaim) error {
 		if err := writeClaimStatus(ctx, env, c, kaironv1.MachineClaimStatus{Phase: kaironv1.ClaimPending, Message: pendingMessage}); err != nil {
 			return err
 		}
-		time.Sleep(500 * time.Millisecond)
 		return writeClaimStatus(ctx, env, c, kaironv1.MachineClaimStatus{Phase: kaironv1.ClaimBound, MachineName: machine, BindMillis: millis})
 	}
 }
@@ -251,9 +260,10 @@ func TestClaimPrintsTheBoundClaim(t *testing.T) {
 			if err := env.Client.DeleteAllOf(context.Background(), &kaironv1.MachineClaim{}, client.InNamespace(ns)); err != nil {
 				t.Fatal(err)
 			}
-			for len(listClaims(t, env, ns)) > 0 {
-				time.Sleep(20 * time.Millisecond)
-			}
+			testenv.Eventually(t, time.Minute, "the claims to be deleted", func() (bool, string) {
+				claims := listClaims(t, env, ns)
+				return len(claims) == 0, fmt.Sprintf("%d claims", len(claims))
+			})
 		})
 	}
 }
@@ -340,34 +350,28 @@ func claimHolding(t *testing.T, env *testenv.Env, ns, name, machine string, poli
 // claim has a deletionTimestamp it deletes the Machine (Delete) or strips
 // its pool labels (Retain), then lets the claim go.
 func fakeReleaser(t *testing.T, env *testenv.Env, ns, name, machine string) func() {
-	return fakeBinder(t, env, ns, func(ctx context.Context, _ *kaironv1.MachineClaim) error {
-		c := &kaironv1.MachineClaim{}
-		for {
-			if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, c); err != nil {
-				return err
-			}
-			if c.DeletionTimestamp != nil {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
+	t.Helper()
+	return standIn(t, env, &kaironv1.MachineClaimList{}, ns, func(ctx context.Context, ev watch.Event) (bool, error) {
+		c, ok := ev.Object.(*kaironv1.MachineClaim)
+		if !ok || c.Name != name || c.DeletionTimestamp == nil {
+			return false, nil
 		}
-		time.Sleep(300 * time.Millisecond) // release takes a moment
 		m := &kaironv1.Machine{}
 		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: machine}, m); err != nil {
-			return err
+			return true, err
 		}
 		if c.Spec.ReclaimPolicy == kaironv1.ReclaimRetain {
 			for _, l := range []string{kaironv1.LabelMachinePool, kaironv1.LabelMachinePoolTemplateHash, kaironv1.LabelPoolState, kaironv1.LabelMachineClaim} {
 				delete(m.Labels, l)
 			}
 			if err := env.Client.Update(ctx, m); err != nil {
-				return err
+				return true, err
 			}
 		} else if err := env.Client.Delete(ctx, m); err != nil {
-			return err
+			return true, err
 		}
 		c.Finalizers = nil
-		return env.Client.Update(ctx, c)
+		return true, env.Client.Update(ctx, c)
 	})
 }
 

@@ -19,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -300,9 +301,11 @@ func TestEvacuateWait(t *testing.T) {
 	}
 	minAvailableBudget(t, env, ns, "web-tier", web, 2)
 
-	// The node agents: every migration in flight is carried out a moment
-	// after it appears.
+	// The node agents: every migration is carried out as soon as it
+	// appears. peak is the most migrations in flight at once, as the
+	// stream of changes shows them.
 	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
 	var (
 		wg       sync.WaitGroup
 		peak     int
@@ -311,24 +314,25 @@ func TestEvacuateWait(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for ctx.Err() == nil {
-			var l kaironv1.MachineMigrationList
-			if err := env.Client.List(ctx, &l, client.InNamespace(ns)); err == nil {
-				var inFlight []kaironv1.MachineMigration
-				for _, mig := range l.Items {
-					if !mig.Status.Phase.IsTerminal() {
-						inFlight = append(inFlight, mig)
-					}
-				}
-				peak = max(peak, len(inFlight))
-				time.Sleep(300 * time.Millisecond)
-				for i := range inFlight {
-					if err := finish(ctx, env, &inFlight[i], kaironv1.MigrationSucceeded, n2); err != nil && ctx.Err() == nil {
-						agentErr = err
-					}
-				}
+		inFlight := map[string]bool{}
+		err := watchEvents(ctx, env, &kaironv1.MachineMigrationList{}, ns, func(ev watch.Event) (bool, error) {
+			mig, ok := ev.Object.(*kaironv1.MachineMigration)
+			if !ok {
+				return false, nil
 			}
-			time.Sleep(50 * time.Millisecond)
+			if ev.Type == watch.Deleted || mig.Status.Phase.IsTerminal() {
+				delete(inFlight, mig.Name)
+				return false, nil
+			}
+			inFlight[mig.Name] = true
+			peak = max(peak, len(inFlight))
+			if ev.Type != watch.Added {
+				return false, nil
+			}
+			return false, finish(ctx, env, mig, kaironv1.MigrationSucceeded, n2)
+		})
+		if ctx.Err() == nil {
+			agentErr = err
 		}
 	}()
 

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -77,6 +78,46 @@ func (r result) failed(t *testing.T, want ...string) {
 	for _, w := range want {
 		if !strings.Contains(r.stderr, w) {
 			t.Errorf("stderr %q does not contain %q", r.stderr, w)
+		}
+	}
+}
+
+// watchEvents calls on with every change to list's kind in ns, starting
+// with the objects there now (a watch without a resourceVersion sends them
+// first, as ADDED), until on reports done, fails, or ctx ends. It is how a
+// test standing in for a controller or a node agent reacts to what
+// kaironctl does, without polling.
+func watchEvents(ctx context.Context, env *testenv.Env, list client.ObjectList, ns string, on func(ev watch.Event) (done bool, err error)) error {
+	c, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		return err
+	}
+	for {
+		w, err := c.Watch(ctx, list.DeepCopyObject().(client.ObjectList), client.InNamespace(ns))
+		if err != nil {
+			return err
+		}
+		done, err := func() (bool, error) {
+			defer w.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return false, ctx.Err()
+				case ev, ok := <-w.ResultChan():
+					if !ok {
+						return false, nil // closed by the server: watch again
+					}
+					if ev.Type == watch.Error {
+						return false, apierrors.FromObject(ev.Object)
+					}
+					if done, err := on(ev); done || err != nil {
+						return done, err
+					}
+				}
+			}
+		}()
+		if done || err != nil {
+			return err
 		}
 	}
 }
@@ -603,21 +644,24 @@ func TestDelete(t *testing.T) {
 
 	t.Run("waits for finalizers", func(t *testing.T) {
 		held(t, "slow")
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			time.Sleep(1500 * time.Millisecond)
-			release("slow")
-		}()
-		start := time.Now()
-		r := kctl(t, env, "delete", "mach", "slow", "-n", ns).ok(t)
-		wg.Wait()
+		defer release("slow")
+		done := make(chan result, 1)
+		go func() { done <- kctl(t, env, "delete", "mach", "slow", "-n", ns) }()
+		testenv.Eventually(t, time.Minute, "the deletion to reach the server", func() (bool, string) {
+			m := &kaironv1.Machine{}
+			if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "slow"}, m); err != nil {
+				return false, err.Error()
+			}
+			return m.DeletionTimestamp != nil, "no deletionTimestamp yet"
+		})
+		// A second is how long a delete that did not wait had to return.
+		testenv.Consistently(t, time.Second, "delete waiting while the finalizer holds the machine", func() (bool, string) {
+			return len(done) == 0, "delete returned while the machine was still there"
+		})
+		release("slow")
+		r := (<-done).ok(t)
 		if r.stdout != "machine/slow deleted\n" {
 			t.Errorf("stdout %q", r.stdout)
-		}
-		if took := time.Since(start); took < time.Second {
-			t.Errorf("returned after %s, before the finalizer was removed", took)
 		}
 		if !gone("slow") {
 			t.Error("still there after delete returned")

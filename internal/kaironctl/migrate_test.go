@@ -63,28 +63,23 @@ func TestMigrate(t *testing.T) {
 		go func() {
 			done <- kctl(t, env, "-n", ns, "migrate", "web-2", "--wait", "--timeout", "1m")
 		}()
-		deadline := time.Now().Add(time.Minute)
-		for {
-			var open []kaironv1.MachineMigration
-			for _, mig := range migrationsIn(t, env, ns) {
+		var open []kaironv1.MachineMigration
+		testenv.Eventually(t, time.Minute, "migrate --wait to create a migration", func() (bool, string) {
+			all := migrationsIn(t, env, ns)
+			open = nil
+			for _, mig := range all {
 				if !mig.Status.Phase.IsTerminal() {
 					open = append(open, mig)
 				}
 			}
-			if len(open) == 1 {
-				target := n2
-				if tc.phase == kaironv1.MigrationFailed {
-					target = n1
-				}
-				if err := finish(context.Background(), env, &open[0], tc.phase, target); err != nil {
-					t.Fatal(err)
-				}
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("migrate --wait created no migration: %s", migrationsSummary(migrationsIn(t, env, ns)))
-			}
-			time.Sleep(50 * time.Millisecond)
+			return len(open) == 1, migrationsSummary(all)
+		})
+		target := n2
+		if tc.phase == kaironv1.MigrationFailed {
+			target = n1
+		}
+		if err := finish(context.Background(), env, &open[0], tc.phase, target); err != nil {
+			t.Fatal(err)
 		}
 		tc.check(<-done)
 	}
