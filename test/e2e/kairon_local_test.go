@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/zyvor/kairon/internal/testenv"
+	"github.com/zyvor/kairon/internal/testenv/host"
 )
 
 // What `make up` runs: kairon-local with the control plane, kairon-controller
@@ -102,6 +103,7 @@ func TestKaironLocalSuspendsVMsAcrossRestarts(t *testing.T) {
 	}
 
 	c.up()
+	consoles := map[string]*testenv.Console{}
 	for _, name := range machines {
 		if suspended := c.machineEvents(name, "Suspended"); len(suspended) != 1 || !strings.HasPrefix(suspended[0], "Normal|") {
 			t.Errorf("%s: Suspended events %q, want one Normal", name, suspended)
@@ -118,8 +120,38 @@ func TestKaironLocalSuspendsVMsAcrossRestarts(t *testing.T) {
 		if got := c.jsonpath("machine", name, "{.status.phase} {.spec.nodeName}"); got != "Running "+nodes[name] {
 			t.Errorf("%s after the restart: %q, want Running on %s", name, got, nodes[name])
 		}
-		now := checkGuestKeptState(t, c.console(nodes[name], "default", name), before[name], name+" after kairon-local restarted")
+		// The console serves one client at a time: this one stays for later.
+		consoles[name] = c.console(nodes[name], "default", name)
+		now := checkGuestKeptState(t, consoles[name], before[name], name+" after kairon-local restarted")
 		t.Logf("%s: token %d kept, counter went on from %d to %d", name, now.token, before[name].counter, now.counter)
+	}
+
+	// A kairon-local killed outright saves nothing: its VMs run on, and the
+	// next up adopts them as they are.
+	running := vmProcesses(t, c.dataDir)
+	if len(running) != 2 {
+		t.Fatalf("want the 2 VMs running before the kill, found %v", running)
+	}
+	if err := c.proc.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, time.Minute, "kairon-local and its processes gone after SIGKILL", func() (bool, string) {
+		procs, err := host.Processes(c.dataDir)
+		return c.hasExited() && err == nil && len(procs) == 0, fmt.Sprint(procs, err)
+	})
+	if after := vmProcesses(t, c.dataDir); fmt.Sprint(after) != fmt.Sprint(running) {
+		t.Fatalf("VMs after SIGKILL %v, want them untouched: %v", after, running)
+	}
+	c.up()
+	for _, name := range machines {
+		testenv.Eventually(t, time.Minute, name+" Running after the kill", func() (bool, string) {
+			state := c.jsonpath("machine", name, "{.status.phase}")
+			return state == "Running", state
+		})
+		checkGuestKeptState(t, consoles[name], before[name], name+" after kairon-local was killed")
+	}
+	if after := vmProcesses(t, c.dataDir); fmt.Sprint(after) != fmt.Sprint(running) {
+		t.Errorf("VMs after the next up %v, want the same processes adopted: %v", after, running)
 	}
 
 	// `down` stops the running kairon-local as SIGTERM does: the VMs are

@@ -28,6 +28,7 @@ type localCluster struct {
 	kubeconfig string
 	netNS      string
 	nodes      int
+	port       int
 	// proc is the running `kairon-local up`, nil when none; out its output.
 	proc   *exec.Cmd
 	exited chan struct{}
@@ -46,7 +47,16 @@ func startKaironLocal(t *testing.T, nodes int) *localCluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dataDir) })
-	c := &localCluster{t: t, binDir: testenv.BinDir(t), netNS: netns(t), dataDir: dataDir, nodes: nodes}
+	// A port of its own, kept across restarts as a data dir keeps its
+	// port: the default, 6443, is what every other kairon-local on this
+	// machine tries first, and one may take it while this one is down.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	c := &localCluster{t: t, binDir: testenv.BinDir(t), netNS: netns(t), dataDir: dataDir, nodes: nodes, port: port}
 	c.kubeconfig = filepath.Join(c.dataDir, "kubeconfig")
 	t.Cleanup(func() { killVMs(t, c.dataDir) })
 	c.up()
@@ -63,7 +73,7 @@ func (c *localCluster) up() {
 		t.Fatal(err)
 	}
 	defer log.Close()
-	up := exec.Command(filepath.Join(c.binDir, "kairon-local"), "up", "--data-dir", c.dataDir, "--port", "0",
+	up := exec.Command(filepath.Join(c.binDir, "kairon-local"), "up", "--data-dir", c.dataDir, "--port", strconv.Itoa(c.port),
 		"--nodes", strconv.Itoa(c.nodes), "--netns", c.netNS, "--node-cpu", "2", "--node-memory", "1Gi")
 	up.Stdout, up.Stderr = log, log
 	up.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
