@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -25,14 +26,21 @@ import (
 )
 
 // cordonRetryInterval is the test's -cordon-evacuate-min-retry-interval:
-// short, so retries happen within the test, and long enough to see that
-// nothing is retried sooner.
-const cordonRetryInterval = 2 * time.Second
+// short, so retries come within moments. The attempted-at stamp has whole
+// seconds, so a retry waits this plus attemptStampPrecision, and stamps of
+// one Machine are at least a second apart whatever the interval: that
+// nothing is tried before its interval is TestCordonEvacuationRetryInterval's
+// to show, with a clock it drives.
+const cordonRetryInterval = 500 * time.Millisecond
+
+// cordonQuietWindow is how long a test watches for cordon evacuation to do
+// what it must not: time for a retry to have come, and a second more.
+const cordonQuietWindow = cordonRetryInterval + attemptStampPrecision + time.Second
 
 // Cordoning a node with cordon evacuation on gives its Machines migrations
-// within their budget; a blocked Machine is stamped and not tried again
-// before the interval; a Machine with a migration in flight never gets a
-// second one; an uncordoned node is left alone.
+// within their budget; a blocked Machine is stamped and tried again once
+// its interval has passed; a Machine with a migration in flight never gets
+// a second one; an uncordoned node is left alone.
 func TestCordonEvacuation(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
@@ -65,10 +73,10 @@ func TestCordonEvacuation(t *testing.T) {
 	})
 
 	// Nothing is cordoned yet: nothing happens.
-	time.Sleep(time.Second)
-	if migs := listMigrations(t, env, ns); len(migs) != 0 {
-		t.Fatalf("migrations before any cordon: %s", describeMigrations(migs))
-	}
+	testenv.Consistently(t, time.Second, "no migrations before any cordon", func() (bool, string) {
+		migs := listMigrations(t, env, ns)
+		return len(migs) == 0, describeMigrations(migs)
+	})
 
 	cordon(t, env, nodeA.Name, true)
 
@@ -104,40 +112,38 @@ func TestCordonEvacuation(t *testing.T) {
 	})
 
 	// While web-1's migration is in flight, web-2 and web-3 stay blocked
-	// (2 healthy, 2 desired), are retried no more than once per interval,
-	// and web-1 gets no second migration.
-	stamps := map[string][]string{}
-	deadline := time.Now().Add(3*cordonRetryInterval + time.Second)
-	for time.Now().Before(deadline) {
-		for _, name := range []string{"web-1", "web-2", "web-3"} {
-			s := attemptedAt(t, env, ns, name)
-			if l := stamps[name]; len(l) == 0 || l[len(l)-1] != s {
-				stamps[name] = append(stamps[name], s)
-			}
-		}
+	// (2 healthy, 2 desired) and are tried again once their interval has
+	// passed; web-1 gets no second migration and is not tried again.
+	firstTries := map[string]string{}
+	for _, name := range []string{"web-1", "web-2", "web-3"} {
+		firstTries[name] = attemptedAt(t, env, ns, name)
+	}
+	stillOneMigration := func() {
+		t.Helper()
 		if migs := listMigrations(t, env, ns); len(migs) != 1 {
 			t.Fatalf("while web-1's migration is in flight: %s", describeMigrations(migs))
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	for name, l := range stamps {
-		for i := 1; i < len(l); i++ {
-			prev, _ := time.Parse(time.RFC3339, l[i-1])
-			cur, _ := time.Parse(time.RFC3339, l[i])
-			if gap := cur.Sub(prev); gap < cordonRetryInterval {
-				t.Errorf("%s tried again after %s, less than the interval %s: %v", name, gap, cordonRetryInterval, l)
-			}
+		if s := attemptedAt(t, env, ns, "web-1"); s != firstTries["web-1"] {
+			t.Fatalf("web-1, whose migration is in flight, was tried again at %s (first at %s)", s, firstTries["web-1"])
 		}
 	}
-	if len(stamps["web-2"]) < 2 {
-		t.Errorf("web-2 was not tried again in %s: %v", 3*cordonRetryInterval, stamps["web-2"])
-	}
-	if len(stamps["web-1"]) != 1 {
-		t.Errorf("web-1, whose migration is in flight, was tried again: %v", stamps["web-1"])
-	}
-	if blocked := machineEvents(t, env, ns, "web-2", kaironv1.EventReasonEvacuationBlocked); !strings.Contains(strings.Join(blocked, "\n"), "(2 healthy, 2 desired, 0 allowed)") {
-		t.Errorf("no blocked event naming the in-flight numbers: %q", blocked)
-	}
+	eventually(t, "web-2 and web-3 tried again", func() (bool, string) {
+		stillOneMigration()
+		again := 0
+		tries := map[string]string{}
+		for _, name := range []string{"web-2", "web-3"} {
+			tries[name] = attemptedAt(t, env, ns, name)
+			if tries[name] != firstTries[name] {
+				again++
+			}
+		}
+		return again == 2, fmt.Sprintf("first tries %v, now %v", firstTries, tries)
+	})
+	stillOneMigration()
+	eventually(t, "a blocked event naming the in-flight numbers", func() (bool, string) {
+		blocked := machineEvents(t, env, ns, "web-2", kaironv1.EventReasonEvacuationBlocked)
+		return strings.Contains(strings.Join(blocked, "\n"), "(2 healthy, 2 desired, 0 allowed)"), fmt.Sprintf("%q", blocked)
+	})
 
 	// Now play the node agents: carry out every migration, one at a time
 	// as the budget lets them come. The node empties, and never more than
@@ -156,21 +162,18 @@ func TestCordonEvacuation(t *testing.T) {
 		t.Errorf("%d web Machines were being migrated at once; the budget allows 1", peak)
 	}
 
-	// Node b was never cordoned: nothing there was touched, not even the
-	// web Machines that arrived on it.
-	time.Sleep(cordonRetryInterval + 2*time.Second)
-	migs := listMigrations(t, env, ns)
-	if len(migs) != 3 {
-		t.Errorf("want one migration per web Machine, got %s", describeMigrations(migs))
-	}
-	for _, mig := range migs {
-		if mig.Spec.MachineName == "other" || mig.Spec.Strategy != kaironv1.MigrationCold {
-			t.Errorf("migration %s of %s (%s)", mig.Name, mig.Spec.MachineName, mig.Spec.Strategy)
+	// Node b was never cordoned: nothing there is touched, not even the
+	// web Machines that arrived on it, and each web Machine had one cold
+	// migration.
+	testenv.Consistently(t, cordonQuietWindow, "one migration per web Machine, and node b left alone", func() (bool, string) {
+		migs := listMigrations(t, env, ns)
+		ok := len(migs) == 3
+		for _, mig := range migs {
+			ok = ok && mig.Spec.MachineName != "other" && mig.Spec.Strategy == kaironv1.MigrationCold
 		}
-	}
-	if s := attemptedAt(t, env, ns, "other"); s != "" {
-		t.Errorf("machine on the uncordoned node was stamped %q", s)
-	}
+		stamp := attemptedAt(t, env, ns, "other")
+		return ok && stamp == "", fmt.Sprintf("migrations %s; other stamped %q", describeMigrations(migs), stamp)
+	})
 }
 
 // Uncordoning stops the evacuation: the Machines still there stay.
@@ -195,10 +198,10 @@ func TestCordonEvacuationUncordon(t *testing.T) {
 	if err := env.Client.Status().Update(context.Background(), &mig); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2*cordonRetryInterval + time.Second)
-	if migs := listMigrations(t, env, ns); len(migs) != 1 {
-		t.Errorf("after uncordoning: %s", describeMigrations(migs))
-	}
+	testenv.Consistently(t, cordonQuietWindow, "no new migration after uncordoning", func() (bool, string) {
+		migs := listMigrations(t, env, ns)
+		return len(migs) == 1, describeMigrations(migs)
+	})
 }
 
 // kairon-controller refuses -cordon-evacuate-strategy live.
@@ -273,10 +276,16 @@ func machineEvents(t *testing.T, env *testenv.Env, ns, name, reason string) []st
 	return notes
 }
 
+// moveTime is how long the stand-in node agents of executeMigrations take
+// over a migration. It stands for the time a real move takes, during which
+// passes see the migration in flight and, were the budget not kept, would
+// start others beside it.
+const moveTime = 300 * time.Millisecond
+
 // executeMigrations stands in for the node agents until the returned
 // function is called: every non-terminal migration in ns moves its Machine
-// to target and then Succeeds. The function returns the most migrations it
-// ever saw in flight at once.
+// to target and then Succeeds, moveTime after it first saw it. The
+// function returns the most migrations it ever saw in flight at once.
 func executeMigrations(t *testing.T, env *testenv.Env, ns, target string) (stop func() int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -288,26 +297,37 @@ func executeMigrations(t *testing.T, env *testenv.Env, ns, target string) (stop 
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for ctx.Err() == nil {
+		ticker := time.NewTicker(testenv.PollInterval)
+		defer ticker.Stop()
+		seen := map[types.UID]time.Time{}
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+			}
 			var l kaironv1.MachineMigrationList
 			if err := env.Client.List(ctx, &l, client.InNamespace(ns)); err != nil {
 				continue
 			}
 			var inFlight []*kaironv1.MachineMigration
 			for i := range l.Items {
-				if rules.MigrationInFlight(&l.Items[i]) {
-					inFlight = append(inFlight, &l.Items[i])
+				if mig := &l.Items[i]; rules.MigrationInFlight(mig) {
+					inFlight = append(inFlight, mig)
+					if _, ok := seen[mig.UID]; !ok {
+						seen[mig.UID] = time.Now()
+					}
 				}
 			}
 			peak = max(peak, len(inFlight))
-			// Take a moment, as a real move does, so a pass can see it.
-			time.Sleep(300 * time.Millisecond)
 			for _, mig := range inFlight {
+				if time.Since(seen[mig.UID]) < moveTime {
+					continue
+				}
 				if err := finishMigration(ctx, env, mig, target); err != nil && ctx.Err() == nil {
 					errs = append(errs, err)
 				}
 			}
-			time.Sleep(50 * time.Millisecond)
 		}
 	}()
 	return func() int {
