@@ -214,7 +214,7 @@ func (a *Agent) suspendVM(ctx context.Context, inst backend.Instance, key types.
 		// Gone, going or moved: nothing worth saving, but the next agent
 		// would only stop it, and a migration may still need it.
 		if held, herr := a.heldByMigration(ctx, key); herr != nil || held {
-			logger.Info("leaving the VM running: a migration through this node holds it")
+			logger.Info("leaving the VM running for the next agent: a migration through this node may hold it", "err", herr)
 			return
 		}
 		if err := a.teardown(ctx, id); err != nil {
@@ -226,7 +226,7 @@ func (a *Agent) suspendVM(ctx context.Context, inst backend.Instance, key types.
 		machine = nil
 	}
 	if held, err := a.heldByMigration(ctx, key); err != nil || held {
-		logger.Info("leaving the VM running for the next agent to adopt: a migration holds it", "err", err)
+		logger.Info("leaving the VM running for the next agent to adopt: a migration through this node may hold it", "err", err)
 		return
 	}
 
