@@ -205,6 +205,7 @@ kairon-local is up (%s): API server %s
   %s get crd
 
 Data, certificates and logs are in %s.
-Press Ctrl-C (or send SIGTERM) to stop; the next 'kairon-local up' continues where this one stopped.
-`, took.Round(100*time.Millisecond), cp.RESTConfig().Host, cp.KubeconfigPath(), kubectl, cp.DataDir())
+Press Ctrl-C to stop (or send SIGTERM, or run 'kairon-local down --data-dir %s'): every VM is saved,
+and the next 'kairon-local up' continues where this one stopped.
+`, took.Round(100*time.Millisecond), cp.RESTConfig().Host, cp.KubeconfigPath(), kubectl, cp.DataDir(), cp.DataDir())
 }
