@@ -105,8 +105,11 @@ func TestKaironLocalSuspendsVMsAcrossRestarts(t *testing.T) {
 	c.up()
 	consoles := map[string]*testenv.Console{}
 	for _, name := range machines {
-		if suspended := c.machineEvents(name, "Suspended"); len(suspended) != 1 || !strings.HasPrefix(suspended[0], "Normal|") {
+		suspended := c.machineEvents(name, "Suspended")
+		if len(suspended) != 1 || !strings.HasPrefix(suspended[0], "Normal|") {
 			t.Errorf("%s: Suspended events %q, want one Normal", name, suspended)
+		} else {
+			t.Logf("%s: %s", name, suspended[0])
 		}
 		var resumed []string
 		testenv.Eventually(t, 3*time.Minute, "a Resumed event on "+name, func() (bool, string) {

@@ -47,20 +47,30 @@ func startKaironLocal(t *testing.T, nodes int) *localCluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dataDir) })
-	// A port of its own, kept across restarts as a data dir keeps its
-	// port: the default, 6443, is what every other kairon-local on this
-	// machine tries first, and one may take it while this one is down.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	c := &localCluster{t: t, binDir: testenv.BinDir(t), netNS: netns(t), dataDir: dataDir, nodes: nodes, port: port}
+	c := &localCluster{t: t, binDir: testenv.BinDir(t), netNS: netns(t), dataDir: dataDir, nodes: nodes, port: stablePort(t)}
 	c.kubeconfig = filepath.Join(c.dataDir, "kubeconfig")
 	t.Cleanup(func() { killVMs(t, c.dataDir) })
 	c.up()
 	return c
+}
+
+// stablePort is a free port for the API server, kept across restarts as a
+// data dir keeps its port. Not 6443, which every other kairon-local on the
+// machine tries first, nor one of the ephemeral range (the kernel's own
+// choice for Listen(":0") and for outgoing connections), where another
+// process may take it while the cluster is down.
+func stablePort(t *testing.T) int {
+	t.Helper()
+	for range 100 {
+		port := 20000 + rand.IntN(12000)
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err == nil {
+			l.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port between 20000 and 32000")
+	return 0
 }
 
 // up starts kairon-local on the cluster's data dir and waits until it is up.
