@@ -1,0 +1,420 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+)
+
+func conflictOn(resource, name string) error {
+	return apierrors.NewConflict(schema.GroupResource{Group: kaironv1.GroupVersion.Group, Resource: resource}, name,
+		errors.New("the object has been modified; please apply your changes to the latest version and try again"))
+}
+
+// faults builds a case's interceptors; w is the fake API server itself,
+// for a fault that stands for another writer getting there first.
+type faults func(t *testing.T) interceptor.Funcs
+
+// failPatch fails the first n patches (not status) of the object of kind T
+// named name, or of every such object if name is "", with err.
+func failPatch[T client.Object](name string, n int, err error) faults {
+	return func(*testing.T) interceptor.Funcs {
+		left := n
+		return interceptor.Funcs{Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if _, ok := obj.(T); ok && (name == "" || obj.GetName() == name) && left != 0 {
+				left--
+				return err
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		}}
+	}
+}
+
+// beforeClaimStatus runs meddle (another writer) before the first status
+// write to the claim, and fails that write with err if err is not nil.
+func beforeClaimStatus(meddle func(context.Context, client.Client) error, err error) faults {
+	return func(t *testing.T) interceptor.Funcs {
+		done := false
+		return interceptor.Funcs{SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			if _, ok := obj.(*kaironv1.MachineClaim); ok && !done {
+				done = true
+				if meddle != nil {
+					if err := meddle(ctx, c); err != nil {
+						t.Fatalf("the other writer: %v", err)
+					}
+				}
+				if err != nil {
+					return err
+				}
+			}
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		}}
+	}
+}
+
+// otherBinder binds the claim "job" to member, as a binder in another
+// kairon-controller replica would: the member's labels, then the claim's
+// status.
+func otherBinder(member string) func(context.Context, client.Client) error {
+	return func(ctx context.Context, c client.Client) error {
+		var claim kaironv1.MachineClaim
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "team", Name: "job"}, &claim); err != nil {
+			return err
+		}
+		if member != "elsewhere" { // a Machine outside the pool
+			var m kaironv1.Machine
+			if err := c.Get(ctx, client.ObjectKey{Namespace: "team", Name: member}, &m); err != nil {
+				return err
+			}
+			for k, v := range claim.Spec.Labels {
+				m.Labels[k] = v
+			}
+			m.Labels[kaironv1.LabelPoolState] = kaironv1.PoolStateClaimed
+			m.Labels[kaironv1.LabelMachineClaim] = "job"
+			m.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(&claim, machineClaimKind)}
+			if err := c.Update(ctx, &m); err != nil {
+				return err
+			}
+		}
+		claim.Status = *boundStatus(&claim, member, "", time.Now(), time.Second)
+		return c.Status().Update(ctx, &claim)
+	}
+}
+
+// The binder's branches, one pass each over a pool of three Running warm
+// members (oldest, middle, newest) and one claim, "job", with the fake API
+// server failing as each case says.
+func TestMachineClaimBinderBranches(t *testing.T) {
+	internal := apierrors.NewInternalError(errors.New("etcd is away"))
+	refused := apierrors.NewInvalid(schema.GroupKind{Group: kaironv1.GroupVersion.Group, Kind: "Machine"}, "oldest",
+		field.ErrorList{field.Invalid(field.NewPath("metadata", "labels"), "x", "refused by a policy")})
+	forbidden := apierrors.NewForbidden(schema.GroupResource{Group: kaironv1.GroupVersion.Group, Resource: "machinenetworkpolicies"},
+		"claim-egress-job", errors.New("a policy says no"))
+	event := func(typ, reason, note string) string { return "^" + regexp.QuoteMeta(typ+" "+reason+" "+note) + "$" }
+	boundEvent := func(machine string) string {
+		return "^" + regexp.QuoteMeta(corev1.EventTypeNormal+" "+kaironv1.ClaimReasonBound+" Bound to machine "+machine+" in ") + `\d+ms$`
+	}
+	returned := event(corev1.EventTypeNormal, kaironv1.EventReasonReturnedToPool, "Returned to pool agents: claim job did not keep it")
+	const (
+		warm         = "warm//MachinePool"
+		claimedByJob = "claimed/job/MachineClaim"
+	)
+	type claimWant struct {
+		phase                    kaironv1.MachineClaimPhase
+		machine, reason, message string
+		finalizer                bool
+	}
+	tests := []struct {
+		name       string
+		claim      func(*kaironv1.MachineClaim)
+		members    kaironv1.MachinePhase // the members' phase; Running if empty
+		noPool     bool
+		faults     faults
+		wantErr    string // a part of the pass's error; none if empty
+		wantResult reconcile.Result
+		wantClaim  claimWant
+		// each member's pool state, claim label and controller kind
+		wantMembers   [3]string
+		wantConflicts float64
+		wantEvents    []string // patterns
+	}{
+		{
+			name:        "binds the oldest member",
+			wantResult:  reconcile.Result{RequeueAfter: time.Minute},
+			wantClaim:   claimWant{kaironv1.ClaimBound, "oldest", kaironv1.ClaimReasonBound, "Bound to machine oldest", true},
+			wantMembers: [3]string{claimedByJob, warm, warm},
+			wantEvents:  []string{boundEvent("oldest")},
+		},
+		{
+			name:        "the oldest changed since listed (409): the next one, counted",
+			faults:      failPatch[*kaironv1.Machine]("oldest", 1, conflictOn("machines", "oldest")),
+			wantResult:  reconcile.Result{RequeueAfter: time.Minute},
+			wantClaim:   claimWant{kaironv1.ClaimBound, "middle", kaironv1.ClaimReasonBound, "Bound to machine middle", true},
+			wantMembers: [3]string{warm, claimedByJob, warm}, wantConflicts: 1,
+			wantEvents: []string{boundEvent("middle")},
+		},
+		{
+			name:        "the oldest is gone (404): the next one, not counted as a conflict",
+			faults:      failPatch[*kaironv1.Machine]("oldest", 1, apierrors.NewNotFound(schema.GroupResource{Group: kaironv1.GroupVersion.Group, Resource: "machines"}, "oldest")),
+			wantResult:  reconcile.Result{RequeueAfter: time.Minute},
+			wantClaim:   claimWant{kaironv1.ClaimBound, "middle", kaironv1.ClaimReasonBound, "Bound to machine middle", true},
+			wantMembers: [3]string{warm, claimedByJob, warm},
+			wantEvents:  []string{boundEvent("middle")},
+		},
+		{
+			// The claim waits for the events that changed the members. Its
+			// Pending message goes out from the copy the pass listed, older
+			// than the claim's finalizer write, so it conflicts and is left
+			// to the next pass.
+			name:        "every member changed since listed: each tried, none bound",
+			faults:      failPatch[*kaironv1.Machine]("", -1, conflictOn("machines", "any")),
+			wantResult:  reconcile.Result{RequeueAfter: time.Minute},
+			wantClaim:   claimWant{finalizer: true},
+			wantMembers: [3]string{warm, warm, warm}, wantConflicts: 3,
+		},
+		{
+			name:       "the Machine refuses the labels (422): Pending, and the member stays for the next claim",
+			faults:     failPatch[*kaironv1.Machine]("oldest", 1, refused),
+			wantResult: reconcile.Result{RequeueAfter: time.Minute},
+			wantClaim: claimWant{kaironv1.ClaimPending, "", kaironv1.ClaimReasonInvalidLabels,
+				"spec.labels cannot be put on a Machine: " + refused.Error(), true},
+			wantMembers: [3]string{warm, warm, warm},
+			wantEvents: []string{event(corev1.EventTypeWarning, kaironv1.ClaimReasonInvalidLabels,
+				"spec.labels cannot be put on a Machine: "+refused.Error())},
+		},
+		{
+			name: "Kairon's own labels: refused before anything is written",
+			claim: func(c *kaironv1.MachineClaim) {
+				c.Spec.Labels = map[string]string{kaironv1.LabelPoolState: kaironv1.PoolStateWarm}
+			},
+			wantResult: reconcile.Result{RequeueAfter: time.Minute},
+			wantClaim: claimWant{kaironv1.ClaimPending, "", kaironv1.ClaimReasonInvalidLabels,
+				"spec.labels cannot be put on a Machine: kairon.zyvor.dev/pool-state: the kairon.zyvor.dev/ labels are Kairon's own", false},
+			wantMembers: [3]string{warm, warm, warm},
+			wantEvents: []string{event(corev1.EventTypeWarning, kaironv1.ClaimReasonInvalidLabels,
+				"spec.labels cannot be put on a Machine: kairon.zyvor.dev/pool-state: the kairon.zyvor.dev/ labels are Kairon's own")},
+		},
+		{
+			name:        "taking the member fails otherwise: the pass fails and is retried",
+			faults:      failPatch[*kaironv1.Machine]("oldest", 1, internal),
+			wantErr:     "claim team/job: " + internal.Error(),
+			wantClaim:   claimWant{finalizer: true},
+			wantMembers: [3]string{warm, warm, warm},
+		},
+		{
+			name:        "the finalizer write conflicts with our own Pending write: read again, and bound",
+			faults:      failPatch[*kaironv1.MachineClaim]("job", 1, conflictOn("machineclaims", "job")),
+			wantResult:  reconcile.Result{RequeueAfter: time.Minute},
+			wantClaim:   claimWant{kaironv1.ClaimBound, "oldest", kaironv1.ClaimReasonBound, "Bound to machine oldest", true},
+			wantMembers: [3]string{claimedByJob, warm, warm},
+			wantEvents:  []string{boundEvent("oldest")},
+		},
+		{
+			name: "the finalizer write conflicts and the claim was bound meanwhile: nothing taken, a quick retry",
+			faults: func(t *testing.T) interceptor.Funcs {
+				done := false
+				return interceptor.Funcs{Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+					if _, ok := obj.(*kaironv1.MachineClaim); ok && !done {
+						done = true
+						if err := otherBinder("elsewhere")(ctx, c); err != nil {
+							t.Fatal(err)
+						}
+						return conflictOn("machineclaims", "job")
+					}
+					return c.Patch(ctx, obj, patch, opts...)
+				}}
+			},
+			wantResult:  reconcile.Result{RequeueAfter: conflictRetryDelay},
+			wantClaim:   claimWant{kaironv1.ClaimBound, "elsewhere", kaironv1.ClaimReasonBound, "Bound to machine elsewhere", false},
+			wantMembers: [3]string{warm, warm, warm},
+		},
+		{
+			name:        "the claim is deleted before its finalizer (404): nothing taken, a quick retry",
+			faults:      failPatch[*kaironv1.MachineClaim]("job", 1, apierrors.NewNotFound(schema.GroupResource{Group: kaironv1.GroupVersion.Group, Resource: "machineclaims"}, "job")),
+			wantResult:  reconcile.Result{RequeueAfter: conflictRetryDelay},
+			wantClaim:   claimWant{},
+			wantMembers: [3]string{warm, warm, warm},
+		},
+		{
+			name:        "the status write conflicts with a Pending message: written again on the fresh claim",
+			faults:      beforeClaimStatus(nil, conflictOn("machineclaims", "job")),
+			wantResult:  reconcile.Result{RequeueAfter: time.Minute},
+			wantClaim:   claimWant{kaironv1.ClaimBound, "oldest", kaironv1.ClaimReasonBound, "Bound to machine oldest", true},
+			wantMembers: [3]string{claimedByJob, warm, warm},
+			wantEvents:  []string{boundEvent("oldest")},
+		},
+		{
+			name:        "another binder bound the claim to another member first: ours goes back to the pool",
+			faults:      beforeClaimStatus(otherBinder("newest"), conflictOn("machineclaims", "job")),
+			wantResult:  reconcile.Result{RequeueAfter: conflictRetryDelay},
+			wantClaim:   claimWant{kaironv1.ClaimBound, "newest", kaironv1.ClaimReasonBound, "Bound to machine newest", true},
+			wantMembers: [3]string{warm, warm, claimedByJob},
+			wantEvents:  []string{returned},
+		},
+		{
+			name:        "another controller recorded this very bind: done",
+			faults:      beforeClaimStatus(otherBinder("oldest"), conflictOn("machineclaims", "job")),
+			wantResult:  reconcile.Result{RequeueAfter: time.Minute},
+			wantClaim:   claimWant{kaironv1.ClaimBound, "oldest", kaironv1.ClaimReasonBound, "Bound to machine oldest", true},
+			wantMembers: [3]string{claimedByJob, warm, warm},
+		},
+		{
+			name:        "the status write fails otherwise: the Machine stays labelled, for the claim reconciler",
+			faults:      beforeClaimStatus(nil, internal),
+			wantErr:     "claim team/job: " + internal.Error(),
+			wantClaim:   claimWant{finalizer: true},
+			wantMembers: [3]string{claimedByJob, warm, warm},
+		},
+		{
+			name: "the egress policy cannot be created: the member goes back, the claim says why",
+			claim: func(c *kaironv1.MachineClaim) {
+				c.Spec.Egress = &kaironv1.EgressRules{AllowFqdns: []kaironv1.Hostname{"pypi.org"}}
+			},
+			faults: func(*testing.T) interceptor.Funcs {
+				return interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+					if _, ok := obj.(*kaironv1.MachineNetworkPolicy); ok {
+						return forbidden
+					}
+					return c.Create(ctx, obj, opts...)
+				}}
+			},
+			wantResult: reconcile.Result{RequeueAfter: time.Minute},
+			wantClaim: claimWant{kaironv1.ClaimPending, "", kaironv1.ClaimReasonEgressPolicyFailed,
+				"creating egress policy: " + forbidden.Error(), true},
+			wantMembers: [3]string{warm, warm, warm},
+			wantEvents: []string{returned, event(corev1.EventTypeWarning, kaironv1.ClaimReasonEgressPolicyFailed,
+				"creating egress policy: "+forbidden.Error())},
+		},
+		{
+			name:       "no member Running yet: Pending, saying how many are on their way",
+			members:    kaironv1.MachineBooting,
+			wantResult: reconcile.Result{RequeueAfter: time.Minute},
+			wantClaim: claimWant{kaironv1.ClaimPending, "", kaironv1.ClaimReasonWaitingForWarmMachine,
+				`no Running warm machine in pool "agents" (3 warming)`, false},
+			wantMembers: [3]string{warm, warm, warm},
+		},
+		{
+			name:       "no such pool: Pending, and a Warning",
+			noPool:     true,
+			wantResult: reconcile.Result{RequeueAfter: time.Minute},
+			wantClaim: claimWant{kaironv1.ClaimPending, "", kaironv1.ClaimReasonPoolNotFound,
+				`MachinePool "agents" not found in namespace "team"`, false},
+			wantMembers: [3]string{warm, warm, warm},
+			wantEvents: []string{event(corev1.EventTypeWarning, kaironv1.ClaimReasonPoolNotFound,
+				`MachinePool "agents" not found in namespace "team"`)},
+		},
+	}
+	base := time.Now().Add(-time.Hour).Truncate(time.Second)
+	names := [3]string{"oldest", "middle", "newest"}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pool := &kaironv1.MachinePool{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "agents", UID: "pool-uid"},
+				Spec:       kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](3), Template: poolTemplate()},
+			}
+			hash := templateHash(&pool.Spec.Template)
+			objs := []client.Object{}
+			if !tt.noPool {
+				objs = append(objs, pool)
+			}
+			phase := tt.members
+			if phase == "" {
+				phase = kaironv1.MachineRunning
+			}
+			for i, name := range names {
+				objs = append(objs, &kaironv1.Machine{
+					ObjectMeta: metav1.ObjectMeta{
+						Namespace: "team", Name: name, UID: types.UID("uid-" + name),
+						CreationTimestamp: metav1.NewTime(base.Add(time.Duration(i) * time.Second)),
+						Labels: map[string]string{
+							kaironv1.LabelMachinePool: "agents", kaironv1.LabelMachinePoolTemplateHash: hash, kaironv1.LabelPoolState: kaironv1.PoolStateWarm,
+						},
+						OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(pool, machinePoolKind)},
+					},
+					Spec:   kaironv1.MachineSpec{CPU: 1, Memory: resource.MustParse("64Mi")},
+					Status: kaironv1.MachineStatus{Phase: phase},
+				})
+			}
+			claim := &kaironv1.MachineClaim{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "job", UID: "claim-uid", CreationTimestamp: metav1.NewTime(base.Add(time.Minute))},
+				Spec:       kaironv1.MachineClaimSpec{PoolName: "agents", Labels: map[string]string{"team": "ml"}},
+			}
+			if tt.claim != nil {
+				tt.claim(claim)
+			}
+			objs = append(objs, claim)
+			builder := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(objs...).
+				WithStatusSubresource(&kaironv1.MachineClaim{}, &kaironv1.MachinePool{}, &kaironv1.Machine{}).
+				WithIndex(&kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName)
+			if tt.faults != nil {
+				builder = builder.WithInterceptorFuncs(tt.faults(t))
+			}
+			c := builder.Build()
+			recorder := events.NewFakeRecorder(20)
+			b := &MachineClaimBinder{Client: c, APIReader: c, Recorder: recorder, Interval: time.Minute,
+				tracker: newBindTracker(), pendingRefreshed: map[types.NamespacedName]time.Time{}}
+
+			ctx := context.Background()
+			conflictsBefore := testutil.ToFloat64(claimBindConflicts)
+			result, err := b.Reconcile(ctx, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "agents"}})
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Errorf("pass failed: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Errorf("pass error %v, want one with %q", err, tt.wantErr)
+			}
+			if result != tt.wantResult {
+				t.Errorf("result %+v, want %+v", result, tt.wantResult)
+			}
+			if got := testutil.ToFloat64(claimBindConflicts) - conflictsBefore; got != tt.wantConflicts {
+				t.Errorf("kairon_machineclaim_bind_conflicts_total went up by %v, want %v", got, tt.wantConflicts)
+			}
+
+			var gotClaim kaironv1.MachineClaim
+			if err := c.Get(ctx, client.ObjectKeyFromObject(claim), &gotClaim); err != nil {
+				t.Fatal(err)
+			}
+			got := claimWant{phase: gotClaim.Status.Phase, machine: gotClaim.Status.MachineName,
+				finalizer: controllerutilContains(gotClaim.Finalizers, kaironv1.FinalizerMachineClaim)}
+			if cond := meta.FindStatusCondition(gotClaim.Status.Conditions, kaironv1.ConditionReady.String()); cond != nil {
+				got.reason, got.message = cond.Reason, cond.Message
+			}
+			if got != tt.wantClaim {
+				t.Errorf("claim %+v, want %+v", got, tt.wantClaim)
+			}
+			if gotClaim.Status.Message != tt.wantClaim.message && gotClaim.Status.Phase != kaironv1.ClaimBound {
+				t.Errorf("claim status.message %q, want %q", gotClaim.Status.Message, tt.wantClaim.message)
+			}
+
+			var gotMembers [3]string
+			for i, name := range names {
+				var m kaironv1.Machine
+				if err := c.Get(ctx, client.ObjectKey{Namespace: "team", Name: name}, &m); err != nil {
+					t.Fatal(err)
+				}
+				kind := ""
+				if ref := metav1.GetControllerOf(&m); ref != nil {
+					kind = ref.Kind
+				}
+				gotMembers[i] = fmt.Sprintf("%s/%s/%s", m.Labels[kaironv1.LabelPoolState], m.Labels[kaironv1.LabelMachineClaim], kind)
+				if gotMembers[i] == claimedByJob && m.Labels["team"] != "ml" && tt.wantClaim.machine == name {
+					t.Errorf("member %s bound without the claim's labels: %v", name, m.Labels)
+				}
+			}
+			if gotMembers != tt.wantMembers {
+				t.Errorf("members (oldest, middle, newest) %q, want %q", gotMembers, tt.wantMembers)
+			}
+
+			gotEvents := recordedEvents(recorder)
+			ok := len(gotEvents) == len(tt.wantEvents)
+			for i := 0; ok && i < len(gotEvents); i++ {
+				ok = regexp.MustCompile(tt.wantEvents[i]).MatchString(gotEvents[i])
+			}
+			if !ok {
+				t.Errorf("events\n%q\nwant to match\n%q", gotEvents, tt.wantEvents)
+			}
+		})
+	}
+}
