@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -162,7 +163,7 @@ func dirExists(path string) bool {
 
 // warnOrphans tells about the VMs of data dirs that no longer exist:
 // nothing manages them, and they cost memory and CPU until killed.
-func warnOrphans(w interface{ Write([]byte) (int, error) }, groups []orphanGroup) {
+func warnOrphans(w io.Writer, groups []orphanGroup) {
 	for _, g := range groups {
 		var pids, names []string
 		for _, vm := range g.VMs {
