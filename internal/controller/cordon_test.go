@@ -104,8 +104,8 @@ func TestCordonEvacuation(t *testing.T) {
 	}
 	wantBlocked := "budget " + ns + "/web-tier allows no more disruptions (3 healthy, 2 desired, 0 allowed; 1 already spent in this pass)"
 	eventually(t, "events about the created and the blocked migrations", func() (bool, string) {
-		created := machineEvents(t, env, ns, "web-1", kaironv1.EventReasonEvacuationMigrationCreated)
-		blocked := machineEvents(t, env, ns, "web-2", kaironv1.EventReasonEvacuationBlocked)
+		created := machineEvents(t, env, ns, "web-1", corev1.EventTypeNormal, kaironv1.EventReasonEvacuationMigrationCreated)
+		blocked := machineEvents(t, env, ns, "web-2", corev1.EventTypeWarning, kaironv1.EventReasonEvacuationBlocked)
 		ok := len(created) > 0 && strings.Contains(created[0], first.Name) &&
 			len(blocked) > 0 && strings.Contains(blocked[0], "Node "+nodeA.Name+" is cordoned") && strings.Contains(blocked[0], wantBlocked)
 		return ok, fmt.Sprintf("created %q, blocked %q", created, blocked)
@@ -141,7 +141,7 @@ func TestCordonEvacuation(t *testing.T) {
 	})
 	stillOneMigration()
 	eventually(t, "a blocked event naming the in-flight numbers", func() (bool, string) {
-		blocked := machineEvents(t, env, ns, "web-2", kaironv1.EventReasonEvacuationBlocked)
+		blocked := machineEvents(t, env, ns, "web-2", corev1.EventTypeWarning, kaironv1.EventReasonEvacuationBlocked)
 		return strings.Contains(strings.Join(blocked, "\n"), "(2 healthy, 2 desired, 0 allowed)"), fmt.Sprintf("%q", blocked)
 	})
 
@@ -258,9 +258,9 @@ func attemptedAt(t *testing.T, env *testenv.Env, ns, name string) string {
 	return getMachine(t, env, ns, name).Annotations[kaironv1.AnnotationCordonEvacuateAttemptedAt]
 }
 
-// machineEvents returns the notes of the events with reason about Machine
-// name, oldest first.
-func machineEvents(t *testing.T, env *testenv.Env, ns, name, reason string) []string {
+// machineEvents returns the notes of the events of type typ (Normal,
+// Warning) with reason about Machine name, oldest first.
+func machineEvents(t *testing.T, env *testenv.Env, ns, name, typ, reason string) []string {
 	t.Helper()
 	var l eventsv1.EventList
 	if err := env.Client.List(context.Background(), &l, client.InNamespace(ns)); err != nil {
@@ -269,7 +269,7 @@ func machineEvents(t *testing.T, env *testenv.Env, ns, name, reason string) []st
 	sort.Slice(l.Items, func(i, j int) bool { return l.Items[i].EventTime.Before(&l.Items[j].EventTime) })
 	var notes []string
 	for _, e := range l.Items {
-		if e.Regarding.Kind == "Machine" && e.Regarding.Name == name && e.Reason == reason {
+		if e.Regarding.Kind == "Machine" && e.Regarding.Name == name && e.Type == typ && e.Reason == reason {
 			notes = append(notes, e.Note)
 		}
 	}
