@@ -261,7 +261,9 @@ func TestBudgetStatusPatchFailureWaitsForTick(t *testing.T) {
 	if err != nil || res.RequeueAfter != 7*time.Second {
 		t.Fatalf("Reconcile = %+v, %v; want a requeue after the interval and no error", res, err)
 	}
-	if got := logs.String(); !strings.Contains(got, "trying again next tick") || !strings.Contains(got, ns+"/web-tier") || !strings.Contains(got, "injected patch failure") {
+	// The budget is named as klog.KObj renders through logr's funcr.
+	budget := `"budget"={"name"="web-tier" "namespace"="` + ns + `"}`
+	if got := logs.String(); !strings.Contains(got, "trying again next tick") || !strings.Contains(got, budget) || !strings.Contains(got, "injected patch failure") {
 		t.Errorf("log does not report the failed patch:\n%s", got)
 	}
 	var b kaironv1.MachineDisruptionBudget
