@@ -35,6 +35,13 @@ const (
 	MachineReasonStopped     = "Stopped"
 	MachineReasonVMExited    = "VMExited"
 	MachineReasonDeleting    = "Deleting"
+	// MachineReasonResumeFailed: a VM saved when its agent stopped
+	// (kairon-node --on-shutdown=suspend) could not be restored; it is not
+	// rebooted in its place, since that would lose the guest's memory.
+	MachineReasonResumeFailed = "ResumeFailed"
+	// MachineReasonSuspendIncomplete: the agent stopped while saving the VM
+	// and QEMU is gone, so neither the VM nor a complete state is left.
+	MachineReasonSuspendIncomplete = "SuspendIncomplete"
 )
 
 // Reasons of a Machine's Scheduled condition.
@@ -130,6 +137,18 @@ const (
 	EventReasonExpired        = "Expired"
 	// EventReasonMigrated is on a Machine that moved to another node.
 	EventReasonMigrated = "Migrated"
+	// The node agent's events on a Machine whose VM it starts and stops.
+	// A failed start or an exited VM is a Warning with the Ready
+	// condition's reason (MachineReasonStartFailed, MachineReasonVMExited).
+	EventReasonStarted = "Started"
+	EventReasonStopped = "Stopped"
+	// A suspending agent (kairon-node --on-shutdown=suspend) saved the VM
+	// and stopped QEMU, or could not and left it running; Resumed reports
+	// how long the guest was paused. A restore that fails marks the
+	// Machine Failed with MachineReasonResumeFailed.
+	EventReasonSuspended     = "Suspended"
+	EventReasonSuspendFailed = "SuspendFailed"
+	EventReasonResumed       = "Resumed"
 	// Cordon evacuation's events on the Machines of a cordoned node.
 	EventReasonEvacuationMigrationCreated = "EvacuationMigrationCreated"
 	EventReasonEvacuationBlocked          = "EvacuationBlocked"

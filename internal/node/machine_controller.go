@@ -11,7 +11,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,6 +28,7 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/node/network"
+	"github.com/zyvor/kairon/internal/patch"
 )
 
 // instanceID names a Machine's VM on this node; it is also a safe file name.
@@ -106,10 +106,10 @@ func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id string) (time.Duration, error) {
 	if machine.Spec.PowerState == kaironv1.PowerStateStopped {
 		if err := a.teardown(ctx, id); err != nil {
-			setPhase(machine, kaironv1.MachineStopping, "StopFailed", err.Error())
+			setPhase(machine, kaironv1.MachineStopping, kaironv1.MachineReasonStopFailed, err.Error())
 			return time.Second, err
 		}
-		setPhase(machine, kaironv1.MachineStopped, "Stopped", "spec.powerState is Stopped")
+		setPhase(machine, kaironv1.MachineStopped, kaironv1.MachineReasonStopped, "spec.powerState is Stopped")
 		machine.Status.Addresses = nil
 		machine.Status.StartedAt = nil
 		return a.opts.Interval, nil
@@ -140,16 +140,16 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 		instance, err = a.start(ctx, machine, id)
 		if err != nil {
 			_ = a.teardown(ctx, id)
-			setPhase(machine, kaironv1.MachineFailed, "StartFailed", err.Error())
-			a.event(machine, corev1.EventTypeWarning, "StartFailed", err.Error())
+			setPhase(machine, kaironv1.MachineFailed, kaironv1.MachineReasonStartFailed, err.Error())
+			a.event(machine, corev1.EventTypeWarning, kaironv1.MachineReasonStartFailed, err.Error())
 			return a.opts.Interval, nil
 		}
-		a.event(machine, corev1.EventTypeNormal, "Started", fmt.Sprintf("VM started on %s (%s)", a.opts.NodeName, instance.Acceleration))
+		a.event(machine, corev1.EventTypeNormal, kaironv1.EventReasonStarted, fmt.Sprintf("VM started on %s (%s)", a.opts.NodeName, instance.Acceleration))
 	}
 
 	a.observe(machine, instance, id)
 	if instance.Phase == backend.Exited {
-		a.event(machine, corev1.EventTypeWarning, "VMExited", machine.Status.Message)
+		a.event(machine, corev1.EventTypeWarning, kaironv1.MachineReasonVMExited, machine.Status.Message)
 		if err := a.teardown(ctx, id); err != nil {
 			return time.Second, err
 		}
@@ -249,18 +249,18 @@ func (a *Agent) observe(machine *kaironv1.Machine, instance backend.Instance, id
 	}
 	switch instance.Phase {
 	case backend.Booting:
-		setPhase(machine, kaironv1.MachineBooting, "Booting", "the guest is booting")
+		setPhase(machine, kaironv1.MachineBooting, kaironv1.MachineReasonBooting, "the guest is booting")
 	case backend.Running, backend.Paused:
 		status.BootMillis = instance.ReadyAfter.Milliseconds()
 		status.ConsoleTail = ""
-		setPhase(machine, kaironv1.MachineRunning, "GuestReady", fmt.Sprintf("the guest was ready %dms after start", status.BootMillis))
+		setPhase(machine, kaironv1.MachineRunning, kaironv1.MachineReasonGuestReady, fmt.Sprintf("the guest was ready %dms after start", status.BootMillis))
 	case backend.Exited:
 		status.ConsoleTail = instance.ConsoleTail
 		reason := instance.Reason
 		if reason == "" {
 			reason = "the VM process exited"
 		}
-		setPhase(machine, kaironv1.MachineFailed, "VMExited", reason)
+		setPhase(machine, kaironv1.MachineFailed, kaironv1.MachineReasonVMExited, reason)
 	}
 }
 
@@ -287,7 +287,7 @@ func (a *Agent) reconcileDelete(ctx context.Context, machine *kaironv1.Machine, 
 	}
 	if machine.Status.Phase != kaironv1.MachineStopping {
 		base := machine.DeepCopy()
-		setPhase(machine, kaironv1.MachineStopping, "Deleting", "the Machine is being deleted")
+		setPhase(machine, kaironv1.MachineStopping, kaironv1.MachineReasonDeleting, "the Machine is being deleted")
 		if err := a.patchStatus(ctx, base, machine); err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
@@ -300,7 +300,7 @@ func (a *Agent) reconcileDelete(ctx context.Context, machine *kaironv1.Machine, 
 	if err := a.client.Patch(ctx, machine, client.MergeFrom(base)); err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
-	a.event(machine, corev1.EventTypeNormal, "Stopped", "VM stopped and its network removed")
+	a.event(machine, corev1.EventTypeNormal, kaironv1.EventReasonStopped, "VM stopped and its network removed")
 	return nil
 }
 
@@ -332,10 +332,7 @@ func (a *Agent) teardown(ctx context.Context, id string) error {
 // stops a stale view from overwriting what the scheduler wrote meanwhile; a
 // conflict just means another reconcile.
 func (a *Agent) patchStatus(ctx context.Context, base, machine *kaironv1.Machine) error {
-	if equality.Semantic.DeepEqual(base.Status, machine.Status) {
-		return nil
-	}
-	return a.client.Status().Patch(ctx, machine, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+	return patch.Status(ctx, a.client, base, machine, patch.WithOptimisticLock())
 }
 
 func (a *Agent) event(machine *kaironv1.Machine, kind, reason, message string) {

@@ -27,6 +27,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/backend"
+	"github.com/zyvor/kairon/internal/patch"
 )
 
 // Cold migration, the node agents' part. kairon-controller picks the target
@@ -417,7 +418,7 @@ func (a *Agent) failMigration(ctx context.Context, mig *kaironv1.MachineMigratio
 	mig.Status.Message = message
 	mig.Status.CompletionTime = &now
 	log.FromContext(ctx).Info("migration failed", "migration", mig.Name, "reason", reason, "message", message)
-	if err := a.client.Status().Patch(ctx, mig, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+	if err := patch.Status(ctx, a.client, base, mig, patch.WithOptimisticLock()); err != nil {
 		return err
 	}
 	a.recorder.Eventf(mig, nil, corev1.EventTypeWarning, string(reason), "Migrate", "%s", message)

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/patch"
 )
 
 // nodeLabels are the labels the agent keeps on its Node so the scheduler and
@@ -109,7 +110,7 @@ func (a *Agent) syncNode(ctx context.Context, ready bool, reason, message string
 		}
 	}
 	node.Status.Conditions = []corev1.NodeCondition{condition}
-	return a.client.Status().Patch(ctx, node, client.MergeFrom(base))
+	return patch.Status(ctx, a.client, base, node)
 }
 
 // endpoint is where the API server's node proxy reaches this agent.

@@ -61,12 +61,6 @@ const (
 	suspendParallel = 4
 	// suspendStopTimeout bounds stopping one saved VM.
 	suspendStopTimeout = 30 * time.Second
-
-	ReasonSuspended         = "Suspended"
-	ReasonSuspendFailed     = "SuspendFailed"
-	ReasonResumed           = "Resumed"
-	ReasonResumeFailed      = "ResumeFailed"
-	ReasonSuspendIncomplete = "SuspendIncomplete"
 )
 
 // suspendRecord is StateDir/suspended/<id>.json.
@@ -248,7 +242,7 @@ func (a *Agent) suspendVM(ctx context.Context, inst backend.Instance, key types.
 		_ = a.removeSuspend(id)
 		logger.Error(err, "saving the VM failed; it keeps running, for the next agent to adopt")
 		if machine != nil {
-			a.eventNow(ctx, machine, corev1.EventTypeWarning, ReasonSuspendFailed,
+			a.eventNow(ctx, machine, corev1.EventTypeWarning, kaironv1.EventReasonSuspendFailed,
 				fmt.Sprintf("kairon-node on %s stopped but could not save the VM (%v); the VM keeps running", a.opts.NodeName, err))
 		}
 		return
@@ -272,7 +266,7 @@ func (a *Agent) suspendVM(ctx context.Context, inst backend.Instance, key types.
 	}
 	logger.Info("VM suspended", "path", path, "bytes", size, "took", savedIn)
 	if machine != nil {
-		a.eventNow(ctx, machine, corev1.EventTypeNormal, ReasonSuspended,
+		a.eventNow(ctx, machine, corev1.EventTypeNormal, kaironv1.EventReasonSuspended,
 			fmt.Sprintf("kairon-node on %s stopped: the VM was saved (%s in %s) and stopped; it resumes where it was when the agent starts again",
 				a.opts.NodeName, sizeText(size), roundPause(savedIn)))
 	}
@@ -316,7 +310,7 @@ func (a *Agent) resumeSuspended(ctx context.Context, machine *kaironv1.Machine, 
 		// before it could stop it. It holds the guest as it was.
 		if instance.Phase == backend.Paused {
 			if err := a.opts.Backend.Resume(ctx, id); err != nil {
-				return fail(ReasonResumeFailed, fmt.Sprintf("resuming the VM paused when kairon-node stopped: %v", err))
+				return fail(kaironv1.MachineReasonResumeFailed, fmt.Sprintf("resuming the VM paused when kairon-node stopped: %v", err))
 			}
 			if got, err := a.opts.Backend.Get(ctx, id); err == nil {
 				instance = got
@@ -325,29 +319,29 @@ func (a *Agent) resumeSuspended(ctx context.Context, machine *kaironv1.Machine, 
 		if err := a.removeSuspend(id); err != nil {
 			logger.Error(err, "removing the suspension record")
 		}
-		a.event(machine, corev1.EventTypeNormal, ReasonResumed,
+		a.event(machine, corev1.EventTypeNormal, kaironv1.EventReasonResumed,
 			fmt.Sprintf("the VM still ran on %s and was resumed in place; the guest was paused for %s", a.opts.NodeName, paused()))
 		return instance, true
 	}
 
 	if rec.State != suspendSaved {
-		return fail(ReasonSuspendIncomplete, fmt.Sprintf("kairon-node on %s was killed while saving the VM (at %s) and the VM is gone: the guest's state is lost; stop and start the Machine to boot it again",
+		return fail(kaironv1.MachineReasonSuspendIncomplete, fmt.Sprintf("kairon-node on %s was killed while saving the VM (at %s) and the VM is gone: the guest's state is lost; stop and start the Machine to boot it again",
 			a.opts.NodeName, rec.PausedAt.Format(time.RFC3339)))
 	}
 	path := a.suspendStatePath(id)
 	began := time.Now()
 	restored, err := a.restore(ctx, machine, id, path)
 	if err != nil {
-		return fail(ReasonResumeFailed, fmt.Sprintf("restoring the VM saved when kairon-node stopped: %v; stop and start the Machine to boot it again", err))
+		return fail(kaironv1.MachineReasonResumeFailed, fmt.Sprintf("restoring the VM saved when kairon-node stopped: %v; stop and start the Machine to boot it again", err))
 	}
 	if restored.Phase == backend.Exited {
-		return fail(ReasonResumeFailed, fmt.Sprintf("the VM restored from its saved state exited: %s; stop and start the Machine to boot it again", restored.Reason))
+		return fail(kaironv1.MachineReasonResumeFailed, fmt.Sprintf("the VM restored from its saved state exited: %s; stop and start the Machine to boot it again", restored.Reason))
 	}
 	if err := a.removeSuspend(id); err != nil {
 		logger.Error(err, "removing the saved state of the resumed VM")
 	}
 	logger.Info("VM resumed from its saved state", "paused", time.Since(rec.PausedAt), "restoreTook", time.Since(began))
-	a.event(machine, corev1.EventTypeNormal, ReasonResumed,
+	a.event(machine, corev1.EventTypeNormal, kaironv1.EventReasonResumed,
 		fmt.Sprintf("the VM was restored on %s from the state saved when kairon-node stopped; the guest was paused for %s", a.opts.NodeName, paused()))
 	return restored, true
 }

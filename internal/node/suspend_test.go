@@ -145,13 +145,13 @@ func TestSuspendedVMIsRestoredByTheNextAgent(t *testing.T) {
 		t.Errorf("suspended/ holds %v, want the record and the saved state", files)
 	}
 	// Written before the agent returned, not queued.
-	suspended := machineEvents(t, env, ns, "vm", node.ReasonSuspended)
+	suspended := machineEvents(t, env, ns, "vm", kaironv1.EventReasonSuspended)
 	if len(suspended) != 1 || suspended[0].Type != corev1.EventTypeNormal || !strings.Contains(suspended[0].Note, "saved") {
 		t.Errorf("Suspended events when the agent returned: %+v, want one Normal event", suspended)
 	}
 
 	runAgentOnShutdown(t, env, "sus-a", state, node.ShutdownSuspend, nil)
-	resumed := waitMachineEvent(t, env, ns, "vm", node.ReasonResumed)
+	resumed := waitMachineEvent(t, env, ns, "vm", kaironv1.EventReasonResumed)
 	if resumed.Type != corev1.EventTypeNormal || !strings.Contains(resumed.Note, "paused for ") {
 		t.Errorf("Resumed event %s %q, want Normal and naming the pause", resumed.Type, resumed.Note)
 	}
@@ -190,7 +190,7 @@ func TestFailedSaveLeavesTheVMRunning(t *testing.T) {
 	if files := suspendFiles(state); len(files) != 0 {
 		t.Errorf("a failed save left %v", files)
 	}
-	failed := machineEvents(t, env, ns, "vm", node.ReasonSuspendFailed)
+	failed := machineEvents(t, env, ns, "vm", kaironv1.EventReasonSuspendFailed)
 	if len(failed) != 1 || failed[0].Type != corev1.EventTypeWarning || !strings.Contains(failed[0].Note, "injected save failure") {
 		t.Errorf("SuspendFailed events: %+v, want one Warning naming the cause", failed)
 	}
@@ -217,10 +217,10 @@ func TestFailedRestoreFailsTheMachine(t *testing.T) {
 	runAgentOnShutdown(t, env, "sus-restore", state, node.ShutdownSuspend, func(b *sim.Backend) backend.Backend { return failingRestore{b} })
 	failed := waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineFailed)
 	ready := metaCondition(failed, string(kaironv1.ConditionReady))
-	if ready == nil || ready.Reason != node.ReasonResumeFailed || !strings.Contains(failed.Status.Message, "injected restore failure") {
-		t.Errorf("failed Machine: condition %+v, message %q; want reason %s naming the cause", ready, failed.Status.Message, node.ReasonResumeFailed)
+	if ready == nil || ready.Reason != kaironv1.MachineReasonResumeFailed || !strings.Contains(failed.Status.Message, "injected restore failure") {
+		t.Errorf("failed Machine: condition %+v, message %q; want reason %s naming the cause", ready, failed.Status.Message, kaironv1.MachineReasonResumeFailed)
 	}
-	if events := machineEvents(t, env, ns, "vm", node.ReasonResumeFailed); len(events) != 1 || events[0].Type != corev1.EventTypeWarning {
+	if events := machineEvents(t, env, ns, "vm", kaironv1.MachineReasonResumeFailed); len(events) != 1 || events[0].Type != corev1.EventTypeWarning {
 		t.Errorf("ResumeFailed events %+v, want one Warning", events)
 	}
 	// Not booted afresh behind the failure, for more than a reconcile tick
@@ -247,8 +247,8 @@ func TestInterruptedSuspend(t *testing.T) {
 		wantPhase kaironv1.MachinePhase
 		wantEvent string
 	}{
-		{name: "VM still paused", vmRemains: true, wantPhase: kaironv1.MachineRunning, wantEvent: node.ReasonResumed},
-		{name: "VM gone", vmRemains: false, wantPhase: kaironv1.MachineFailed, wantEvent: node.ReasonSuspendIncomplete},
+		{name: "VM still paused", vmRemains: true, wantPhase: kaironv1.MachineRunning, wantEvent: kaironv1.EventReasonResumed},
+		{name: "VM gone", vmRemains: false, wantPhase: kaironv1.MachineFailed, wantEvent: kaironv1.MachineReasonSuspendIncomplete},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			env := testenv.Get(t)
@@ -326,7 +326,7 @@ func TestSuspendedVMOfADeletedMachineIsRemoved(t *testing.T) {
 		files := suspendFiles(state)
 		return apierrors.IsNotFound(err) && len(files) == 0, fmt.Sprintf("get: %v, files %v", err, files)
 	})
-	if events := machineEvents(t, env, ns, "vm", node.ReasonResumed); len(events) != 0 {
+	if events := machineEvents(t, env, ns, "vm", kaironv1.EventReasonResumed); len(events) != 0 {
 		t.Errorf("a deleted Machine was resumed: %+v", events)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/testenv"
 	"github.com/zyvor/kairon/internal/testenv/host"
 )
@@ -105,7 +106,7 @@ func TestKaironLocalSuspendsVMsAcrossRestarts(t *testing.T) {
 	c.up()
 	consoles := map[string]*testenv.Console{}
 	for _, name := range machines {
-		suspended := c.machineEvents(name, "Suspended")
+		suspended := c.machineEvents(name, kaironv1.EventReasonSuspended)
 		if len(suspended) != 1 || !strings.HasPrefix(suspended[0], "Normal|") {
 			t.Errorf("%s: Suspended events %q, want one Normal", name, suspended)
 		} else {
@@ -113,7 +114,7 @@ func TestKaironLocalSuspendsVMsAcrossRestarts(t *testing.T) {
 		}
 		var resumed []string
 		testenv.Eventually(t, 3*time.Minute, "a Resumed event on "+name, func() (bool, string) {
-			resumed = c.machineEvents(name, "Resumed")
+			resumed = c.machineEvents(name, kaironv1.EventReasonResumed)
 			return len(resumed) > 0, c.jsonpath("machine", name, "{.status.phase}: {.status.message}")
 		})
 		if !strings.HasPrefix(resumed[0], "Normal|") || !strings.Contains(resumed[0], "paused for ") {
