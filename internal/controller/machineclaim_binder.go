@@ -238,7 +238,11 @@ func (b *MachineClaimBinder) bindPending(ctx context.Context, pass *bindingPass)
 		for i, r := range results {
 			switch r.outcome {
 			case bindMemberTaken:
-				again = append(again, needy[i])
+				next := needy[i]
+				if r.claim != nil {
+					next = r.claim
+				}
+				again = append(again, next)
 			case bindRetry:
 				retrySoon = true
 				if !r.memberUsed {
@@ -341,7 +345,10 @@ type bindResult struct {
 	// memberUsed: the member was taken and handed back, so it is no
 	// candidate for the rest of the pass.
 	memberUsed bool
-	err        error
+	// claim is the claim as this bind last wrote it (with its finalizer),
+	// for the rest of the pass: its own older copy would conflict.
+	claim *kaironv1.MachineClaim
+	err   error
 }
 
 // bindClaim tries to bind claim to member m.
@@ -375,9 +382,9 @@ func (b *MachineClaimBinder) tryBind(ctx context.Context, pass *bindingPass, cla
 		// on. Either way not this pass's to take.
 		claimBindConflicts.Inc()
 		log.FromContext(ctx).V(1).Info("Warm machine changed since listed; trying the next", "machine", klog.KObj(m), "claim", klog.KObj(claim))
-		return bindResult{outcome: bindMemberTaken}
+		return bindResult{outcome: bindMemberTaken, claim: claim}
 	case apierrors.IsNotFound(err):
-		return bindResult{outcome: bindMemberTaken}
+		return bindResult{outcome: bindMemberTaken, claim: claim}
 	case apierrors.IsInvalid(err):
 		// The Machine refused the claim's labels; every member would
 		// refuse them alike, so this one stays for the next claim.
@@ -467,7 +474,7 @@ func (b *MachineClaimBinder) recordBind(ctx context.Context, pass *bindingPass, 
 		policy = name
 	}
 
-	boundAt := time.Now()
+	boundAt := b.tracker.now()
 	bindTime := boundAt.Sub(b.tracker.createdAt(claim))
 	desired := boundStatus(claim, m.Name, policy, boundAt, bindTime)
 	for range 3 {
@@ -549,7 +556,7 @@ func (b *MachineClaimBinder) explainWaiting(ctx context.Context, pass *bindingPa
 		return 0, nil
 	}
 	reason, message := waitReason(pass)
-	now := time.Now()
+	now := b.tracker.now()
 	b.mu.Lock()
 	sinceRefresh := now.Sub(b.pendingRefreshed[pass.key])
 	b.mu.Unlock()

@@ -164,14 +164,15 @@ func TestMachineClaimBinderBranches(t *testing.T) {
 			wantEvents:  []string{boundEvent("middle")},
 		},
 		{
-			// The claim waits for the events that changed the members. Its
-			// Pending message goes out from the copy the pass listed, older
-			// than the claim's finalizer write, so it conflicts and is left
-			// to the next pass.
-			name:        "every member changed since listed: each tried, none bound",
-			faults:      failPatch[*kaironv1.Machine]("", -1, conflictOn("machines", "any")),
-			wantResult:  reconcile.Result{RequeueAfter: time.Minute},
-			wantClaim:   claimWant{finalizer: true},
+			// The claim waits for the events that changed the members, and
+			// says so: its Pending status is written on the claim as the
+			// finalizer write left it, not on the older listed copy (which
+			// would conflict and leave the claim without a word).
+			name:       "every member changed since listed: each tried, none bound, the claim says it waits",
+			faults:     failPatch[*kaironv1.Machine]("", -1, conflictOn("machines", "any")),
+			wantResult: reconcile.Result{RequeueAfter: time.Minute},
+			wantClaim: claimWant{kaironv1.ClaimPending, "", kaironv1.ClaimReasonWaitingForWarmMachine,
+				`no Running warm machine in pool "agents" (0 warming)`, true},
 			wantMembers: [3]string{warm, warm, warm}, wantConflicts: 3,
 		},
 		{

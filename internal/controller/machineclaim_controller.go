@@ -137,7 +137,7 @@ func (r *MachineClaimReconciler) reconcilePending(ctx context.Context, claim *ka
 	if r.tracker.claimInFlight(claim) {
 		return reconcile.Result{RequeueAfter: adoptGrace}, nil
 	}
-	if wait := adoptGrace - time.Since(r.tracker.orphanSince(claim.UID)); wait > 0 {
+	if wait := adoptGrace - r.tracker.now().Sub(r.tracker.orphanSince(claim.UID)); wait > 0 {
 		return reconcile.Result{RequeueAfter: wait}, nil
 	}
 	sortOldestFirst(r.tracker, labelled)
@@ -170,7 +170,7 @@ func (r *MachineClaimReconciler) reconcilePending(ctx context.Context, claim *ka
 			return reconcile.Result{}, fmt.Errorf("egress policy: %w", err)
 		}
 	}
-	now := time.Now()
+	now := r.tracker.now()
 	bindTime := now.Sub(r.tracker.createdAt(claim))
 	if err := patchClaimStatus(ctx, r.Client, claim, boundStatus(claim, adopted.Name, policy, now, bindTime)); err != nil {
 		return reconcile.Result{}, err

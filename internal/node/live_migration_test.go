@@ -265,7 +265,7 @@ func TestLiveMigrationTargetTakesOneStream(t *testing.T) {
 	ctx := context.Background()
 	runControllers(t, env)
 	targetState := t.TempDir()
-	runMigrationAgent(t, env, "one-b", targetState, nil)
+	runSimAgent(t, env, "one-b", targetState, nil)
 	// The source is a Node without an agent, so nobody else connects.
 	source := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "one-a", Labels: map[string]string{kaironv1.LabelNode: "true"}},

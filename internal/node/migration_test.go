@@ -38,8 +38,10 @@ func (failingRestore) Restore(context.Context, backend.Spec, string) (backend.In
 	return backend.Instance{}, errors.New("injected restore failure")
 }
 
-// runMigrationAgent runs a sim agent for nodeName; wrap may replace its backend.
-func runMigrationAgent(t *testing.T, env *testenv.Env, nodeName, stateDir string, wrap func(*sim.Backend) backend.Backend, options ...func(*node.Options)) {
+// runSimAgent runs a sim agent for nodeName, serving consoles and live
+// migrations on loopback; wrap may replace its backend and options change
+// its options. stop ends it as SIGTERM would.
+func runSimAgent(t *testing.T, env *testenv.Env, nodeName, stateDir string, wrap func(*sim.Backend) backend.Backend, options ...func(*node.Options)) (stop func()) {
 	t.Helper()
 	b, err := sim.New(sim.Options{StateDir: filepath.Join(stateDir, "instances"), BootDelay: 300 * time.Millisecond})
 	if err != nil {
@@ -69,7 +71,7 @@ func runMigrationAgent(t *testing.T, env *testenv.Env, nodeName, stateDir string
 	t.Cleanup(func() {
 		_ = env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}})
 	})
-	testenv.RunInBackground(t, "agent "+nodeName, agent.Run)
+	return testenv.RunInBackground(t, "agent "+nodeName, agent.Run)
 }
 
 // runControllers runs every Kairon controller, as kairon-controller does.
@@ -123,8 +125,8 @@ func startMigrationPair(t *testing.T, source, target string, wrapTarget func(*si
 	ns = env.Namespace(t)
 	sourceState, targetState = t.TempDir(), t.TempDir()
 	runControllers(t, env)
-	runMigrationAgent(t, env, source, sourceState, nil, optional(sourceOptions))
-	runMigrationAgent(t, env, target, targetState, wrapTarget, optional(targetOptions))
+	runSimAgent(t, env, source, sourceState, nil, optional(sourceOptions))
+	runSimAgent(t, env, target, targetState, wrapTarget, optional(targetOptions))
 	m = &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm"}, Spec: kaironv1.MachineSpec{NodeName: source}}
 	if err := env.Client.Create(context.Background(), m); err != nil {
 		t.Fatal(err)

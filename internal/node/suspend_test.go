@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -37,25 +35,9 @@ func (failingSave) Save(context.Context, string, string) error {
 // action; wrap may replace its backend. stop ends it as SIGTERM would.
 func runAgentOnShutdown(t *testing.T, env *testenv.Env, nodeName, stateDir string, action node.ShutdownAction, wrap func(*sim.Backend) backend.Backend) (stop func()) {
 	t.Helper()
-	b, err := sim.New(sim.Options{StateDir: filepath.Join(stateDir, "instances"), BootDelay: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var be backend.Backend = b
-	if wrap != nil {
-		be = wrap(b)
-	}
-	agent, err := node.New(env.Config, node.Options{
-		NodeName: nodeName, Register: true, Backend: be, StateDir: stateDir,
-		CPU: 4, Memory: resource.MustParse("4Gi"),
-		Network:    &node.NetworkOptions{CIDR: netip.MustParsePrefix("10.88.7.0/24"), NoLinks: true},
-		Interval:   time.Second,
-		OnShutdown: action, SuspendTimeout: 20 * time.Second,
+	return runSimAgent(t, env, nodeName, stateDir, wrap, func(o *node.Options) {
+		o.OnShutdown, o.SuspendTimeout = action, 20*time.Second
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return testenv.RunInBackground(t, "agent "+nodeName, agent.Run)
 }
 
 // simInstance is what the sim backend over stateDir reports of a Machine's VM.
