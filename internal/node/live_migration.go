@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -340,7 +341,7 @@ func (a *Agent) migrateSourceLive(ctx context.Context, mig *kaironv1.MachineMigr
 		}
 		return reconcile.Result{}, a.failMigration(ctx, mig, reason, err.Error())
 	}
-	log.FromContext(ctx).Info("guest migrated live", "migration", mig.Name, "target", mig.Status.TargetNode, "downtime", downtime)
+	log.FromContext(ctx).Info("guest migrated live", "migration", klog.KObj(mig), "target", klog.KRef("", mig.Status.TargetNode), "downtime", downtime)
 	return reconcile.Result{}, a.recordHandOver(ctx, mig, downtime)
 }
 

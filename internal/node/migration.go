@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -171,7 +172,7 @@ func (a *Agent) migrateSource(ctx context.Context, mig *kaironv1.MachineMigratio
 		// The retry announces the saved file; the VM stays paused meanwhile.
 		return reconcile.Result{}, err
 	}
-	log.FromContext(ctx).Info("VM saved for migration", "migration", mig.Name, "target", mig.Status.TargetNode)
+	log.FromContext(ctx).Info("VM saved for migration", "migration", klog.KObj(mig), "target", klog.KRef("", mig.Status.TargetNode))
 	return reconcile.Result{}, nil
 }
 
@@ -234,7 +235,7 @@ func (a *Agent) finishSource(ctx context.Context, mig *kaironv1.MachineMigration
 		if err := a.opts.Backend.Resume(ctx, id); err != nil && !errors.Is(err, backend.ErrNotFound) {
 			return fmt.Errorf("resuming VM after migration %s failed: %w", mig.Name, err)
 		}
-		log.FromContext(ctx).Info("VM resumed on the source after a failed migration", "migration", mig.Name, "reason", mig.Status.Reason)
+		log.FromContext(ctx).Info("VM resumed on the source after a failed migration", "migration", klog.KObj(mig), "reason", mig.Status.Reason)
 	} else if err := a.teardown(ctx, id); err != nil {
 		return err
 	}
@@ -312,7 +313,7 @@ func (a *Agent) migrateTarget(ctx context.Context, mig *kaironv1.MachineMigratio
 		return reconcile.Result{}, err
 	}
 	_ = os.Remove(incoming)
-	log.FromContext(ctx).Info("Machine switched to this node after migration", "migration", mig.Name, "source", mig.Status.SourceNode)
+	log.FromContext(ctx).Info("Machine switched to this node after migration", "migration", klog.KObj(mig), "source", klog.KRef("", mig.Status.SourceNode))
 	return reconcile.Result{}, nil
 }
 
@@ -417,7 +418,7 @@ func (a *Agent) failMigration(ctx context.Context, mig *kaironv1.MachineMigratio
 	mig.Status.Reason = reason
 	mig.Status.Message = message
 	mig.Status.CompletionTime = &now
-	log.FromContext(ctx).Info("migration failed", "migration", mig.Name, "reason", reason, "message", message)
+	log.FromContext(ctx).Info("migration failed", "migration", klog.KObj(mig), "reason", reason, "message", message)
 	if err := patch.Status(ctx, a.client, base, mig, patch.WithOptimisticLock()); err != nil {
 		return err
 	}
