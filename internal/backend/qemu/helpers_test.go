@@ -16,6 +16,7 @@ import (
 
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/testenv"
+	"github.com/zyvor/kairon/internal/testenv/host"
 )
 
 // bootTimeout is generous: the suite runs on two loaded cores under TCG.
@@ -23,9 +24,10 @@ const bootTimeout = 90 * time.Second
 
 // vmPrereqs returns the guest directory and QEMU binary, failing the test
 // with what to run when either is missing (skipping only with
-// KAIRON_SKIP_VM_TESTS=1).
+// KAIRON_SKIP_VM_TESTS=1, and under make test-unit's -short).
 func vmPrereqs(tb testing.TB) (guestDir, qemuPath string) {
 	tb.Helper()
+	host.SkipIfShort(tb, "QEMU and the guest image")
 	missing := func(format string, args ...any) {
 		tb.Helper()
 		if os.Getenv("KAIRON_SKIP_VM_TESTS") == "1" {

@@ -8,12 +8,15 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/zyvor/kairon/internal/testenv/host"
 )
 
 // testNetNS creates a network namespace for the test and deletes it (and
 // every link in it) afterwards, so nothing touches the host's own network.
 func testNetNS(t *testing.T) string {
 	t.Helper()
+	host.SkipIfShort(t, "root, to make network namespaces")
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	name := "kairon-test-" + hex.EncodeToString(b)
