@@ -47,6 +47,7 @@ type MachineSpec struct {
 
 	// NodeSelector limits placement to nodes carrying all of these labels.
 	// +optional
+	// +kubebuilder:validation:MaxProperties=64
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 
 	// CPU is the number of virtual CPUs.
@@ -73,6 +74,7 @@ type MachineSpec struct {
 	// KernelArgs are appended to the guest kernel command line.
 	// +optional
 	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=1024
 	KernelArgs []string `json:"kernelArgs,omitempty"`
 
 	// PowerState is Running (default) or Stopped. Stopping a Machine keeps the
@@ -131,9 +133,17 @@ type MachineStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
-// Machine is one micro-VM.
+// Machine is one micro-VM. Its spec.cpu and spec.memory cannot change after
+// creation, since quota charges them at admission.
+//
+// The immutability rules sit on the whole object, not on spec.cpu and
+// spec.memory: a transition rule on an optional field is skipped when the old
+// object lacks it, so a Machine created without a spec could otherwise grow.
+// An unset field counts as its default.
 //
 // +kubebuilder:object:root=true
+// +kubebuilder:validation:XValidation:rule="(has(self.spec) && has(self.spec.cpu) ? self.spec.cpu : 1) == (has(oldSelf.spec) && has(oldSelf.spec.cpu) ? oldSelf.spec.cpu : 1)",message="spec.cpu is immutable; create a new Machine with the size you need",fieldPath=".spec.cpu",reason=FieldValueForbidden
+// +kubebuilder:validation:XValidation:rule="quantity(has(self.spec) && has(self.spec.memory) ? string(self.spec.memory) : '256Mi').compareTo(quantity(has(oldSelf.spec) && has(oldSelf.spec.memory) ? string(oldSelf.spec.memory) : '256Mi')) == 0",message="spec.memory is immutable; create a new Machine with the size you need",fieldPath=".spec.memory",reason=FieldValueForbidden
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=mach,categories=kairon
 // +kubebuilder:selectablefield:JSONPath=`.spec.nodeName`

@@ -32,12 +32,13 @@ const (
 type MachineClaimSpec struct {
 	// PoolName is the MachinePool, in the claim's namespace, to take a Machine from.
 	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.poolName is immutable"
 	PoolName string `json:"poolName"`
 
 	// Labels are added to the Machine when it is bound.
 	// +optional
+	// +kubebuilder:validation:MaxProperties=64
 	Labels map[string]string `json:"labels,omitempty"`
 
 	// ReclaimPolicy is Delete (default: the Machine goes with the claim) or
@@ -88,6 +89,7 @@ type MachineClaimStatus struct {
 // MachineClaim takes one warm Machine from a MachinePool.
 //
 // +kubebuilder:object:root=true
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="metadata.name must be at most 63 characters: it is used as the value of the kairon.zyvor.dev/machineclaim label on its Machines"
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=mc,categories=kairon
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.poolName`

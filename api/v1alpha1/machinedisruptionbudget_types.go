@@ -11,6 +11,7 @@ import (
 type MachineDisruptionBudgetSpec struct {
 	// Selector matches Machines by label, across the whole cluster.
 	// +optional
+	// +kubebuilder:validation:MaxProperties=64
 	Selector map[string]string `json:"selector,omitempty"`
 
 	// MinAvailable is how many matching Machines must stay healthy: an integer

@@ -10,6 +10,7 @@ type MachinePoolSpec struct {
 	// members do not count, so every bind starts a replacement.
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000
 	Replicas *int32 `json:"replicas,omitempty"`
 
 	// Template is what each member is created from. Changing it replaces warm
@@ -49,6 +50,7 @@ type MachinePoolStatus struct {
 // without waiting for a cold boot.
 //
 // +kubebuilder:object:root=true
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="metadata.name must be at most 63 characters: it is used as the value of the kairon.zyvor.dev/machinepool label on its Machines"
 // +kubebuilder:subresource:status
 // +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
 // +kubebuilder:resource:shortName=mp,categories=kairon

@@ -11,6 +11,7 @@ type MachineSetSpec struct {
 	// +optional
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000
 	Replicas *int32 `json:"replicas,omitempty"`
 
 	// Selector picks the Machines this set owns; it must match the template's labels.
@@ -60,6 +61,7 @@ type MachineSetStatus struct {
 // MachineSet keeps spec.replicas Machines from one template, like a ReplicaSet.
 //
 // +kubebuilder:object:root=true
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="metadata.name must be at most 63 characters: it is used as the value of the kairon.zyvor.dev/machineset label on its Machines"
 // +kubebuilder:subresource:status
 // +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
 // +kubebuilder:resource:shortName=ms,categories=kairon

@@ -2,6 +2,7 @@ package v1alpha1_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -195,6 +196,61 @@ kind: MachineNetworkPolicy
 metadata: {name: none}
 spec: {egress: {allowIcmp: true}}`,
 			[]string{"spec", "exactly one of spec.machineName or spec.machineSelector"}},
+		{"set over the replica maximum", `
+kind: MachineSet
+metadata: {name: huge}
+spec: {replicas: 1001, selector: {matchLabels: {a: b}}, template: {metadata: {labels: {a: b}}}}`,
+			[]string{"spec.replicas", "less than or equal to 1000"}},
+		{"pool over the replica maximum", `
+kind: MachinePool
+metadata: {name: huge}
+spec: {replicas: 2147483647}`,
+			[]string{"spec.replicas", "less than or equal to 1000"}},
+		{"machine with a huge nodeSelector", `
+kind: Machine
+metadata: {name: huge-selector}
+spec: {nodeSelector: ` + hugeMap(65) + `}`,
+			[]string{"spec.nodeSelector", "must have at most 64 items"}},
+		{"claim with huge labels", `
+kind: MachineClaim
+metadata: {name: huge-labels}
+spec: {poolName: agents, labels: ` + hugeMap(65) + `}`,
+			[]string{"spec.labels", "must have at most 64 items"}},
+		{"budget with a huge selector", `
+kind: MachineDisruptionBudget
+metadata: {name: huge-selector}
+spec: {maxUnavailable: 1, selector: ` + hugeMap(65) + `}`,
+			[]string{"spec.selector", "must have at most 64 items"}},
+		{"set template with huge labels", `
+kind: MachineSet
+metadata: {name: huge-template}
+spec: {template: {metadata: {labels: ` + hugeMap(65) + `}}}`,
+			[]string{"spec.template.metadata.labels", "must have at most 64 items"}},
+		{"machine with a huge kernel argument", `
+kind: Machine
+metadata: {name: huge-arg}
+spec: {kernelArgs: ["` + strings.Repeat("a", 1025) + `"]}`,
+			[]string{"spec.kernelArgs[0]", "may not be more than 1024"}},
+		{"claim naming a pool too long for a label value", `
+kind: MachineClaim
+metadata: {name: long-pool}
+spec: {poolName: ` + strings.Repeat("p", 64) + `}`,
+			[]string{"spec.poolName", "may not be more than 63"}},
+		{"pool whose name cannot be a label value", `
+kind: MachinePool
+metadata: {name: ` + strings.Repeat("p", 64) + `}
+spec: {replicas: 0}`,
+			[]string{"metadata.name", "at most 63 characters"}},
+		{"claim whose name cannot be a label value", `
+kind: MachineClaim
+metadata: {name: ` + strings.Repeat("c", 64) + `}
+spec: {poolName: agents}`,
+			[]string{"metadata.name", "at most 63 characters"}},
+		{"set whose name cannot be a label value", `
+kind: MachineSet
+metadata: {name: ` + strings.Repeat("s", 64) + `}
+spec: {replicas: 0, selector: {matchLabels: {a: b}}, template: {metadata: {labels: {a: b}}}}`,
+			[]string{"metadata.name", "at most 63 characters"}},
 		{"quota with a negative limit", `
 kind: MachineQuota
 metadata: {name: negative}
@@ -216,6 +272,15 @@ spec: {hard: {machines: -1}}`,
 			}
 		})
 	}
+}
+
+// hugeMap is a YAML flow map with n distinct keys.
+func hugeMap(n int) string {
+	parts := make([]string, n)
+	for i := range parts {
+		parts[i] = fmt.Sprintf("k%d: v", i)
+	}
+	return "{" + strings.Join(parts, ", ") + "}"
 }
 
 func TestAPIServerAcceptsWellFormedEdgeCases(t *testing.T) {
@@ -311,4 +376,91 @@ func TestDefaults(t *testing.T) {
 			t.Errorf("%s %s = %#v, want %#v", tt.obj.GetKind(), strings.Join(tt.field, "."), got, tt.want)
 		}
 	}
+}
+
+// A tenant whose Machine was charged at creation tries to grow it afterwards,
+// every way a merge or replace can spell it. Each must be refused with the
+// field named; the same edits of a template stay allowed.
+func TestMachineSizeIsImmutable(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+
+	tests := []struct {
+		name   string
+		create string
+		edit   func(u *unstructured.Unstructured)
+		want   []string
+	}{
+		{"cpu raised", "spec: {cpu: 1}", func(u *unstructured.Unstructured) {
+			_ = unstructured.SetNestedField(u.Object, int64(64), "spec", "cpu")
+		}, []string{"spec.cpu", "spec.cpu is immutable"}},
+		{"defaulted cpu raised", "spec: {}", func(u *unstructured.Unstructured) {
+			_ = unstructured.SetNestedField(u.Object, int64(2), "spec", "cpu")
+		}, []string{"spec.cpu", "spec.cpu is immutable"}},
+		{"cpu lowered", "spec: {cpu: 4}", func(u *unstructured.Unstructured) {
+			_ = unstructured.SetNestedField(u.Object, int64(1), "spec", "cpu")
+		}, []string{"spec.cpu", "spec.cpu is immutable"}},
+		{"memory raised", "spec: {memory: 256Mi}", func(u *unstructured.Unstructured) {
+			_ = unstructured.SetNestedField(u.Object, "64Gi", "spec", "memory")
+		}, []string{"spec.memory", "spec.memory is immutable"}},
+		{"memory raised as a plain number", "spec: {memory: 256Mi}", func(u *unstructured.Unstructured) {
+			_ = unstructured.SetNestedField(u.Object, int64(1)<<36, "spec", "memory")
+		}, []string{"spec.memory", "spec.memory is immutable"}},
+		// Created without any spec, so a rule on spec.cpu itself would have
+		// no old value to compare with.
+		{"spec added to a Machine created without one", "", func(u *unstructured.Unstructured) {
+			_ = unstructured.SetNestedField(u.Object, map[string]any{"cpu": int64(64), "memory": "64Gi"}, "spec")
+		}, []string{"spec.cpu is immutable", "spec.memory is immutable"}},
+		{"cpu removed", "spec: {cpu: 8}", func(u *unstructured.Unstructured) {
+			unstructured.RemoveNestedField(u.Object, "spec", "cpu")
+		}, []string{"spec.cpu", "spec.cpu is immutable"}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			doc := fmt.Sprintf("kind: Machine\nmetadata: {name: grow-%d}\n%s", i, tt.create)
+			u := object(t, doc)
+			u.SetNamespace(ns)
+			if err := env.Client.Create(ctx, u); err != nil {
+				t.Fatalf("create: %v", err)
+			}
+			tt.edit(u)
+			err := env.Client.Update(ctx, u)
+			if err == nil {
+				t.Fatalf("update accepted; want an error mentioning %q", tt.want)
+			}
+			for _, want := range tt.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not mention %q", err, want)
+				}
+			}
+		})
+	}
+
+	t.Run("same size spelled differently and other fields", func(t *testing.T) {
+		u := object(t, "kind: Machine\nmetadata: {name: respell}\nspec: {memory: 1Gi}")
+		u.SetNamespace(ns)
+		if err := env.Client.Create(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+		_ = unstructured.SetNestedField(u.Object, "1024Mi", "spec", "memory")
+		_ = unstructured.SetNestedField(u.Object, "Stopped", "spec", "powerState")
+		u.SetLabels(map[string]string{"a": "b"})
+		if err := env.Client.Update(ctx, u); err != nil {
+			t.Errorf("update that keeps the size refused: %v", err)
+		}
+	})
+
+	t.Run("templates stay editable", func(t *testing.T) {
+		u := object(t, "kind: MachinePool\nmetadata: {name: resize}\nspec: {replicas: 0, template: {spec: {cpu: 1}}}")
+		u.SetNamespace(ns)
+		if err := env.Client.Create(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+		_ = unstructured.SetNestedField(u.Object, int64(4), "spec", "template", "spec", "cpu")
+		_ = unstructured.SetNestedField(u.Object, "1Gi", "spec", "template", "spec", "memory")
+		if err := env.Client.Update(ctx, u); err != nil {
+			t.Errorf("pool template resize refused: %v", err)
+		}
+	})
 }
