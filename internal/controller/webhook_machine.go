@@ -25,7 +25,14 @@ const MachineWebhookPath = "/validate-machine"
 // On create it refuses a Machine that would take its namespace over a
 // MachineQuota. Unlike the scheduler, it charges every Machine that is not
 // Stopped, Failed or being deleted, placed or not, so a namespace cannot
-// pile up Pending Machines that could never be admitted.
+// pile up Pending Machines that could never be admitted. A Machine created
+// with spec.nodeName already set skips the scheduler, and with it the
+// scheduler's quota and capacity checks, so it is charged here like any other.
+//
+// On an update that starts a stopped Machine again (spec.powerState from
+// Stopped to Running) it checks the quotas again: a Stopped Machine is not
+// charged, so starting it is admitting it anew. Its size cannot change after
+// creation (the API server refuses edits of spec.cpu and spec.memory).
 //
 // On create and on a change of spec.nodeName it refuses a nodeName that
 // names no Node, which would otherwise leave the Machine waiting forever
@@ -51,13 +58,19 @@ func (v *MachineValidator) ValidateCreate(ctx context.Context, m *kaironv1.Machi
 	return nil, v.validateQuota(ctx, m)
 }
 
-// ValidateUpdate checks a changed nodeName. Quotas are not checked again:
-// a Machine's size is charged when it is created.
+// ValidateUpdate checks a changed nodeName, and the quotas when the update
+// starts a stopped Machine again. Other updates are not charged again: a
+// Machine's size is charged when it is created and cannot change.
 func (v *MachineValidator) ValidateUpdate(ctx context.Context, old, m *kaironv1.Machine) (admission.Warnings, error) {
-	if m.Spec.NodeName == old.Spec.NodeName {
-		return nil, nil
+	if m.Spec.NodeName != old.Spec.NodeName {
+		if err := v.validateNodeName(ctx, m); err != nil {
+			return nil, err
+		}
 	}
-	return nil, v.validateNodeName(ctx, m)
+	if rules.StartsAgain(old, m) {
+		return nil, v.validateQuota(ctx, m)
+	}
+	return nil, nil
 }
 
 // ValidateDelete allows every deletion.
@@ -97,13 +110,21 @@ func (v *MachineValidator) validateQuota(ctx context.Context, m *kaironv1.Machin
 	if err := v.Reader.List(ctx, &machines, client.InNamespace(m.Namespace)); err != nil {
 		return apierrors.NewInternalError(fmt.Errorf("listing machines: %w", err))
 	}
+	// An update judges the Machine as it will be: its own current version
+	// is not counted on top of it.
+	others := machines.Items[:0]
+	for _, other := range machines.Items {
+		if other.Name != m.Name || m.Name == "" {
+			others = append(others, other)
+		}
+	}
 	var refusals []string
 	for i := range quotas.Items {
 		q := &quotas.Items[i]
 		if q.DeletionTimestamp != nil {
 			continue
 		}
-		used, _ := rules.QuotaUsageIncludingUnplaced(q, machines.Items)
+		used, _ := rules.QuotaUsageIncludingUnplaced(q, others)
 		if ok, message := rules.QuotaAdmits(q, used, m); !ok {
 			refusals = append(refusals, message)
 		}

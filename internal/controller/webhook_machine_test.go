@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/testenv"
@@ -149,4 +150,109 @@ func freePort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// An attacker in a namespace with a quota tries to get around it: by
+// placing Machines by hand (spec.nodeName set at create, which skips the
+// scheduler and its checks) and by stopping a Machine, filling the room it
+// left, and starting it again.
+func TestMachineWebhookCannotBeBypassed(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	node := createNode(t, env, ns, "a", 64, "64Gi")
+	ctx := context.Background()
+	q := &kaironv1.MachineQuota{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "team"},
+		Spec:       kaironv1.MachineQuotaSpec{Hard: kaironv1.MachineResources{Machines: ptr.To[int32](2), CPU: ptr.To[int32](4)}},
+	}
+	if err := env.Client.Create(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+
+	srv := startWebhookControllers(t, env, ns, Options{})
+	srv.register(t, env, ns, MachineWebhookPath,
+		[]admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}, "machines")
+
+	byHand := func(name string, cpu int32) *kaironv1.Machine {
+		m := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+		m.Spec.NodeName = node.Name
+		m.Spec.CPU = cpu
+		m.Spec.Memory = resource.MustParse("256Mi")
+		return m
+	}
+	// Wait for the webhook: until the API server calls it, a Machine over
+	// the cpu limit gets through (and is deleted again).
+	eventually(t, "the webhook to refuse a Machine placed by hand over the cpu quota", func() (bool, string) {
+		err := env.Client.Create(ctx, byHand("probe", 8))
+		if err == nil {
+			_ = env.Client.Delete(ctx, byHand("probe", 8))
+			return false, "created"
+		}
+		return strings.Contains(err.Error(), `exceeds MachineQuota "team": cpu 0/4 used (needs 8)`), err.Error()
+	})
+
+	if err := env.Client.Create(ctx, byHand("placed", 2)); err != nil {
+		t.Fatalf("Machine placed by hand within quota refused: %v", err)
+	}
+	// The Machine placed by hand is charged: 2 of 4 vCPUs are used now.
+	err := env.Client.Create(ctx, byHand("greedy", 4))
+	want := `exceeds MachineQuota "team": cpu 2/4 used (needs 4)`
+	if err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("second Machine placed by hand over the cpu quota: got %v, want Forbidden with %q", err, want)
+	}
+	if err := env.Client.Create(ctx, byHand("second", 2)); err != nil {
+		t.Fatalf("Machine placed by hand within quota refused: %v", err)
+	}
+	err = env.Client.Create(ctx, byHand("third", 1))
+	want = `exceeds MachineQuota "team": machines 2/2 used, cpu 4/4 used (needs 1)`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("third Machine placed by hand: got %v, want %q", err, want)
+	}
+
+	// Stop "placed": once its agent reports it Stopped it is not charged,
+	// and the room it left is taken by another Machine.
+	placed := getMachine(t, env, ns, "placed")
+	placed.Spec.PowerState = kaironv1.PowerStateStopped
+	if err := env.Client.Update(ctx, placed); err != nil {
+		t.Fatalf("stopping placed: %v", err)
+	}
+	placed.Status.Phase = kaironv1.MachineStopped
+	if err := env.Client.Status().Update(ctx, placed); err != nil {
+		t.Fatalf("reporting placed Stopped: %v", err)
+	}
+	if err := env.Client.Create(ctx, byHand("filler", 2)); err != nil {
+		t.Fatalf("Machine in the room a Stopped Machine left refused: %v", err)
+	}
+
+	// Starting it again is admitting it again, and the quota is full.
+	start := func() error {
+		m := getMachine(t, env, ns, "placed")
+		m.Spec.PowerState = kaironv1.PowerStateRunning
+		return env.Client.Update(ctx, m)
+	}
+	err = start()
+	want = `exceeds MachineQuota "team": machines 2/2 used, cpu 4/4 used (needs 2)`
+	if err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("restart over quota: got %v, want Forbidden with %q", err, want)
+	}
+	if m := getMachine(t, env, ns, "placed"); m.Spec.PowerState != kaironv1.PowerStateStopped {
+		t.Fatalf("refused restart changed powerState to %q", m.Spec.PowerState)
+	}
+
+	// With room again, the restart goes through, and other updates of a
+	// running Machine are not charged again.
+	if err := env.Client.Delete(ctx, byHand("filler", 2)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the restart to be admitted once filler is gone", func() (bool, string) {
+		if err := start(); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
+	second := getMachine(t, env, ns, "second")
+	second.Labels = map[string]string{"touched": "yes"}
+	if err := env.Client.Update(ctx, second); err != nil {
+		t.Errorf("relabeling a running Machine with the quota full: %v", err)
+	}
 }

@@ -73,6 +73,14 @@ func QuotaAdmits(quota *kaironv1.MachineQuota, used kaironv1.MachineResources, m
 	return false, fmt.Sprintf("exceeds MachineQuota %q: %s", quota.Name, strings.Join(exceeded, ", "))
 }
 
+// StartsAgain says whether an update of a Machine from old to m starts it
+// again: spec.powerState goes from Stopped to Running (an empty powerState is
+// Running, its default). A Stopped Machine is not charged against quotas, so
+// admission must judge such an update like a create.
+func StartsAgain(old, m *kaironv1.Machine) bool {
+	return old.Spec.PowerState == kaironv1.PowerStateStopped && m.Spec.PowerState != kaironv1.PowerStateStopped
+}
+
 // quotaUsage is QuotaUsage, optionally also charging Machines that wait for a
 // node.
 func quotaUsage(quota *kaironv1.MachineQuota, machines []kaironv1.Machine, chargeUnplaced bool) (used kaironv1.MachineResources, charges []QuotaCharge) {

@@ -131,3 +131,23 @@ func TestQuotaAdmits(t *testing.T) {
 		})
 	}
 }
+
+func TestStartsAgain(t *testing.T) {
+	for _, tt := range []struct {
+		old, new kaironv1.PowerState
+		want     bool
+	}{
+		{kaironv1.PowerStateStopped, kaironv1.PowerStateRunning, true},
+		{kaironv1.PowerStateStopped, "", true}, // empty is Running
+		{kaironv1.PowerStateStopped, kaironv1.PowerStateStopped, false},
+		{kaironv1.PowerStateRunning, kaironv1.PowerStateRunning, false},
+		{kaironv1.PowerStateRunning, kaironv1.PowerStateStopped, false},
+		{"", kaironv1.PowerStateRunning, false},
+	} {
+		old := &kaironv1.Machine{Spec: kaironv1.MachineSpec{PowerState: tt.old}}
+		m := &kaironv1.Machine{Spec: kaironv1.MachineSpec{PowerState: tt.new}}
+		if got := StartsAgain(old, m); got != tt.want {
+			t.Errorf("StartsAgain(%q -> %q) = %v, want %v", tt.old, tt.new, got, tt.want)
+		}
+	}
+}
