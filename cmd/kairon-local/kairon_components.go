@@ -43,6 +43,9 @@ type process struct {
 	stopGrace time.Duration
 	// agent: a node agent, stopped together with the other agents.
 	agent bool
+	// prepare, when set, runs before the process starts (once the control
+	// plane, and so its PKI, is up).
+	prepare func() error
 }
 
 func (p *process) Name() string { return p.name }
@@ -50,6 +53,11 @@ func (p *process) Name() string { return p.name }
 func (p *process) Start(ctx context.Context, cp *controlplane.ControlPlane) error {
 	if _, err := os.Stat(p.bin); err != nil {
 		return fmt.Errorf("%s not found: run `make build`", p.bin)
+	}
+	if p.prepare != nil {
+		if err := p.prepare(); err != nil {
+			return fmt.Errorf("%s: %w", p.name, err)
+		}
 	}
 	proc, err := cp.StartProcess(p.name, p.bin, p.args)
 	if err != nil {
@@ -131,7 +139,10 @@ func nodeComponent(binDir, dataDir, kubeconfig string, i int, o nodeOptions) Com
 		// reachable.
 		"--network-cidr", "10.88.0.0/16", "--address-pool", fmt.Sprintf("10.88.%d.0/24", i), "--bridge", "kairon0",
 		"--listen", "127.0.0.1:0",
-		"--migration-listen", "127.0.0.1:0", "--migration-tls-dir", controlplane.MigrationTLSDir(dataDir),
+		// Its own certificate, CN = DNS SAN = its node name: the other
+		// agents send it only the guests migrating to it, and take from it
+		// only those migrating from it.
+		"--migration-listen", "127.0.0.1:0", "--migration-tls-dir", controlplane.MigrationTLSDir(dataDir, name),
 		"--client-ca-file", filepath.Join(dataDir, "pki", "ca.crt"),
 		// Nothing may outlive kairon-local: on Ctrl-C or SIGTERM each agent
 		// saves its VMs into its state dir and stops them, and the next
@@ -148,6 +159,10 @@ func nodeComponent(binDir, dataDir, kubeconfig string, i int, o nodeOptions) Com
 		// Saving the VMs, then marking the Node NotReady.
 		stopGrace: suspendTimeout + 30*time.Second,
 		agent:     true,
+		prepare: func() error {
+			_, err := controlplane.EnsureMigrationTLS(dataDir, name)
+			return err
+		},
 		ready: func(ctx context.Context, cp *controlplane.ControlPlane) error {
 			clients, err := kubernetes.NewForConfig(cp.RESTConfig())
 			if err != nil {

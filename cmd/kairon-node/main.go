@@ -46,6 +46,7 @@ type flags struct {
 	clientCA     string
 	migListen    string
 	migTLSDir    string
+	migInsecure  bool
 	interval     time.Duration
 	onShutdown   string
 	suspendLimit time.Duration
@@ -80,7 +81,8 @@ func run(args []string) error {
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:10250", "address serving consoles to the API server's node proxy")
 	fs.StringVar(&f.clientCA, "client-ca-file", "", "accept console requests only with a client certificate signed by this CA")
 	fs.StringVar(&f.migListen, "migration-listen", "", "accept live migrations from other agents on this host:port (empty: none; an unspecified host is advertised as the Node's InternalIP)")
-	fs.StringVar(&f.migTLSDir, "migration-tls-dir", "", "directory with tls.crt, tls.key and ca.crt: live migrations between agents use mutual TLS (empty: plain TCP)")
+	fs.StringVar(&f.migTLSDir, "migration-tls-dir", "", "directory with tls.crt, tls.key and ca.crt: live migrations between agents use mutual TLS;\ntls.crt must name this node (CN or DNS SAN = --node-name), peers check it (empty: plain TCP, refused unless --migration-insecure or a loopback --migration-listen)")
+	fs.BoolVar(&f.migInsecure, "migration-insecure", false, "FOR TESTS ONLY: accept and send live migrations in plain TCP without --migration-tls-dir, unauthenticated, on any address")
 	fs.DurationVar(&f.interval, "interval", 5*time.Second, "reconcile tick")
 	fs.StringVar(&f.onShutdown, "on-shutdown", string(node.ShutdownKeep), "what a graceful stop (SIGTERM, Ctrl-C) does to the VMs: keep (leave them running for the next agent to adopt,\nas a DaemonSet rollout wants) or suspend (save each VM's state to --state-dir and stop it; the next agent restores it)")
 	fs.DurationVar(&f.suspendLimit, "suspend-timeout", node.DefaultSuspendTimeout, "with --on-shutdown=suspend, how long saving the VMs may take; a VM not saved by then keeps running")
@@ -96,6 +98,9 @@ func run(args []string) error {
 	case node.ShutdownKeep, node.ShutdownSuspend:
 	default:
 		return fmt.Errorf("--on-shutdown %q: must be keep or suspend", f.onShutdown)
+	}
+	if err := node.CheckMigrationTransport(f.migListen, f.migTLSDir, f.migInsecure); err != nil {
+		return err
 	}
 	memory, err := resource.ParseQuantity(f.memory)
 	if err != nil {
@@ -134,7 +139,7 @@ func run(args []string) error {
 		NodeName: f.nodeName, Register: f.register, Backend: b, GuestDir: f.guestDir,
 		StateDir: f.stateDir, CPU: f.cpu, Memory: memory, Network: network,
 		ListenAddress: f.listen, ClientCAFile: f.clientCA, Interval: f.interval,
-		MigrationListenAddress: f.migListen, MigrationTLSDir: f.migTLSDir,
+		MigrationListenAddress: f.migListen, MigrationTLSDir: f.migTLSDir, MigrationInsecure: f.migInsecure,
 		OnShutdown: node.ShutdownAction(f.onShutdown), SuspendTimeout: f.suspendLimit,
 	})
 	if err != nil {

@@ -17,6 +17,8 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 const (
@@ -56,34 +58,57 @@ type pki struct {
 	etcdCli   *keyPair // kube-apiserver's client certificate for etcd
 	admin     *keyPair
 	kcm       *keyPair
-	// migration is shared by the node agents of kairon-local for their
-	// mutual TLS during live migrations.
-	migration *keyPair
 }
 
-// MigrationTLSDir is where kairon-local's node agents find their live
-// migration credentials (tls.crt, tls.key, ca.crt: kairon-node's
-// --migration-tls-dir), under a data directory.
-func MigrationTLSDir(dataDir string) string {
-	return filepath.Join(dataDir, "pki", "migration-tls")
+// MigrationTLSDir is where the node agent nodeName of kairon-local finds its
+// live migration credentials (tls.crt, tls.key, ca.crt: kairon-node's
+// --migration-tls-dir), under a data directory. Each agent has its own
+// certificate, whose Subject CN and only DNS SAN are the node name: the
+// identity the other agents check (a target accepts a guest only from the
+// migration's source node, a source sends only to its target node).
+func MigrationTLSDir(dataDir, nodeName string) string {
+	return filepath.Join(dataDir, "pki", "migration-tls", nodeName)
+}
+
+// EnsureMigrationTLS issues (or keeps, while still good) the live migration
+// certificate of node agent nodeName, signed by the CA of the data dir's
+// PKI (made by the control plane's start), and lays it out in
+// MigrationTLSDir the way a kubernetes.io/tls Secret with its CA mounts:
+// tls.crt, tls.key, ca.crt. It returns that directory.
+func EnsureMigrationTLS(dataDir, nodeName string) (string, error) {
+	if errs := validation.IsDNS1123Subdomain(nodeName); len(errs) > 0 {
+		return "", fmt.Errorf("node name %q: %s", nodeName, errs[0])
+	}
+	p := &pki{dir: filepath.Join(dataDir, "pki")}
+	ca, err := loadKeyPair(p.path("ca.crt"), p.path("ca.key"))
+	if err != nil {
+		return "", fmt.Errorf("migration certificate of %s: the cluster CA: %w", nodeName, err)
+	}
+	kp, err := ensureLeaf(p.dir, ca, migrationLeafSpec(nodeName))
+	if err != nil {
+		return "", fmt.Errorf("migration certificate of %s: %w", nodeName, err)
+	}
+	dir := MigrationTLSDir(dataDir, nodeName)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	for name, data := range map[string][]byte{"tls.crt": kp.certPEM, "ca.crt": ca.certPEM} {
+		if err := writeFileAtomic(filepath.Join(dir, name), data, 0o644); err != nil {
+			return "", err
+		}
+	}
+	return dir, writeFileAtomic(filepath.Join(dir, "tls.key"), kp.keyPEM, 0o600)
+}
+
+// migrationLeafSpec is node agent nodeName's live migration certificate.
+func migrationLeafSpec(nodeName string) leafSpec {
+	return leafSpec{
+		file: "node-migration-" + nodeName, cn: nodeName, dns: []string{nodeName},
+		usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
 }
 
 func (p *pki) path(name string) string { return filepath.Join(p.dir, name) }
-
-// writeMigrationTLSDir lays the migration certificate out the way a
-// kubernetes.io/tls Secret with its CA mounts: tls.crt, tls.key, ca.crt.
-func (p *pki) writeMigrationTLSDir() error {
-	dir := p.path("migration-tls")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	for name, data := range map[string][]byte{"tls.crt": p.migration.certPEM, "ca.crt": p.ca.certPEM} {
-		if err := writeFileAtomic(filepath.Join(dir, name), data, 0o644); err != nil {
-			return err
-		}
-	}
-	return writeFileAtomic(filepath.Join(dir, "tls.key"), p.migration.keyPEM, 0o600)
-}
 
 var (
 	loopbackIPs = []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")}
@@ -110,10 +135,6 @@ func leafSpecs() []leafSpec {
 		{file: "apiserver-etcd-client", cn: "kube-apiserver-etcd-client", usages: clientAuth},
 		{file: "admin", cn: "kairon-admin", orgs: []string{"system:masters"}, usages: clientAuth},
 		{file: "controller-manager", cn: "system:kube-controller-manager", usages: clientAuth},
-		{
-			file: "node-migration", cn: "kairon-node-migration",
-			usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		},
 	}
 }
 
@@ -134,7 +155,7 @@ func ensurePKI(dir string) (*pki, error) {
 	p.ca = ca
 	leaves := map[string]**keyPair{
 		"apiserver": &p.apiServer, "etcd": &p.etcd, "apiserver-etcd-client": &p.etcdCli,
-		"admin": &p.admin, "controller-manager": &p.kcm, "node-migration": &p.migration,
+		"admin": &p.admin, "controller-manager": &p.kcm,
 	}
 	for _, spec := range leafSpecs() {
 		kp, err := ensureLeaf(dir, ca, spec)
@@ -146,8 +167,10 @@ func ensurePKI(dir string) (*pki, error) {
 	if err := ensureServiceAccountKey(p.path("sa.key"), p.path("sa.pub")); err != nil {
 		return nil, fmt.Errorf("service-account key: %w", err)
 	}
-	if err := p.writeMigrationTLSDir(); err != nil {
-		return nil, fmt.Errorf("migration credentials: %w", err)
+	// The certificate all agents once shared (any agent could then pose as
+	// any other): gone, each agent has its own (EnsureMigrationTLS).
+	for _, old := range []string{"node-migration.crt", "node-migration.key", "migration-tls/tls.crt", "migration-tls/tls.key", "migration-tls/ca.crt"} {
+		_ = os.Remove(p.path(old))
 	}
 	return p, nil
 }

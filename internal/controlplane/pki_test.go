@@ -75,35 +75,62 @@ func TestPKIIsReusedAndServesTheServiceNames(t *testing.T) {
 }
 
 // The node agents' live migration credentials: a tls.crt/tls.key/ca.crt
-// directory whose certificate the cluster CA signed for both ends of a
-// mutual TLS connection.
+// directory per agent, whose certificate the cluster CA signed for both
+// ends of a mutual TLS connection and which names that agent's node only.
 func TestPKIWritesTheMigrationTLSDir(t *testing.T) {
 	dataDir := t.TempDir()
 	p, err := ensurePKI(filepath.Join(dataDir, "pki"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := MigrationTLSDir(dataDir)
-	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
-	if err != nil || !bytes.Equal(caPEM, p.ca.certPEM) {
-		t.Fatalf("ca.crt is not the cluster CA: %v", err)
-	}
-	cert, err := x509.ParseCertificate(pair.Certificate[0])
-	if err != nil {
-		t.Fatal(err)
-	}
 	roots := x509.NewCertPool()
 	roots.AddCert(p.ca.cert)
-	for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
-		if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
-			t.Errorf("migration certificate for usage %v: %v", usage, err)
+	serials := map[string]bool{}
+	for _, node := range []string{"node-1", "node-2"} {
+		dir, err := EnsureMigrationTLS(dataDir, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if dir != MigrationTLSDir(dataDir, node) {
+			t.Errorf("%s: dir %s, want %s", node, dir, MigrationTLSDir(dataDir, node))
+		}
+		pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		caPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+		if err != nil || !bytes.Equal(caPEM, p.ca.certPEM) {
+			t.Fatalf("ca.crt is not the cluster CA: %v", err)
+		}
+		cert, err := x509.ParseCertificate(pair.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cert.Subject.CommonName != node || len(cert.DNSNames) != 1 || cert.DNSNames[0] != node {
+			t.Errorf("%s: certificate CN %q DNS %q, want the node name only", node, cert.Subject.CommonName, cert.DNSNames)
+		}
+		serials[cert.SerialNumber.String()] = true
+		for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
+			if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+				t.Errorf("%s: migration certificate for usage %v: %v", node, usage, err)
+			}
+		}
+		if info, err := os.Stat(filepath.Join(dir, "tls.key")); err != nil || info.Mode().Perm() != 0o600 {
+			t.Errorf("tls.key: %v, mode %v; want 0600", err, info.Mode())
+		}
+		// A second call keeps the certificate.
+		if _, err := EnsureMigrationTLS(dataDir, node); err != nil {
+			t.Fatal(err)
+		}
+		again, _ := tls.LoadX509KeyPair(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+		if !bytes.Equal(again.Certificate[0], pair.Certificate[0]) {
+			t.Errorf("%s: certificate reissued on a second call", node)
 		}
 	}
-	if info, err := os.Stat(filepath.Join(dir, "tls.key")); err != nil || info.Mode().Perm() != 0o600 {
-		t.Errorf("tls.key: %v, mode %v; want 0600", err, info.Mode())
+	if len(serials) != 2 {
+		t.Error("the agents share a certificate")
+	}
+	if _, err := EnsureMigrationTLS(dataDir, "../escape"); err == nil {
+		t.Error("a node name with a path in it was accepted")
 	}
 }

@@ -31,16 +31,19 @@ import (
 // and sets the migration Running; then:
 //
 //  1. the SOURCE agent connects to the target agent's migration endpoint
-//     (the Node annotation kairon.zyvor.dev/migration-endpoint; TLS with
-//     both sides' certificates checked against one CA when the agents have
-//     --migration-tls-dir) and asks for the migration by name;
+//     (the Node annotation kairon.zyvor.dev/migration-endpoint; mutual TLS
+//     with --migration-tls-dir: both certificates checked against one CA,
+//     the target's certificate must name the migration's target node) and
+//     asks for the migration by name;
 //  2. the TARGET agent checks that it is the target of that Running live
-//     migration, attaches the Machine to its network and answers OK;
+//     migration and that the peer's certificate names its source node
+//     (migration_security.go), attaches the Machine to its network and
+//     answers OK;
 //  3. the source's backend streams the running guest (SendLive) while the
 //     target's backend loads it (ReceiveLive); the guest runs on the source
 //     until the final pass, then on the target;
-//  4. the target switches the Machine's spec.nodeName to itself and answers
-//     DONE; the source annotates the migration state-saved with the downtime
+//  4. the target reads the migration afresh and, still Running, switches
+//     the Machine's spec.nodeName to itself and answers DONE; the source annotates the migration state-saved with the downtime
 //     its hypervisor measured;
 //  5. the controller sees both and marks the migration Succeeded; the source
 //     then stops its paused copy (finishSource, shared with cold).
@@ -52,27 +55,32 @@ import (
 // The wire protocol is line based around the backend's stream:
 //
 //	source: KAIRON-LIVE/1 <namespace> <migration>\n
-//	target: OK\n | ERR <why>\n
+//	target: OK\n | ERR <why>\n   (ERR refused to a peer not authenticated)
 //	source: <backend stream>
 //	target: DONE\n | ERR <why>\n
 
 const (
 	liveProtocol = "KAIRON-LIVE/1"
-	// liveHandshakeTimeout bounds connecting, TLS and the request line.
+	// liveHandshakeTimeout bounds the source's connecting, TLS and the
+	// target's first answer (the target's side: migrationHandshakeTimeout).
 	liveHandshakeTimeout = 15 * time.Second
 	// liveTransferTimeout bounds the stream and the target's answer.
 	liveTransferTimeout = 4 * time.Minute
-	// liveLineLimit bounds the protocol's lines.
-	liveLineLimit = 1024
+	// liveLineLimit bounds the protocol's lines: a request with a 63-byte
+	// namespace and a 253-byte name fits.
+	liveLineLimit = 512
 )
 
 // migrationTLS is the agents' mutual TLS for live migration, from a
 // directory holding tls.crt, tls.key and ca.crt (a kubernetes.io/tls Secret
 // with the CA added, as the Helm chart mounts migration.tlsSecretName).
-// Every agent usually shares one certificate, so peers are checked against
-// the CA only, not by host name.
+// Each agent has its own certificate naming its node (certNamesNode): the
+// target checks the source's after reading the request, the source checks
+// the target's during the handshake.
 type migrationTLS struct {
-	server, client *tls.Config
+	server *tls.Config
+	cert   tls.Certificate
+	pool   *x509.CertPool
 }
 
 func loadMigrationTLS(dir string) (*migrationTLS, error) {
@@ -88,36 +96,49 @@ func loadMigrationTLS(dir string) (*migrationTLS, error) {
 	if !pool.AppendCertsFromPEM(caPEM) {
 		return nil, fmt.Errorf("--migration-tls-dir %s: ca.crt holds no PEM certificate", dir)
 	}
-	verifyServer := func(cs tls.ConnectionState) error {
-		if len(cs.PeerCertificates) == 0 {
-			return errors.New("the target agent sent no certificate")
-		}
-		inter := x509.NewCertPool()
-		for _, c := range cs.PeerCertificates[1:] {
-			inter.AddCert(c)
-		}
-		_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{
-			Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
-		})
-		return err
-	}
 	return &migrationTLS{
 		server: &tls.Config{
 			Certificates: []tls.Certificate{cert}, ClientCAs: pool,
 			ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13,
 		},
-		client: &tls.Config{
-			Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13,
-			// Verified by VerifyConnection against the CA, without a host name.
-			InsecureSkipVerify: true, VerifyConnection: verifyServer,
-		},
+		cert: cert, pool: pool,
 	}, nil
+}
+
+// clientFor is the source's TLS towards the agent of node: its certificate
+// must chain to the CA and name node.
+func (t *migrationTLS) clientFor(node string) *tls.Config {
+	return &tls.Config{
+		Certificates: []tls.Certificate{t.cert}, MinVersion: tls.VersionTLS13,
+		// Verified by VerifyConnection: against the CA, and by node name
+		// (CN or DNS SAN) rather than by the address dialled.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("the target agent sent no certificate")
+			}
+			inter := x509.NewCertPool()
+			for _, c := range cs.PeerCertificates[1:] {
+				inter.AddCert(c)
+			}
+			leaf := cs.PeerCertificates[0]
+			if _, err := leaf.Verify(x509.VerifyOptions{
+				Roots: t.pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+			}); err != nil {
+				return err
+			}
+			if !certNamesNode(leaf, node) {
+				return fmt.Errorf("the agent's certificate (%s) is not node %s's", certIdentity(leaf), node)
+			}
+			return nil
+		},
+	}
 }
 
 // migrationEndpoint is what the Node annotation advertises: the listener's
 // address, with an unspecified host left empty (the Node's InternalIP).
 func (a *Agent) migrationEndpoint() string {
-	if a.migrationListener == nil {
+	if a.migrationListener == nil || a.checkMigrationTransport() != nil {
 		return ""
 	}
 	host, port, err := net.SplitHostPort(a.migrationListener.Addr().String())
@@ -130,12 +151,30 @@ func (a *Agent) migrationEndpoint() string {
 	return net.JoinHostPort(host, port)
 }
 
-// serveLiveMigrations accepts live migrations until ctx ends.
+// checkMigrationTransport is CheckMigrationTransport for this agent's
+// listener.
+func (a *Agent) checkMigrationTransport() error {
+	tlsDir := ""
+	if a.migrationTLS != nil {
+		tlsDir = a.opts.MigrationTLSDir
+	}
+	return CheckMigrationTransport(a.migrationListener.Addr().String(), tlsDir, a.opts.MigrationInsecure)
+}
+
+// serveLiveMigrations accepts live migrations until ctx ends. It refuses to
+// start in plain TCP (checkMigrationTransport).
 func (a *Agent) serveLiveMigrations(ctx context.Context) error {
+	if err := a.checkMigrationTransport(); err != nil {
+		_ = a.migrationListener.Close()
+		return err
+	}
 	go func() {
 		<-ctx.Done()
 		_ = a.migrationListener.Close()
 	}()
+	// Connections not yet authenticated hold a slot; when all are taken a
+	// new connection is closed at once.
+	slots := make(chan struct{}, a.migrationMaxHandshakes())
 	for {
 		conn, err := a.migrationListener.Accept()
 		if err != nil {
@@ -148,21 +187,38 @@ func (a *Agent) serveLiveMigrations(ctx context.Context) error {
 			}
 			return fmt.Errorf("migration listener: %w", err)
 		}
-		go a.receiveLive(ctx, conn)
+		select {
+		case slots <- struct{}{}:
+			go a.receiveLive(ctx, conn, slots)
+		default:
+			log.FromContext(ctx).Info("live migration connection dropped: too many handshakes in progress", "peer", conn.RemoteAddr().String())
+			_ = conn.Close()
+		}
 	}
 }
 
-// receiveLive is the target's side of one live migration connection.
-func (a *Agent) receiveLive(ctx context.Context, conn net.Conn) {
+// receiveLive is the target's side of one live migration connection. It
+// holds one of slots until the peer is authenticated.
+func (a *Agent) receiveLive(ctx context.Context, conn net.Conn, slots <-chan struct{}) {
 	defer conn.Close()
+	held := true
+	release := func() {
+		if held {
+			held = false
+			<-slots
+		}
+	}
+	defer release()
 	logger := log.FromContext(ctx).WithValues("peer", conn.RemoteAddr().String())
-	_ = conn.SetDeadline(time.Now().Add(liveHandshakeTimeout))
+	_ = conn.SetDeadline(time.Now().Add(a.migrationHandshakeTimeout()))
+	var peer *x509.Certificate
 	if a.migrationTLS != nil {
 		tc := tls.Server(conn, a.migrationTLS.server)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			logger.Info("live migration refused: TLS handshake failed", "err", err.Error())
 			return
 		}
+		peer = tc.ConnectionState().PeerCertificates[0]
 		conn = tc
 	}
 	in := bufio.NewReader(conn)
@@ -173,16 +229,30 @@ func (a *Agent) receiveLive(ctx context.Context, conn net.Conn) {
 	}
 	key, err := parseLiveRequest(line)
 	if err != nil {
-		reply(conn, "ERR "+err.Error())
+		logger.Info("live migration refused", "why", err.Error())
+		_ = reply(conn, liveRefused)
 		return
 	}
 	logger = logger.WithValues("migration", key.String())
+	mig, err := a.checkLiveTarget(ctx, key)
+	if err == nil && peer != nil && !certNamesNode(peer, mig.Status.SourceNode) {
+		err = fmt.Errorf("the peer's certificate (%s) is not the source node %s's", certIdentity(peer), mig.Status.SourceNode)
+	}
+	if err != nil {
+		// Not (yet) known as the migration's source: it learns nothing, and
+		// the migration is left alone (the source fails it if it was the
+		// source, misconfigured).
+		logger.Info("live migration refused", "why", err.Error())
+		_ = reply(conn, liveRefused)
+		return
+	}
+	release() // the peer is the migration's source (or nothing checks: --migration-insecure)
 	if _, busy := a.receiving.LoadOrStore(key, true); busy {
 		reply(conn, "ERR node "+a.opts.NodeName+" is already receiving migration "+key.String())
 		return
 	}
 	defer a.receiving.Delete(key)
-	mig, machine, spec, err := a.prepareLiveTarget(ctx, key)
+	machine, spec, err := a.prepareLiveTarget(ctx, mig)
 	if err != nil {
 		logger.Info("live migration refused", "why", err.Error())
 		reply(conn, "ERR "+err.Error())
@@ -215,52 +285,69 @@ func (a *Agent) receiveLive(ctx context.Context, conn net.Conn) {
 	_ = reply(conn, "DONE")
 }
 
-// prepareLiveTarget checks that this node is the target of the Running live
-// migration key, and attaches the Machine to the node network.
-func (a *Agent) prepareLiveTarget(ctx context.Context, key client.ObjectKey) (*kaironv1.MachineMigration, *kaironv1.Machine, backend.Spec, error) {
-	reader := a.mgr.GetAPIReader()
+// checkLiveTarget reads the migration key afresh and checks that it is a
+// Running live migration to this node.
+func (a *Agent) checkLiveTarget(ctx context.Context, key client.ObjectKey) (*kaironv1.MachineMigration, error) {
 	mig := &kaironv1.MachineMigration{}
-	if err := reader.Get(ctx, key, mig); err != nil {
-		return nil, nil, backend.Spec{}, fmt.Errorf("reading migration %s: %w", key, err)
+	if err := a.mgr.GetAPIReader().Get(ctx, key, mig); err != nil {
+		return nil, fmt.Errorf("reading migration %s: %w", key, err)
 	}
 	switch {
 	case mig.Spec.Strategy != kaironv1.MigrationLive:
-		return nil, nil, backend.Spec{}, fmt.Errorf("migration %s is not live", key)
+		return nil, fmt.Errorf("migration %s is not live", key)
 	case mig.Status.Phase != kaironv1.MigrationRunning:
-		return nil, nil, backend.Spec{}, fmt.Errorf("migration %s is %q, not Running", key, mig.Status.Phase)
+		return nil, fmt.Errorf("migration %s is %q, not Running", key, mig.Status.Phase)
 	case mig.Status.TargetNode != a.opts.NodeName:
-		return nil, nil, backend.Spec{}, fmt.Errorf("migration %s targets node %q, not %s", key, mig.Status.TargetNode, a.opts.NodeName)
+		return nil, fmt.Errorf("migration %s targets node %q, not %s", key, mig.Status.TargetNode, a.opts.NodeName)
+	case mig.Status.SourceNode == "":
+		return nil, fmt.Errorf("migration %s has no source node", key)
 	}
+	return mig, nil
+}
+
+// prepareLiveTarget checks the Machine of the Running live migration mig
+// (checkLiveTarget) and attaches it to the node network.
+func (a *Agent) prepareLiveTarget(ctx context.Context, mig *kaironv1.MachineMigration) (*kaironv1.Machine, backend.Spec, error) {
+	reader := a.mgr.GetAPIReader()
 	if _, ok := a.opts.Backend.(backend.LiveMigrator); !ok {
-		return nil, nil, backend.Spec{}, fmt.Errorf("the %s backend of node %s cannot receive live migrations", a.opts.Backend.Name(), a.opts.NodeName)
+		return nil, backend.Spec{}, fmt.Errorf("the %s backend of node %s cannot receive live migrations", a.opts.Backend.Name(), a.opts.NodeName)
 	}
 	machine := &kaironv1.Machine{}
-	if err := reader.Get(ctx, client.ObjectKey{Namespace: key.Namespace, Name: mig.Spec.MachineName}, machine); err != nil {
-		return nil, nil, backend.Spec{}, fmt.Errorf("reading machine %s/%s: %w", key.Namespace, mig.Spec.MachineName, err)
+	if err := reader.Get(ctx, client.ObjectKey{Namespace: mig.Namespace, Name: mig.Spec.MachineName}, machine); err != nil {
+		return nil, backend.Spec{}, fmt.Errorf("reading machine %s/%s: %w", mig.Namespace, mig.Spec.MachineName, err)
 	}
 	if machine.Spec.NodeName != mig.Status.SourceNode || !machine.DeletionTimestamp.IsZero() {
-		return nil, nil, backend.Spec{}, fmt.Errorf("machine %s is on node %q or being deleted, not on the source %s", machine.Name, machine.Spec.NodeName, mig.Status.SourceNode)
+		return nil, backend.Spec{}, fmt.Errorf("machine %s is on node %q or being deleted, not on the source %s", machine.Name, machine.Spec.NodeName, mig.Status.SourceNode)
 	}
 	id := instanceID(machine.Namespace, machine.Name)
 	if _, err := a.opts.Backend.Get(ctx, id); !errors.Is(err, backend.ErrNotFound) {
-		return nil, nil, backend.Spec{}, fmt.Errorf("node %s already holds a VM for machine %s", a.opts.NodeName, machine.Name)
+		return nil, backend.Spec{}, fmt.Errorf("node %s already holds a VM for machine %s", a.opts.NodeName, machine.Name)
 	}
 	spec, err := a.attach(machine, id)
 	if err != nil {
 		_ = a.teardown(ctx, id)
-		return nil, nil, backend.Spec{}, fmt.Errorf("attaching to the network of node %s: %w", a.opts.NodeName, err)
+		return nil, backend.Spec{}, fmt.Errorf("attaching to the network of node %s: %w", a.opts.NodeName, err)
 	}
-	return mig, machine, spec, nil
+	return machine, spec, nil
 }
 
 // switchToThisNode moves the Machine's spec.nodeName from the migration's
 // source to this node: the moment a migration commits. It never overrides
-// another change.
+// another change, and it switches only while the migration, read afresh
+// from the API server, is still this Running migration (not cancelled,
+// failed or replaced meanwhile).
 func (a *Agent) switchToThisNode(ctx context.Context, machine *kaironv1.Machine, mig *kaironv1.MachineMigration) error {
 	key := client.ObjectKeyFromObject(machine)
 	source := mig.Status.SourceNode
 	switched := false
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		fresh, err := a.checkLiveTarget(ctx, client.ObjectKeyFromObject(mig))
+		switch {
+		case err != nil:
+			return fmt.Errorf("not switching machine %s: %w", key.Name, err)
+		case fresh.UID != mig.UID || fresh.Status.SourceNode != source:
+			return fmt.Errorf("not switching machine %s: migration %s was replaced meanwhile", key.Name, mig.Name)
+		}
 		current := &kaironv1.Machine{}
 		if err := a.mgr.GetAPIReader().Get(ctx, key, current); err != nil {
 			return err
@@ -420,9 +507,13 @@ func (a *Agent) dialLive(ctx context.Context, nodeName string) (net.Conn, error)
 		return nil, fmt.Errorf("connecting to node %s at %s: %w", nodeName, address, err)
 	}
 	if a.migrationTLS == nil {
+		if !a.opts.MigrationInsecure && !isLoopbackHost(host) {
+			conn.Close()
+			return nil, fmt.Errorf("not sending a guest to node %s at %s in plain TCP: this agent has no --migration-tls-dir (--migration-insecure allows it, for tests)", nodeName, address)
+		}
 		return conn, nil
 	}
-	tc := tls.Client(conn, a.migrationTLS.client)
+	tc := tls.Client(conn, a.migrationTLS.clientFor(nodeName))
 	if err := tc.HandshakeContext(dialCtx); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("TLS with node %s at %s: %w", nodeName, address, err)
@@ -448,15 +539,6 @@ func (a *Agent) recordHandOver(ctx context.Context, mig *kaironv1.MachineMigrati
 		mig.Annotations[kaironv1.AnnotationMigrationDowntimeMillis] = strconv.FormatInt(downtime.Milliseconds(), 10)
 	}
 	return a.client.Patch(ctx, mig, client.MergeFrom(base))
-}
-
-// parseLiveRequest reads "KAIRON-LIVE/1 <namespace> <name>".
-func parseLiveRequest(line string) (client.ObjectKey, error) {
-	fields := strings.Fields(line)
-	if len(fields) != 3 || fields[0] != liveProtocol {
-		return client.ObjectKey{}, fmt.Errorf("expected %q, got %q", liveProtocol+" <namespace> <migration>", line)
-	}
-	return client.ObjectKey{Namespace: fields[1], Name: fields[2]}, nil
 }
 
 // readLine reads one protocol line without its newline.

@@ -6,6 +6,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -42,14 +43,18 @@ func (failingReceive) ReceiveLive(_ context.Context, _ backend.Spec, r io.Reader
 	return backend.Instance{}, errors.New("injected receive failure")
 }
 
-// migrationTLSDir writes a CA and one certificate it signed, as the Secret
-// migration.tlsSecretName holds (tls.crt, tls.key, ca.crt), into a new
-// directory.
-func migrationTLSDir(t *testing.T, commonName string) string {
+// migrationCA is a CA for agents' live migration certificates.
+type migrationCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	der  []byte
+}
+
+func newMigrationCA(t *testing.T, commonName string) *migrationCA {
 	t.Helper()
 	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	caTemplate := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: commonName + " CA"},
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: commonName},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
 	}
@@ -58,21 +63,36 @@ func migrationTLSDir(t *testing.T, commonName string) string {
 		t.Fatal(err)
 	}
 	caCert, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	return &migrationCA{cert: caCert, key: caKey, der: caDER}
+}
+
+// leaf is a certificate the CA signed for commonName (also its DNS SAN).
+func (ca *migrationCA) leaf(t *testing.T, commonName string) (certDER []byte, key *ecdsa.PrivateKey) {
+	t.Helper()
+	key, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
 	leaf := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: commonName},
+		SerialNumber: serial, Subject: pkix.Name{CommonName: commonName}, DNSNames: []string{commonName},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, leaf, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return der, key
+}
+
+// dir writes the CA and a certificate it signed for commonName, as the
+// directory --migration-tls-dir names holds them (tls.crt, tls.key, ca.crt).
+func (ca *migrationCA) dir(t *testing.T, commonName string) string {
+	t.Helper()
+	leafDER, key := ca.leaf(t, commonName)
 	keyDER, _ := x509.MarshalECPrivateKey(key)
 	dir := t.TempDir()
 	for name, block := range map[string]*pem.Block{
-		"ca.crt":  {Type: "CERTIFICATE", Bytes: caDER},
+		"ca.crt":  {Type: "CERTIFICATE", Bytes: ca.der},
 		"tls.crt": {Type: "CERTIFICATE", Bytes: leafDER},
 		"tls.key": {Type: "EC PRIVATE KEY", Bytes: keyDER},
 	} {
@@ -81,6 +101,18 @@ func migrationTLSDir(t *testing.T, commonName string) string {
 		}
 	}
 	return dir
+}
+
+// tlsClient is a client configuration presenting ca's certificate for
+// commonName (none if empty), trusting any server.
+func (ca *migrationCA) tlsClient(t *testing.T, commonName string) *tls.Config {
+	t.Helper()
+	config := &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}
+	if commonName != "" {
+		der, key := ca.leaf(t, commonName)
+		config.Certificates = []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}
+	}
+	return config
 }
 
 func withTLS(dir string) func(*node.Options) {
@@ -168,13 +200,13 @@ func instancePaused(t *testing.T, stateDir, ns, name string) bool {
 	return err == nil && in.Phase == backend.Paused
 }
 
-// TestLiveMigrationMovesARunningMachine: two agents sharing a migration
-// certificate move a Machine live; the migration records the downtime, and
+// TestLiveMigrationMovesARunningMachine: two agents with their own migration
+// certificates (one CA) move a Machine live; the migration records the downtime, and
 // the Machine keeps its address (both nodes have the same range here, and
 // the target would otherwise hand out its lowest free address).
 func TestLiveMigrationMovesARunningMachine(t *testing.T) {
-	tlsDir := migrationTLSDir(t, "kairon-node")
-	env, ns, sourceState, targetState, _ := startMigrationPair(t, "live-a", "live-b", nil, withTLS(tlsDir), withTLS(tlsDir))
+	ca := newMigrationCA(t, "kairon migration CA")
+	env, ns, sourceState, targetState, _ := startMigrationPair(t, "live-a", "live-b", nil, withTLS(ca.dir(t, "live-a")), withTLS(ca.dir(t, "live-b")))
 	ctx := context.Background()
 	m := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm2"}, Spec: kaironv1.MachineSpec{NodeName: "live-a"}}
 	if err := env.Client.Create(ctx, m); err != nil {
@@ -241,10 +273,11 @@ func TestLiveMigrationFailureLeavesTheMachineOnTheSource(t *testing.T) {
 }
 
 // TestLiveMigrationRefusesAnAgentWithoutTheClusterCertificate: with TLS on,
-// a source whose certificate another CA signed cannot hand a guest over.
+// a source whose certificate another CA signed (for the right node name)
+// cannot hand a guest over.
 func TestLiveMigrationRefusesAnAgentWithoutTheClusterCertificate(t *testing.T) {
 	env, ns, _, targetState, m := startMigrationPair(t, "live-tls-a", "live-tls-b", nil,
-		withTLS(migrationTLSDir(t, "intruder")), withTLS(migrationTLSDir(t, "kairon-node")))
+		withTLS(newMigrationCA(t, "intruder CA").dir(t, "live-tls-a")), withTLS(newMigrationCA(t, "kairon CA").dir(t, "live-tls-b")))
 	mig := migrateLive(t, env, ns, "vm", kaironv1.MigrationFailed)
 	if mig.Status.Reason != "TargetUnreachable" || !strings.Contains(mig.Status.Message, "TLS") {
 		t.Errorf("failed with %s: %s; want TargetUnreachable from the TLS handshake", mig.Status.Reason, mig.Status.Message)

@@ -39,8 +39,18 @@ type Options struct {
 	// (host:port; empty: this agent cannot receive live migrations).
 	MigrationListenAddress string
 	// MigrationTLSDir holds tls.crt, tls.key and ca.crt for mutual TLS
-	// between agents during live migrations; empty: plain TCP.
+	// between agents during live migrations; tls.crt must name this node
+	// (Subject CN or DNS SAN), as the peers check. Empty: plain TCP, which
+	// needs MigrationInsecure unless the listener is on loopback.
 	MigrationTLSDir string
+	// MigrationInsecure allows live migrations in plain TCP, unauthenticated,
+	// on any address (--migration-insecure): for tests only.
+	MigrationInsecure bool
+	// MigrationHandshakeTimeout bounds a live migration connection's TLS
+	// handshake and request line (0: 10s); MigrationMaxHandshakes is how many
+	// connections may be at that stage at once (0: 8), more are closed.
+	MigrationHandshakeTimeout time.Duration
+	MigrationMaxHandshakes    int
 	// ClientCAFile, when set, makes the console server accept only clients
 	// with a certificate signed by this CA (the API server's kubelet client
 	// certificate, or an admin's).

@@ -1,0 +1,273 @@
+package node_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/backend/sim"
+	"github.com/zyvor/kairon/internal/node"
+	"github.com/zyvor/kairon/internal/testenv"
+)
+
+// Attacks on the live migration endpoint (issue 10, finding 2).
+
+// TestLiveMigrationRefusesASourceWithAnotherNodesCertificate: the source
+// agent holds a certificate of the cluster CA, but another node's: the
+// target refuses the guest, which keeps running on the source.
+func TestLiveMigrationRefusesASourceWithAnotherNodesCertificate(t *testing.T) {
+	ca := newMigrationCA(t, "kairon migration CA")
+	env, ns, sourceState, targetState, m := startMigrationPair(t, "live-id-a", "live-id-b", nil,
+		withTLS(ca.dir(t, "live-id-c")), withTLS(ca.dir(t, "live-id-b")))
+	mig := migrateLive(t, env, ns, "vm", kaironv1.MigrationFailed)
+	if mig.Status.Reason != "TargetRefused" || !strings.HasSuffix(mig.Status.Message, "refused the guest: refused") {
+		t.Errorf("failed with %s: %s; want TargetRefused with a terse answer", mig.Status.Reason, mig.Status.Message)
+	}
+	stayed := waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
+	if stayed.Spec.NodeName != "live-id-a" {
+		t.Errorf("machine on %q, want it still on live-id-a", stayed.Spec.NodeName)
+	}
+	testenv.Eventually(t, waitTimeout, "the source's guest running, nothing on the target", func() (bool, string) {
+		return instanceExists(sourceState, ns, "vm") && !instancePaused(t, sourceState, ns, "vm") && !instanceExists(targetState, ns, "vm"),
+			"source paused or target holds a copy"
+	})
+}
+
+// TestLiveMigrationSendsOnlyToTheTargetNode: the agent at the target's
+// endpoint presents another node's certificate (as a compromised node that
+// rewrote the endpoint annotation would): the source does not send.
+func TestLiveMigrationSendsOnlyToTheTargetNode(t *testing.T) {
+	ca := newMigrationCA(t, "kairon migration CA")
+	env, ns, sourceState, targetState, m := startMigrationPair(t, "live-to-a", "live-to-b", nil,
+		withTLS(ca.dir(t, "live-to-a")), withTLS(ca.dir(t, "live-to-c")))
+	mig := migrateLive(t, env, ns, "vm", kaironv1.MigrationFailed)
+	if mig.Status.Reason != "TargetUnreachable" || !strings.Contains(mig.Status.Message, "not node live-to-b's") {
+		t.Errorf("failed with %s: %s; want TargetUnreachable: the certificate is not live-to-b's", mig.Status.Reason, mig.Status.Message)
+	}
+	stayed := waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
+	if stayed.Spec.NodeName != "live-to-a" {
+		t.Errorf("machine on %q, want it still on live-to-a", stayed.Spec.NodeName)
+	}
+	testenv.Eventually(t, waitTimeout, "the source's guest running, nothing on the target", func() (bool, string) {
+		return instanceExists(sourceState, ns, "vm") && !instancePaused(t, sourceState, ns, "vm") && !instanceExists(targetState, ns, "vm"),
+			"source paused or target holds a copy"
+	})
+}
+
+// runningLiveMigration makes a Running live migration "live" of Machine
+// "vm" from source, a Node without an agent (nobody else connects), to the
+// agent target; it returns the target's migration endpoint.
+func runningLiveMigration(t *testing.T, env *testenv.Env, ns, source, target string) (mig *kaironv1.MachineMigration, endpoint string) {
+	t.Helper()
+	ctx := context.Background()
+	src := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: source, Labels: map[string]string{kaironv1.LabelNode: "true"}}}
+	if err := env.Client.Create(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), src) })
+	m := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm"}, Spec: kaironv1.MachineSpec{NodeName: source}}
+	if err := env.Client.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	m.Status.Phase = kaironv1.MachineRunning
+	m.Status.ObservedGeneration = m.Generation
+	if err := env.Client.Status().Update(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	mig = &kaironv1.MachineMigration{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "live"},
+		Spec:       kaironv1.MachineMigrationSpec{MachineName: "vm", Strategy: kaironv1.MigrationLive, TargetNode: target},
+	}
+	if err := env.Client.Create(ctx, mig); err != nil {
+		t.Fatal(err)
+	}
+	mig = waitMigration(t, env, client.ObjectKeyFromObject(mig), kaironv1.MigrationRunning)
+	testenv.Eventually(t, waitTimeout, "the target's migration endpoint", func() (bool, string) {
+		n := &corev1.Node{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: target}, n); err != nil {
+			return false, err.Error()
+		}
+		endpoint = n.Annotations[kaironv1.AnnotationNodeMigrationEndpoint]
+		return endpoint != "", "no endpoint annotation"
+	})
+	return mig, endpoint
+}
+
+// TestLiveMigrationListenerRefusesAttackers plays attackers by hand against
+// a real target agent with mutual TLS: a peer without a certificate, with a
+// certificate of another CA, with another node's certificate, with a
+// malformed request, and peers that send nothing (slow header) are all
+// refused, tersely, and leave the migration Running; the handshake slots
+// they held are freed. The source's certificate is then accepted.
+func TestLiveMigrationListenerRefusesAttackers(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	runControllers(t, env)
+	ca := newMigrationCA(t, "kairon migration CA")
+	targetState := t.TempDir()
+	runSimAgent(t, env, "att-b", targetState, nil, withTLS(ca.dir(t, "att-b")), func(o *node.Options) {
+		o.MigrationHandshakeTimeout = time.Second
+		o.MigrationMaxHandshakes = 2
+	})
+	mig, endpoint := runningLiveMigration(t, env, ns, "att-a", "att-b")
+	request := fmt.Sprintf("KAIRON-LIVE/1 %s live\n", ns)
+
+	// ask connects with config, sends line and returns the answer (or the
+	// error that ended the connection) and the connection.
+	ask := func(config *tls.Config, line string) (string, net.Conn, error) {
+		t.Helper()
+		raw, err := net.DialTimeout("tcp", endpoint, 5*time.Second)
+		if err != nil {
+			t.Fatalf("migration endpoint %q: %v", endpoint, err)
+		}
+		t.Cleanup(func() { raw.Close() })
+		_ = raw.SetDeadline(time.Now().Add(10 * time.Second))
+		conn := tls.Client(raw, config)
+		if err := conn.Handshake(); err != nil {
+			return "", conn, err
+		}
+		if _, err := io.WriteString(conn, line); err != nil {
+			return "", conn, err
+		}
+		answer, err := bufio.NewReader(conn).ReadString('\n')
+		return answer, conn, err
+	}
+	stillRunning := func(when string) {
+		t.Helper()
+		got := &kaironv1.MachineMigration{}
+		if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(mig), got); err != nil || got.Status.Phase != kaironv1.MigrationRunning {
+			t.Fatalf("%s: migration %v %q, want it still Running", when, err, got.Status.Phase)
+		}
+		if instanceExists(targetState, ns, "vm") {
+			t.Fatalf("%s: the target holds an instance", when)
+		}
+	}
+
+	if answer, _, err := ask(ca.tlsClient(t, ""), request); err == nil || answer != "" {
+		t.Errorf("peer without a certificate: answer %q, err %v; want the connection refused", answer, err)
+	}
+	if answer, _, err := ask(newMigrationCA(t, "intruder CA").tlsClient(t, "att-a"), request); err == nil || answer != "" {
+		t.Errorf("peer with another CA's certificate: answer %q, err %v; want the connection refused", answer, err)
+	}
+	if answer, _, _ := ask(ca.tlsClient(t, "att-c"), request); answer != "ERR refused\n" {
+		t.Errorf("peer with another node's certificate: answer %q, want a terse ERR refused", answer)
+	}
+	if answer, _, _ := ask(ca.tlsClient(t, "att-c"), "KAIRON-LIVE/1 ../etc passwd\n"); answer != "ERR refused\n" {
+		t.Errorf("malformed request: answer %q, want a terse ERR refused", answer)
+	}
+	if answer, _, _ := ask(ca.tlsClient(t, "att-c"), strings.Repeat("A", 4096)+"\n"); answer != "" {
+		t.Errorf("a request line of 4 KiB: answer %q, want the connection dropped", answer)
+	}
+	stillRunning("after the refusals")
+
+	// Slow header: two peers that connect and send nothing hold both
+	// handshake slots; a third is dropped at once; the two are cut off
+	// after the handshake timeout, and the slots are free again.
+	var slow []net.Conn
+	for range 2 {
+		c, err := net.DialTimeout("tcp", endpoint, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		slow = append(slow, c)
+	}
+	time.Sleep(200 * time.Millisecond) // both accepted
+	began := time.Now()
+	if answer, _, err := ask(ca.tlsClient(t, "att-a"), request); err == nil || answer != "" {
+		t.Errorf("a third peer while two handshakes are pending: answer %q, err %v; want it dropped", answer, err)
+	}
+	if took := time.Since(began); took > 900*time.Millisecond {
+		t.Errorf("the third peer was dropped after %v, want at once", took)
+	}
+	for i, c := range slow {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, err := c.Read(make([]byte, 1))
+		if n != 0 || err == nil || isTimeout(err) {
+			t.Errorf("slow peer %d: read %d bytes, %v; want the target to cut it off", i, n, err)
+		}
+	}
+	if took := time.Since(began); took > 4*time.Second {
+		t.Errorf("slow peers cut off after %v, want about the handshake timeout (1s)", took)
+	}
+	stillRunning("after the slow peers")
+
+	// The source's own certificate is accepted: the refusals above were the
+	// checks', not a broken listener's.
+	testenv.Eventually(t, waitTimeout, "the source's certificate accepted", func() (bool, string) {
+		answer, conn, err := ask(ca.tlsClient(t, "att-a"), request)
+		if answer == "OK\n" {
+			conn.Close() // the stream breaks: the migration fails, nothing kept
+			return true, ""
+		}
+		return false, fmt.Sprintf("answer %q, err %v", answer, err)
+	})
+	failed := waitMigration(t, env, client.ObjectKeyFromObject(mig), kaironv1.MigrationFailed)
+	if failed.Status.Reason != "ReceiveFailed" {
+		t.Errorf("failed with %s: %s; want ReceiveFailed", failed.Status.Reason, failed.Status.Message)
+	}
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
+
+// TestLiveMigrationListenerWillNotStartInPlainText: without TLS, an agent
+// refuses to accept live migrations on a non-loopback address unless
+// --migration-insecure says so.
+func TestLiveMigrationListenerWillNotStartInPlainText(t *testing.T) {
+	for _, c := range []struct {
+		listen, tlsDir string
+		insecure, ok   bool
+	}{
+		{listen: ":10251"}, {listen: "0.0.0.0:0"}, {listen: "10.88.0.1:10251"}, {listen: "[::]:0"},
+		{listen: ":10251", insecure: true, ok: true},
+		{listen: ":10251", tlsDir: "/etc/kairon/migration-tls", ok: true},
+		{listen: "127.0.0.1:0", ok: true}, {listen: "[::1]:0", ok: true}, {listen: "", ok: true},
+	} {
+		err := node.CheckMigrationTransport(c.listen, c.tlsDir, c.insecure)
+		if (err == nil) != c.ok {
+			t.Errorf("listen %q tls %q insecure %v: %v, want ok %v", c.listen, c.tlsDir, c.insecure, err, c.ok)
+		}
+	}
+
+	env := testenv.Get(t)
+	stateDir := t.TempDir()
+	b, err := sim.New(sim.Options{StateDir: filepath.Join(stateDir, "instances")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := node.New(env.Config, node.Options{
+		NodeName: "plain-a", Register: true, Backend: b, StateDir: stateDir, CPU: 1, Interval: time.Second,
+		MigrationListenAddress: "0.0.0.0:0",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "plain-a"}})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = agent.Run(ctx)
+	if err == nil || !strings.Contains(err.Error(), "plain TCP") {
+		t.Errorf("agent with a plain-text migration listener on 0.0.0.0: Run returned %v, want a refusal", err)
+	}
+	n := &corev1.Node{}
+	if getErr := env.Client.Get(context.Background(), client.ObjectKey{Name: "plain-a"}, n); getErr == nil && n.Annotations[kaironv1.AnnotationNodeMigrationEndpoint] != "" {
+		t.Errorf("the refused listener was advertised: %q", n.Annotations[kaironv1.AnnotationNodeMigrationEndpoint])
+	}
+}
