@@ -108,6 +108,9 @@ const (
 	MigrationReasonTargetUnavailable     MigrationReason = "TargetUnavailable"
 	MigrationReasonMachineMovedElsewhere MigrationReason = "MachineMovedElsewhere"
 	MigrationReasonTimeout               MigrationReason = "Timeout"
+	// MigrationReasonAlreadyMigrating: another migration of the same
+	// Machine was in flight first; only one may move a Machine at a time.
+	MigrationReasonAlreadyMigrating MigrationReason = "AlreadyMigrating"
 )
 
 // Reasons the node agents write when their part of a migration fails.

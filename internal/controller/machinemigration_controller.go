@@ -140,6 +140,17 @@ func (r *MachineMigrationReconciler) start(ctx context.Context, mig *kaironv1.Ma
 			machine.Namespace, machine.Name, orNone(string(machine.Status.Phase))))
 		return nil
 	}
+	// The webhook refuses a second in-flight migration of a Machine, but
+	// two can still get in: at the same moment, or with no webhook. Only
+	// the one that goes first starts; the other fails.
+	var migrations kaironv1.MachineMigrationList
+	if err := r.Client.List(ctx, &migrations, client.InNamespace(mig.Namespace)); err != nil {
+		return fmt.Errorf("listing machine migrations: %w", err)
+	}
+	if other := rules.MigrationToYieldTo(mig, migrations.Items); other != nil {
+		failMigration(mig, kaironv1.MigrationReasonAlreadyMigrating, rules.ConflictingMigrationMessage(machine.Name, other))
+		return nil
+	}
 	target, why, err := r.pickTarget(ctx, mig, machine)
 	if err != nil {
 		return err

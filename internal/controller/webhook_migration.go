@@ -23,6 +23,8 @@ const MachineMigrationWebhookPath = "/validate-machinemigration"
 // migration created straight through the API is held to the same budgets
 // as kaironctl evacuate and cordon evacuation. The decision is
 // rules.AdmitDisruption's, on budget states loaded at the moment of the request.
+// It also refuses a second migration of a Machine while one is in flight
+// (rules.ConflictingMigration): two would move the same VM at once.
 //
 // Only CREATE is judged: a migration's spec cannot change after creation,
 // and deleting or relabeling one never disrupts anything.
@@ -41,8 +43,9 @@ func NewMachineMigrationWebhook(scheme *runtime.Scheme, reader client.Reader) *a
 	return admission.WithValidator[*kaironv1.MachineMigration](scheme, &MachineMigrationValidator{Reader: reader})
 }
 
-// ValidateCreate refuses a migration of a Machine that does not exist, and
-// one that a budget matching the Machine does not allow now.
+// ValidateCreate refuses a migration of a Machine that does not exist, one
+// that a budget matching the Machine does not allow now, and one of a
+// Machine that another migration is moving (403 Forbidden).
 func (v *MachineMigrationValidator) ValidateCreate(ctx context.Context, mig *kaironv1.MachineMigration) (admission.Warnings, error) {
 	machinePath := field.NewPath("spec", "machineName")
 	var m kaironv1.Machine
@@ -62,6 +65,15 @@ func (v *MachineMigrationValidator) ValidateCreate(ctx context.Context, mig *kai
 	}
 	if ok, reason := rules.AdmitDisruption(states, &m); !ok {
 		return nil, rules.NewDisruptionRefusal(&m, reason)
+	}
+	// After the budgets, so a refusal they would give stays their 429.
+	var migrations kaironv1.MachineMigrationList
+	if err := v.Reader.List(ctx, &migrations, client.InNamespace(mig.Namespace)); err != nil {
+		return nil, apierrors.NewInternalError(fmt.Errorf("listing machine migrations: %w", err))
+	}
+	if other := rules.ConflictingMigration(mig, migrations.Items); other != nil {
+		return nil, apierrors.NewForbidden(kaironv1.GroupVersion.WithResource("machinemigrations").GroupResource(), migrationName(mig),
+			fmt.Errorf("%s", rules.ConflictingMigrationMessage(mig.Spec.MachineName, other)))
 	}
 	return nil, nil
 }

@@ -90,6 +90,11 @@ func TestMachineMigrationWebhook(t *testing.T) {
 		{"move-solo", "solo", ""},
 		// Not even a second migration of web-1 itself: the budget is spent.
 		{"move-web-1-again", "web-1", refusal("move-web-1-again", "web-1", "2 healthy, 2 desired, 0 allowed")},
+		// No budget stops a second migration of solo, but its first is in
+		// flight: two would move the same VM at once.
+		{"move-solo-again", "solo", `admission webhook "machinemigrations.kairon.zyvor.dev" denied the request: ` +
+			`machinemigrations.kairon.zyvor.dev "move-solo-again" is forbidden: machine solo already has a migration in flight: ` +
+			`MachineMigration "move-solo" is Pending; wait for it to end or delete it`},
 	}
 	for _, step := range steps {
 		err := migrate(step.name, step.machine)
@@ -98,6 +103,10 @@ func TestMachineMigrationWebhook(t *testing.T) {
 			t.Errorf("%s: refused: %v", step.name, err)
 		case step.want != "" && err == nil:
 			t.Errorf("%s: created, want refused with %s", step.name, step.want)
+		case strings.Contains(step.want, "in flight"):
+			if err.Error() != step.want || !apierrors.IsForbidden(err) {
+				t.Errorf("%s: refusal:\n got %v\nwant 403 %s", step.name, err, step.want)
+			}
 		case step.want != "" && (err.Error() != step.want || !apierrors.IsTooManyRequests(err)):
 			t.Errorf("%s: refusal:\n got %v\nwant 429 %s", step.name, err, step.want)
 		case step.want != "":
