@@ -237,10 +237,12 @@ func (r *MachinePoolReconciler) syncMembers(ctx context.Context, pool *kaironv1.
 	return warm, errors.Join(errs...)
 }
 
-// createMembers stops at the first failure: whatever refused one (a quota,
-// the webhook) refuses the rest, and the next reconcile tries again.
+// createMembers creates up to maxCreatesPerSync members with
+// slowStartBatch, as a MachineSet does: it stops after the first batch with
+// a failure, since whatever refused one (a quota, the webhook) refuses the
+// rest, and the next reconcile tries again.
 func (r *MachinePoolReconciler) createMembers(ctx context.Context, pool *kaironv1.MachinePool, hash string, n int) error {
-	for range n {
+	_, err := slowStartBatch(min(n, maxCreatesPerSync), slowStartInitialBatch, func() error {
 		m, err := r.createMember(ctx, pool, hash)
 		if err != nil {
 			r.Recorder.Eventf(pool, nil, corev1.EventTypeWarning, kaironv1.ReplicaReasonFailedCreate, "Create", "Creating a warm machine: %v", err)
@@ -249,8 +251,9 @@ func (r *MachinePoolReconciler) createMembers(ctx context.Context, pool *kaironv
 		r.expectations.created(pool.UID, m.Name)
 		log.FromContext(ctx).Info("Created warm machine", "machine", klog.KObj(m), "templateHash", hash)
 		r.Recorder.Eventf(pool, m, corev1.EventTypeNormal, kaironv1.EventReasonSuccessfulCreate, "Create", "Created warm machine %s", m.Name)
-	}
-	return nil
+		return nil
+	})
+	return err
 }
 
 // createMember names members <pool>-<8 hex digits>, as users see them in

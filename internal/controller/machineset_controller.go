@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"sort"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -211,10 +212,58 @@ func (r *MachineSetReconciler) syncReplicas(ctx context.Context, set *kaironv1.M
 	return nil
 }
 
-// createMachines stops at the first failure: whatever refused one (a quota,
-// the webhook) refuses the rest, and the next reconcile tries again.
+// Creation bursts. A set or pool scaled from 0 to its maximum (1000) must
+// not fire a thousand creates at the API server in one go, nor a thousand
+// refusals when a quota or the webhook refuses them all.
+const (
+	// maxCreatesPerSync caps the Machines one reconcile of a set or pool
+	// creates; the next reconcile (at once: the creations requeue it)
+	// creates more. Like the ReplicaSet controller's burstReplicas.
+	maxCreatesPerSync = 100
+	// slowStartInitialBatch is the first batch of slowStartBatch.
+	slowStartInitialBatch = 1
+	// slowStartMaxBatch caps a batch of creates made at the same time.
+	slowStartMaxBatch = 16
+)
+
+// slowStartBatch calls fn count times, in batches of initial, then twice
+// as many, and so on up to slowStartMaxBatch; the calls of one batch run at
+// the same time. It stops after the first batch with a failure, so when
+// every call would fail (a quota, the webhook) only a few are made. It
+// returns how many calls succeeded and the first error, like the ReplicaSet
+// controller's slowStartBatch.
+func slowStartBatch(count, initial int, fn func() error) (int, error) {
+	remaining := count
+	successes := 0
+	for batch := min(remaining, max(initial, 1)); batch > 0; batch = min(remaining, 2*batch, slowStartMaxBatch) {
+		errs := make(chan error, batch)
+		var wg sync.WaitGroup
+		for range batch {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := fn(); err != nil {
+					errs <- err
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		successes += batch - len(errs)
+		if len(errs) > 0 {
+			return successes, <-errs
+		}
+		remaining -= batch
+	}
+	return successes, nil
+}
+
+// createMachines creates up to maxCreatesPerSync Machines with
+// slowStartBatch: it stops after the first batch with a failure, since
+// whatever refused one (a quota, the webhook) refuses the rest, and the next
+// reconcile tries again.
 func (r *MachineSetReconciler) createMachines(ctx context.Context, set *kaironv1.MachineSet, n int) error {
-	for range n {
+	_, err := slowStartBatch(min(n, maxCreatesPerSync), slowStartInitialBatch, func() error {
 		m := newMachineForSet(set)
 		if err := r.Client.Create(ctx, m); err != nil {
 			r.Recorder.Eventf(set, nil, corev1.EventTypeWarning, kaironv1.ReplicaReasonFailedCreate, "Create", "Creating a machine: %v", err)
@@ -223,8 +272,9 @@ func (r *MachineSetReconciler) createMachines(ctx context.Context, set *kaironv1
 		r.expectations.created(set.UID, m.Name)
 		log.FromContext(ctx).Info("Created machine", "machine", klog.KObj(m))
 		r.Recorder.Eventf(set, m, corev1.EventTypeNormal, kaironv1.EventReasonSuccessfulCreate, "Create", "Created machine %s", m.Name)
-	}
-	return nil
+		return nil
+	})
+	return err
 }
 
 func (r *MachineSetReconciler) deleteMachines(ctx context.Context, set *kaironv1.MachineSet, live []*kaironv1.Machine, n int) error {

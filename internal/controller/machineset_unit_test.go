@@ -1,7 +1,10 @@
 package controller
 
 import (
+	"errors"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -153,5 +156,76 @@ func TestSurplusMachinesNewestFirst(t *testing.T) {
 		if !slices.Equal(got, tt.want) {
 			t.Errorf("%s: surplusMachines(%d) = %v, want %v", tt.name, tt.n, got, tt.want)
 		}
+	}
+}
+
+func TestSlowStartBatch(t *testing.T) {
+	boom := errors.New("refused")
+	for _, tt := range []struct {
+		name          string
+		count         int
+		initial       int
+		failFrom      int // the calls from this one on fail (1-based); 0 for none
+		wantCalls     int
+		wantSuccesses int
+		wantErr       bool
+	}{
+		{"nothing to do", 0, 1, 0, 0, 0, false},
+		{"one", 1, 1, 0, 1, 1, false},
+		// 1, 2, 4, 8, 16, 16, 16, 16, 16 then the remaining 5.
+		{"all succeed", 100, 1, 0, 100, 100, false},
+		// Every call refused (a quota): one call, not a hundred.
+		{"first call fails", 100, 1, 1, 1, 0, true},
+		// Batches 1 and 2 succeed; the third call fails in the batch of
+		// 4, whose other calls are made already: 1+2+4 calls.
+		{"fails in the third batch", 100, 1, 4, 7, 3, true},
+		{"fails in the last, short batch", 5, 1, 5, 5, 4, true},
+		// Batches 1, 2, 4 succeed; the batch of 8 fails: 15 calls.
+		{"fails in the batch of 8", 100, 1, 8, 15, 7, true},
+		// 1+2+4+8+16 succeed; batches stop growing at 16: 31+16 calls.
+		{"batches stop at the cap", 100, 1, 32, 47, 31, true},
+		{"larger first batch", 10, 3, 0, 10, 10, false},
+		{"larger first batch fails", 10, 3, 2, 3, 1, true},
+		{"initial below one means one", 3, 0, 1, 1, 0, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var calls atomic.Int32
+			successes, err := slowStartBatch(tt.count, tt.initial, func() error {
+				if n := int(calls.Add(1)); tt.failFrom > 0 && n >= tt.failFrom {
+					return boom
+				}
+				return nil
+			})
+			if int(calls.Load()) != tt.wantCalls || successes != tt.wantSuccesses || (err != nil) != tt.wantErr {
+				t.Errorf("calls %d, successes %d, err %v; want calls %d, successes %d, error %v",
+					calls.Load(), successes, err, tt.wantCalls, tt.wantSuccesses, tt.wantErr)
+			}
+			if err != nil && !errors.Is(err, boom) {
+				t.Errorf("err = %v, want the failure", err)
+			}
+		})
+	}
+}
+
+// Never more than slowStartMaxBatch calls run at the same time.
+func TestSlowStartBatchConcurrency(t *testing.T) {
+	var mu sync.Mutex
+	var running, peak int
+	successes, err := slowStartBatch(maxCreatesPerSync, slowStartInitialBatch, func() error {
+		mu.Lock()
+		running++
+		peak = max(peak, running)
+		mu.Unlock()
+		time.Sleep(time.Millisecond)
+		mu.Lock()
+		running--
+		mu.Unlock()
+		return nil
+	})
+	if err != nil || successes != maxCreatesPerSync {
+		t.Fatalf("successes %d, err %v", successes, err)
+	}
+	if peak > slowStartMaxBatch {
+		t.Errorf("%d calls ran at the same time, want at most %d", peak, slowStartMaxBatch)
 	}
 }
