@@ -32,7 +32,7 @@ const (
 type MachineClaimSpec struct {
 	// PoolName is the MachinePool, in the claim's namespace, to take a Machine from.
 	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.poolName is immutable"
 	PoolName string `json:"poolName"`
 

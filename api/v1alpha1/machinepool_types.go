@@ -50,7 +50,6 @@ type MachinePoolStatus struct {
 // without waiting for a cold boot.
 //
 // +kubebuilder:object:root=true
-// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63",message="metadata.name must be at most 63 characters: it is used as the value of the kairon.zyvor.dev/machinepool label on its Machines"
 // +kubebuilder:subresource:status
 // +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
 // +kubebuilder:resource:shortName=mp,categories=kairon

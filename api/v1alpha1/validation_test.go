@@ -231,16 +231,6 @@ kind: Machine
 metadata: {name: huge-arg}
 spec: {kernelArgs: ["` + strings.Repeat("a", 1025) + `"]}`,
 			[]string{"spec.kernelArgs[0]", "may not be more than 1024"}},
-		{"claim naming a pool too long for a label value", `
-kind: MachineClaim
-metadata: {name: long-pool}
-spec: {poolName: ` + strings.Repeat("p", 64) + `}`,
-			[]string{"spec.poolName", "may not be more than 63"}},
-		{"pool whose name cannot be a label value", `
-kind: MachinePool
-metadata: {name: ` + strings.Repeat("p", 64) + `}
-spec: {replicas: 0}`,
-			[]string{"metadata.name", "at most 63 characters"}},
 		{"claim whose name cannot be a label value", `
 kind: MachineClaim
 metadata: {name: ` + strings.Repeat("c", 64) + `}
