@@ -440,6 +440,11 @@ func TestTemplateRefuses(t *testing.T) {
 			want:  []string{"controller.replicas must be at least 1"},
 		},
 		{
+			name:  "relative migration certificate directory",
+			flags: setArgs([]string{"migration.tlsHostPath=etc/kairon"}),
+			want:  []string{`migration.tlsHostPath="etc/kairon" must be an absolute path`},
+		},
+		{
 			name:  "unknown backend",
 			flags: setArgs([]string{"node.backend=firecracker"}),
 			want:  []string{`node.backend="firecracker" is not valid`},
@@ -753,7 +758,9 @@ func TestTemplateNodeAgent(t *testing.T) {
 	wantArgs := []string{
 		"--node-name=$(NODE_NAME)", "--backend=qemu", "--acceleration=auto",
 		"--network-cidr=10.88.0.0/24", "--bridge=kairon0", "--state-dir=/var/lib/kairon-node",
-		"--listen=", "--migration-listen=:10251", "--interval=5s",
+		// No migration certificate by default: no live migration listener,
+		// rather than one in plain TCP on every address.
+		"--listen=", "--interval=5s",
 	}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("node agent args %q, want %q", c.Args, wantArgs)
@@ -815,6 +822,32 @@ func TestTemplateNodeAgent(t *testing.T) {
 			return v.Secret != nil && v.Secret.SecretName == "kairon-migration-tls"
 		}) {
 			t.Errorf("migration.tlsSecretName not mounted: %+v", ds.Spec.Template.Spec.Volumes)
+		}
+	})
+
+	t.Run("migration over per-node certificates", func(t *testing.T) {
+		ds, c := nodeDaemonSet(t, render(t, setArgs([]string{"migration.tlsHostPath=/etc/kairon/node-migration-tls"})...))
+		for _, want := range []string{"--migration-listen=:10251", "--migration-tls-dir=/etc/kairon/migration-tls"} {
+			if !slices.Contains(c.Args, want) {
+				t.Errorf("args %q lack %s", c.Args, want)
+			}
+		}
+		if v, ok := hostPathVolumes(ds, c)["/etc/kairon/migration-tls"]; !ok || v.Path != "/etc/kairon/node-migration-tls" || v.Type == nil || *v.Type != corev1.HostPathDirectory {
+			t.Errorf("migration.tlsHostPath mounted as %+v, want /etc/kairon/node-migration-tls, a Directory", v)
+		}
+		for _, a := range c.Args {
+			if strings.HasPrefix(a, "--migration-insecure") {
+				t.Errorf("the chart passes %s", a)
+			}
+		}
+	})
+
+	t.Run("no migration listener without a certificate", func(t *testing.T) {
+		_, c := nodeDaemonSet(t, render(t, setArgs([]string{"migration.listen=0.0.0.0:10251"})...))
+		for _, a := range c.Args {
+			if strings.HasPrefix(a, "--migration-listen") || strings.HasPrefix(a, "--migration-insecure") {
+				t.Errorf("without migration.tlsHostPath or tlsSecretName the agent runs with %s: live migration in plain TCP", a)
+			}
 		}
 	})
 

@@ -117,6 +117,11 @@ every install, upgrade and template.
 {{- if not (has (toString .Values.node.backend) (list "qemu" "sim")) }}
 {{- fail (printf "node.backend=%q is not valid: use qemu or sim." (toString .Values.node.backend)) }}
 {{- end }}
+{{- with .Values.migration.tlsHostPath }}
+{{- if not (hasPrefix "/" (toString .)) }}
+{{- fail (printf "migration.tlsHostPath=%q must be an absolute path on the hosts (a directory with this node's tls.crt, tls.key and ca.crt)." (toString .)) }}
+{{- end }}
+{{- end }}
 {{- if not (has (toString .Values.node.acceleration) (list "auto" "kvm" "tcg")) }}
 {{- fail (printf "node.acceleration=%q is not valid: use auto, kvm or tcg." (toString .Values.node.acceleration)) }}
 {{- end }}
