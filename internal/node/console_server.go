@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -27,7 +26,7 @@ import (
 // serve answers the API server's node proxy, like a kubelet does for
 // `kubectl logs`:
 //
-//	GET /v1/machines/{namespace}/{name}/console?tail=N&follow=true
+//	GET /v1/machines/{namespace}/{name}/console?tail=N&follow=true (N at most maxTailLines)
 //	GET /v1/migrations/{namespace}/{name}/state (to other agents, see migration.go)
 //	GET /healthz
 func (a *Agent) serve(ctx context.Context) error {
@@ -48,12 +47,8 @@ func (a *Agent) serve(ctx context.Context) error {
 		tlsConfig.ClientCAs = pool
 		tlsConfig.ClientAuth = tls.RequireAndVerifyClientCert
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
-	mux.HandleFunc("GET /v1/machines/{namespace}/{name}/console", a.serveConsole)
-	mux.HandleFunc("GET /v1/migrations/{namespace}/{name}/state", a.serveMigrationState)
 	server := &http.Server{
-		Handler:           mux,
+		Handler:           a.handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		TLSConfig:         tlsConfig,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
@@ -71,21 +66,39 @@ func (a *Agent) serve(ctx context.Context) error {
 	return nil
 }
 
+// serveConsole answers with the console log; tail is at most maxTailLines
+// (a larger one is taken as that) and read from the end of the file.
+// handler routes the server's requests.
+func (a *Agent) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+	mux.HandleFunc("GET /v1/machines/{namespace}/{name}/console", a.serveConsole)
+	mux.HandleFunc("GET /v1/migrations/{namespace}/{name}/state", a.serveMigrationState)
+	return mux
+}
+
 func (a *Agent) serveConsole(w http.ResponseWriter, r *http.Request) {
-	id := instanceID(r.PathValue("namespace"), r.PathValue("name"))
+	namespace, name, ok := requestNames(w, r)
+	if !ok {
+		return
+	}
+	id := instanceID(namespace, name)
 	tail := -1
 	if text := r.URL.Query().Get("tail"); text != "" {
-		n, err := strconv.Atoi(text)
-		if err != nil || n < 0 {
+		n, err := strconv.ParseUint(text, 10, 64)
+		if err != nil && !errors.Is(err, strconv.ErrRange) {
 			http.Error(w, "tail must be a non-negative number of lines", http.StatusBadRequest)
 			return
 		}
-		tail = n
+		tail = int(min(n, maxTailLines))
+		if errors.Is(err, strconv.ErrRange) {
+			tail = maxTailLines
+		}
 	}
 	follow := r.URL.Query().Get("follow") == "true"
 	file, err := os.Open(a.opts.Backend.ConsoleLog(id))
 	if err != nil {
-		http.Error(w, fmt.Sprintf("no console for machine %s/%s on node %s", r.PathValue("namespace"), r.PathValue("name"), a.opts.NodeName), http.StatusNotFound)
+		http.Error(w, fmt.Sprintf("no console for machine %s/%s on node %s", namespace, name, a.opts.NodeName), http.StatusNotFound)
 		return
 	}
 	defer file.Close()
@@ -114,35 +127,6 @@ func (a *Agent) serveConsole(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-}
-
-// seekToLastLines positions file at the start of its last n lines.
-func seekToLastLines(file *os.File, n int) error {
-	var offsets []int64
-	var offset int64
-	reader := bufio.NewReader(file)
-	for {
-		line, err := reader.ReadBytes('\n')
-		if len(line) > 0 {
-			offsets = append(offsets, offset)
-			offset += int64(len(line))
-			if len(offsets) > n {
-				offsets = offsets[1:]
-			}
-		}
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return err
-		}
-	}
-	start := offset
-	if len(offsets) > 0 && n > 0 {
-		start = offsets[0]
-	}
-	_, err := file.Seek(start, io.SeekStart)
-	return err
 }
 
 // servingCert loads or creates the agent's self-signed serving certificate.

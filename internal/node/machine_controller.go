@@ -255,8 +255,9 @@ func (a *Agent) observe(machine *kaironv1.Machine, instance backend.Instance, id
 		status.ConsoleTail = ""
 		setPhase(machine, kaironv1.MachineRunning, kaironv1.MachineReasonGuestReady, fmt.Sprintf("the guest was ready %dms after start", status.BootMillis))
 	case backend.Exited:
-		status.ConsoleTail = instance.ConsoleTail
-		reason := instance.Reason
+		// Guest text: no control characters, at most maxGuestText bytes.
+		status.ConsoleTail = sanitizeGuestText(instance.ConsoleTail)
+		reason := sanitizeGuestText(instance.Reason)
 		if reason == "" {
 			reason = "the VM process exited"
 		}

@@ -357,22 +357,16 @@ func (a *Agent) fetchState(ctx context.Context, mig *kaironv1.MachineMigration, 
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("node agent answered %s: %s", resp.Status, msg)
+		return fmt.Errorf("node agent answered %s: %s", resp.Status, sanitizeGuestText(string(msg)))
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	// The source is not trusted to bound what it sends: the download stops
+	// at the limit of the Machine's memory (from the API server), or of the
+	// smaller memory the state's header declares.
+	limit, err := a.stateLimitOf(ctx, mig)
 	if err != nil {
 		return err
 	}
-	_, copyErr := io.Copy(f, resp.Body)
-	if err := errors.Join(copyErr, f.Close()); err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, path)
+	return saveStateDownload(path, resp.Body, resp.ContentLength, limit, mig.Status.SourceNode)
 }
 
 // agentAddress is host:port of a node's agent, from the Node's status.
@@ -391,20 +385,39 @@ func agentAddress(node *corev1.Node) (string, error) {
 	return "", fmt.Errorf("node %s has no address", node.Name)
 }
 
-// serveMigrationState serves a saved VM to the target agent.
+// serveMigrationState serves a saved VM to the target agent. The names are
+// checked (requestNames), and exactly the file's size when opened is sent,
+// and only if it is within the limit its header declares (stateLimit).
 func (a *Agent) serveMigrationState(w http.ResponseWriter, r *http.Request) {
-	ns, name := r.PathValue("namespace"), r.PathValue("name")
+	ns, name, ok := requestNames(w, r)
+	if !ok {
+		return
+	}
 	file, err := os.Open(a.migrationStatePath(ns, name))
 	if err != nil {
 		http.Error(w, fmt.Sprintf("no saved state for migration %s/%s on node %s", ns, name, a.opts.NodeName), http.StatusNotFound)
 		return
 	}
 	defer file.Close()
-	w.Header().Set("Content-Type", "application/octet-stream")
-	if info, err := file.Stat(); err == nil {
-		w.Header().Set("Content-Length", strconv.FormatInt(info.Size(), 10))
+	info, err := file.Stat()
+	if err != nil || !info.Mode().IsRegular() {
+		http.Error(w, "saved state unreadable", http.StatusInternalServerError)
+		return
 	}
-	_, _ = io.Copy(w, file)
+	size := info.Size()
+	head := make([]byte, stateHeaderSize)
+	n, _ := io.ReadFull(file, head)
+	if memMiB, ok := declaredMemoryMiB(head[:n]); ok && size > stateLimit(memMiB) {
+		http.Error(w, errStateTooLarge(stateLimit(memMiB)).Error(), http.StatusInternalServerError)
+		return
+	}
+	if _, err := file.Seek(0, io.SeekStart); err != nil {
+		http.Error(w, "saved state unreadable", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	_, _ = io.CopyN(w, file, size)
 }
 
 // failMigration marks a Running migration Failed with this agent's reason.

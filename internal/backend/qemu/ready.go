@@ -3,9 +3,12 @@ package qemu
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -20,6 +23,7 @@ const readyMarker = "KAIRON-READY"
 // appeared. It ends with the process, or when the VM was stopped or replaced.
 func (b *Backend) watchReady(id string, v *vmState, gen int, p *proc, started time.Time) {
 	path := b.ConsoleLog(id)
+	guardConsole(b.dir(id))
 	var sc markerScanner
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
@@ -103,4 +107,118 @@ func fileContains(path, s string) (bool, error) {
 		return false, err
 	}
 	return bytes.Contains(b, []byte(s)), nil
+}
+
+// The console log's size cap. QEMU itself appends everything the guest
+// prints to console.log (the console chardev's logfile, opened with
+// logappend=on, i.e. O_APPEND), so a guest printing without end would fill
+// the node's disk. A console guard per running VM (guardConsole) stats the
+// log every consoleGuardInterval and, past consoleLogCap, cuts it down to
+// its last consoleLogKeep bytes in place (capConsoleLog). Because QEMU's
+// descriptor is O_APPEND, its next write lands at the new end of the file;
+// nothing has to be reopened, and a QEMU adopted by a new agent after a
+// restart is capped the same way (its guard starts at the first readMeta of
+// its directory, which every Get and List does). Between two looks the log
+// can outgrow the cap by what the guest prints in one interval.
+var consoleLogCap atomic.Int64
+
+func init() { consoleLogCap.Store(defaultConsoleLogCap) }
+
+const (
+	// defaultConsoleLogCap is the most console.log keeps (consoleLogCap,
+	// which tests lower), checked every consoleGuardInterval.
+	defaultConsoleLogCap = 8 << 20
+	// consoleGuardInterval is how often a guard looks at the log's size.
+	consoleGuardInterval = 100 * time.Millisecond
+)
+
+// consoleTruncatedNote begins a log that capConsoleLog cut down.
+const consoleTruncatedNote = "[kairon: console log exceeded %d bytes; older output dropped]\n"
+
+// consoleLogKeep is how much of the log's end a cut keeps: half the cap, so
+// that a guest printing without end costs one cut per half cap printed.
+func consoleLogKeep(limit int64) int64 { return limit / 2 }
+
+// consoleGuards holds the state directories whose console a guard watches.
+var consoleGuards sync.Map
+
+// guardConsole makes sure a guard caps the console log of the VM in dir
+// while its process runs. It is cheap to call again.
+func guardConsole(dir string) {
+	if _, running := consoleGuards.LoadOrStore(dir, struct{}{}); running {
+		return
+	}
+	go func() {
+		defer consoleGuards.Delete(dir)
+		path := filepath.Join(dir, consoleLogFile)
+		t := time.NewTicker(consoleGuardInterval)
+		defer t.Stop()
+		for range t.C {
+			_, _ = capConsoleLog(path, consoleLogCap.Load())
+			if !guardedVMRuns(dir) {
+				return
+			}
+		}
+	}()
+}
+
+// guardedVMRuns tells whether the VM in dir still has a process (or is
+// still being started: spec.json without a PID yet).
+func guardedVMRuns(dir string) bool {
+	var m meta
+	if err := readJSON(filepath.Join(dir, specFile), &m); err != nil {
+		return false
+	}
+	pid := m.PID
+	if pid == 0 {
+		pid = readPIDFile(filepath.Join(dir, pidFile))
+	}
+	if pid == 0 {
+		return time.Since(m.StartedAt) < startTimeout
+	}
+	return processAlive(pid, dir)
+}
+
+// capConsoleLog cuts the log at path down to its last consoleLogKeep(limit)
+// bytes (from a line start where there is one), behind a note, if it holds
+// more than limit bytes. It reports whether it cut. What the writer appends
+// between the read of the end and the truncation is lost; what it appends
+// between the truncation and the rewrite lands before the kept end.
+func capConsoleLog(path string, limit int64) (bool, error) {
+	if limit <= 0 {
+		return false, nil
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Size() <= limit {
+		return false, err
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	if fi, err = f.Stat(); err != nil || fi.Size() <= limit {
+		return false, err
+	}
+	keep := consoleLogKeep(limit) - int64(len(consoleTruncatedNote)) - 24
+	if keep < 0 {
+		keep = 0
+	}
+	buf := make([]byte, keep)
+	n, err := f.ReadAt(buf, fi.Size()-keep)
+	if err != nil && err != io.EOF {
+		return false, err
+	}
+	buf = buf[:n]
+	if i := bytes.IndexByte(buf, '\n'); i >= 0 && i < len(buf)/2 {
+		buf = buf[i+1:]
+	}
+	if err := f.Truncate(0); err != nil {
+		return false, err
+	}
+	out := append([]byte(fmt.Sprintf(consoleTruncatedNote, limit)), buf...)
+	if _, err := f.Write(out); err != nil {
+		return true, err
+	}
+	return true, nil
 }
