@@ -341,13 +341,6 @@ func (a *Agent) switchToThisNode(ctx context.Context, machine *kaironv1.Machine,
 	source := mig.Status.SourceNode
 	switched := false
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		fresh, err := a.checkLiveTarget(ctx, client.ObjectKeyFromObject(mig))
-		switch {
-		case err != nil:
-			return fmt.Errorf("not switching machine %s: %w", key.Name, err)
-		case fresh.UID != mig.UID || fresh.Status.SourceNode != source:
-			return fmt.Errorf("not switching machine %s: migration %s was replaced meanwhile", key.Name, mig.Name)
-		}
 		current := &kaironv1.Machine{}
 		if err := a.mgr.GetAPIReader().Get(ctx, key, current); err != nil {
 			return err
@@ -357,6 +350,18 @@ func (a *Agent) switchToThisNode(ctx context.Context, machine *kaironv1.Machine,
 		}
 		if current.Spec.NodeName != source {
 			return fmt.Errorf("machine %s moved to node %q meanwhile", key.Name, current.Spec.NodeName)
+		}
+		// Read last, just before the patch (whose optimistic lock covers
+		// the Machine, not the migration).
+		fresh := &kaironv1.MachineMigration{}
+		if err := a.mgr.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(mig), fresh); err != nil {
+			return fmt.Errorf("not switching machine %s: reading migration %s: %w", key.Name, mig.Name, err)
+		}
+		switch {
+		case fresh.UID != mig.UID || fresh.Status.SourceNode != source || fresh.Status.TargetNode != a.opts.NodeName:
+			return fmt.Errorf("not switching machine %s: migration %s was replaced meanwhile", key.Name, mig.Name)
+		case fresh.Status.Phase != kaironv1.MigrationRunning:
+			return fmt.Errorf("not switching machine %s: migration %s is %q, not Running", key.Name, mig.Name, fresh.Status.Phase)
 		}
 		base := current.DeepCopy()
 		current.Spec.NodeName = a.opts.NodeName

@@ -14,9 +14,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/backend/sim"
 	"github.com/zyvor/kairon/internal/node"
 	"github.com/zyvor/kairon/internal/testenv"
@@ -81,9 +83,14 @@ func runningLiveMigration(t *testing.T, env *testenv.Env, ns, source, target str
 	if err := env.Client.Create(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	m.Status.Phase = kaironv1.MachineRunning
-	m.Status.ObservedGeneration = m.Generation
-	if err := env.Client.Status().Update(ctx, m); err != nil {
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
+			return err
+		}
+		m.Status.Phase = kaironv1.MachineRunning
+		m.Status.ObservedGeneration = m.Generation
+		return env.Client.Status().Update(ctx, m)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	mig = &kaironv1.MachineMigration{
@@ -270,4 +277,73 @@ func TestLiveMigrationListenerWillNotStartInPlainText(t *testing.T) {
 	if getErr := env.Client.Get(context.Background(), client.ObjectKey{Name: "plain-a"}, n); getErr == nil && n.Annotations[kaironv1.AnnotationNodeMigrationEndpoint] != "" {
 		t.Errorf("the refused listener was advertised: %q", n.Annotations[kaironv1.AnnotationNodeMigrationEndpoint])
 	}
+}
+
+// hookedReceive is a sim backend whose ReceiveLive runs hook after reading
+// the stream's first line, then starts the guest.
+type hookedReceive struct {
+	*sim.Backend
+	hook func()
+}
+
+func (h hookedReceive) ReceiveLive(ctx context.Context, spec backend.Spec, r io.Reader) (backend.Instance, error) {
+	if _, err := bufio.NewReader(r).ReadString('\n'); err != nil {
+		return backend.Instance{}, err
+	}
+	h.hook()
+	return h.Backend.Start(ctx, spec)
+}
+
+// TestLiveMigrationTargetSwitchesOnlyARunningMigration: the migration fails
+// (here: set by hand, as the controller's timeout would) while the target
+// loads the guest; the target then reads it afresh, does not switch the
+// Machine, and drops what it loaded.
+func TestLiveMigrationTargetSwitchesOnlyARunningMigration(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	runControllers(t, env)
+	targetState := t.TempDir()
+	var key client.ObjectKey
+	failIt := func() {
+		mig := &kaironv1.MachineMigration{}
+		if err := env.Client.Get(ctx, key, mig); err != nil {
+			t.Error(err)
+			return
+		}
+		mig.Status.Phase, mig.Status.Reason, mig.Status.Message = kaironv1.MigrationFailed, "Timeout", "failed meanwhile"
+		if err := env.Client.Status().Update(ctx, mig); err != nil {
+			t.Error(err)
+		}
+	}
+	runSimAgent(t, env, "sw-b", targetState, func(b *sim.Backend) backend.Backend { return hookedReceive{b, failIt} })
+	mig, endpoint := runningLiveMigration(t, env, ns, "sw-a", "sw-b")
+	key = client.ObjectKeyFromObject(mig)
+	conn, err := net.DialTimeout("tcp", endpoint, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	in := bufio.NewReader(conn)
+	if _, err := fmt.Fprintf(conn, "KAIRON-LIVE/1 %s live\n", ns); err != nil {
+		t.Fatal(err)
+	}
+	if answer, _ := in.ReadString('\n'); answer != "OK\n" {
+		t.Fatalf("request answered %q, want OK", answer)
+	}
+	if _, err := io.WriteString(conn, "the guest\n"); err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := in.ReadString('\n')
+	if !strings.HasPrefix(answer, "ERR ") || !strings.Contains(answer, "not Running") {
+		t.Errorf("after the stream, answer %q; want a refusal to switch a migration no longer Running", answer)
+	}
+	m := &kaironv1.Machine{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, m); err != nil || m.Spec.NodeName != "sw-a" {
+		t.Errorf("machine on %q (%v), want it left on sw-a", m.Spec.NodeName, err)
+	}
+	testenv.Eventually(t, waitTimeout, "the target's copy dropped", func() (bool, string) {
+		return !instanceExists(targetState, ns, "vm"), "the target holds an instance"
+	})
 }
