@@ -216,6 +216,8 @@ func TestSlowStartBatchConcurrency(t *testing.T) {
 		running++
 		peak = max(peak, running)
 		mu.Unlock()
+		// Real time: a create is an API call that takes a while, so the
+		// batch's calls overlap as they do against the API server.
 		time.Sleep(time.Millisecond)
 		mu.Lock()
 		running--

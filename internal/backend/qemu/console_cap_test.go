@@ -93,6 +93,8 @@ func TestConsoleGuardCapsAnAppendingWriter(t *testing.T) {
 		}
 		written += n
 		if written%(256<<10) == 0 {
+			// Real time: a guest prints at a finite rate, so the guard
+			// runs between its bursts, as it would beside a real guest.
 			time.Sleep(time.Millisecond)
 		}
 	}
