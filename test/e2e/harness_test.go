@@ -24,6 +24,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/testenv"
+	"github.com/zyvor/kairon/internal/testenv/host"
 )
 
 // httpGetEnv makes the test binary, re-run inside a network namespace, fetch
@@ -185,11 +186,26 @@ func vmProcesses(t testing.TB, dir string) map[string]int {
 	return found
 }
 
-// killVMs is the last-resort cleanup: no VM may outlive a test.
+// accelProbeVM is the name of the short VM an agent boots at start to
+// see whether KVM really works (vmProcesses lists it while it runs).
+const accelProbeVM = "kairon/accel-probe"
+
+// killVMs is the last-resort cleanup: no VM may outlive a test. The agents
+// that could still start one must be gone first: they die with what
+// started them (Pdeathsig), but not at once, and a VM started after the
+// scan would outlive the test in its own session.
 func killVMs(t testing.TB, dir string) {
+	testenv.Eventually(t, time.Minute, "every process of "+dir+" to exit before its VMs are killed", func() (bool, string) {
+		procs, err := host.Processes(dir)
+		return err == nil && len(procs) == 0, fmt.Sprint(procs, err)
+	})
 	for _, pid := range vmProcesses(t, dir) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
+	testenv.Eventually(t, time.Minute, "the VMs of "+dir+" to exit", func() (bool, string) {
+		vms := vmProcesses(t, dir)
+		return len(vms) == 0, fmt.Sprint(vms)
+	})
 }
 
 func waitPhase(t testing.TB, env *testenv.Env, key client.ObjectKey, want kaironv1.MachinePhase) *kaironv1.Machine {

@@ -3,10 +3,12 @@ package e2e
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -146,6 +148,16 @@ func TestKaironLocalSuspendsVMsAcrossRestarts(t *testing.T) {
 	if after := vmProcesses(t, c.dataDir); fmt.Sprint(after) != fmt.Sprint(running) {
 		t.Fatalf("VMs after SIGKILL %v, want them untouched: %v", after, running)
 	}
+	// The killed API server's connections may hold its port for a while
+	// (FIN_WAIT2) after it is gone; the next up needs the same port.
+	testenv.Eventually(t, 2*time.Minute, "the API server's port free again after SIGKILL", func() (bool, string) {
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.port)))
+		if err != nil {
+			return false, err.Error()
+		}
+		l.Close()
+		return true, ""
+	})
 	c.up()
 	for _, name := range machines {
 		testenv.Eventually(t, time.Minute, name+" Running after the kill", func() (bool, string) {
