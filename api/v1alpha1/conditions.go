@@ -121,7 +121,10 @@ const (
 	MigrationReasonRestoreFailed       MigrationReason = "RestoreFailed"
 	MigrationReasonReceiveFailed       MigrationReason = "ReceiveFailed"
 	MigrationReasonTargetUnreachable   MigrationReason = "TargetUnreachable"
-	MigrationReasonLiveNotSupported    MigrationReason = "LiveNotSupported"
+	// MigrationReasonTargetRefused: the target node's agent would not take
+	// the guest from this source (its certificate, or the request).
+	MigrationReasonTargetRefused    MigrationReason = "TargetRefused"
+	MigrationReasonLiveNotSupported MigrationReason = "LiveNotSupported"
 )
 
 // Reasons of the events Kairon records (kubectl get events

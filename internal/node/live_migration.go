@@ -457,7 +457,7 @@ func (a *Agent) sendLive(ctx context.Context, mig *kaironv1.MachineMigration, id
 		return 0, kaironv1.MigrationReasonTargetUnreachable, fmt.Errorf("node %s did not answer: %w", target, err)
 	}
 	if answer != "OK" {
-		return 0, "TargetRefused", fmt.Errorf("node %s refused the guest: %s", target, strings.TrimPrefix(answer, "ERR "))
+		return 0, kaironv1.MigrationReasonTargetRefused, fmt.Errorf("node %s refused the guest: %s", target, strings.TrimPrefix(answer, "ERR "))
 	}
 	_ = conn.SetDeadline(time.Now().Add(liveTransferTimeout))
 	sendCtx, cancel := context.WithTimeout(ctx, liveTransferTimeout)

@@ -262,14 +262,7 @@ func TestLiveMigrationFailureLeavesTheMachineOnTheSource(t *testing.T) {
 	if mig.Status.Reason != "ReceiveFailed" || !strings.Contains(mig.Status.Message, "injected receive failure") {
 		t.Errorf("failed with %s: %s; want ReceiveFailed naming the target's error", mig.Status.Reason, mig.Status.Message)
 	}
-	stayed := waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
-	if stayed.Spec.NodeName != "live-fail-a" {
-		t.Errorf("machine on %q, want it still on live-fail-a", stayed.Spec.NodeName)
-	}
-	testenv.Eventually(t, waitTimeout, "the source's guest resumed, nothing on the target", func() (bool, string) {
-		return instanceExists(sourceState, ns, "vm") && !instancePaused(t, sourceState, ns, "vm") && !instanceExists(targetState, ns, "vm"),
-			"source paused or target holds a copy"
-	})
+	guestStayedOnSource(t, env, m, "live-fail-a", sourceState, targetState)
 }
 
 // TestLiveMigrationRefusesAnAgentWithoutTheClusterCertificate: with TLS on,
@@ -363,4 +356,18 @@ func TestLiveMigrationTargetTakesOneStream(t *testing.T) {
 	if got := &(kaironv1.Machine{}); env.Client.Get(ctx, client.ObjectKeyFromObject(m), got) == nil && got.Spec.NodeName != "one-a" {
 		t.Errorf("machine moved to %q on a broken stream", got.Spec.NodeName)
 	}
+}
+
+// guestStayedOnSource checks that a failed move left the Machine on source,
+// its guest running (not paused) there and no copy on the target.
+func guestStayedOnSource(t *testing.T, env *testenv.Env, m *kaironv1.Machine, source, sourceState, targetState string) {
+	t.Helper()
+	stayed := waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
+	if stayed.Spec.NodeName != source {
+		t.Errorf("machine on %q, want it still on %s", stayed.Spec.NodeName, source)
+	}
+	testenv.Eventually(t, waitTimeout, "the source's guest running, nothing on the target", func() (bool, string) {
+		return instanceExists(sourceState, m.Namespace, m.Name) && !instancePaused(t, sourceState, m.Namespace, m.Name) && !instanceExists(targetState, m.Namespace, m.Name),
+			"source paused or target holds a copy"
+	})
 }

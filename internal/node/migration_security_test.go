@@ -37,14 +37,7 @@ func TestLiveMigrationRefusesASourceWithAnotherNodesCertificate(t *testing.T) {
 	if mig.Status.Reason != "TargetRefused" || !strings.HasSuffix(mig.Status.Message, "refused the guest: refused") {
 		t.Errorf("failed with %s: %s; want TargetRefused with a terse answer", mig.Status.Reason, mig.Status.Message)
 	}
-	stayed := waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
-	if stayed.Spec.NodeName != "live-id-a" {
-		t.Errorf("machine on %q, want it still on live-id-a", stayed.Spec.NodeName)
-	}
-	testenv.Eventually(t, waitTimeout, "the source's guest running, nothing on the target", func() (bool, string) {
-		return instanceExists(sourceState, ns, "vm") && !instancePaused(t, sourceState, ns, "vm") && !instanceExists(targetState, ns, "vm"),
-			"source paused or target holds a copy"
-	})
+	guestStayedOnSource(t, env, m, "live-id-a", sourceState, targetState)
 }
 
 // TestLiveMigrationSendsOnlyToTheTargetNode: the agent at the target's
@@ -58,14 +51,7 @@ func TestLiveMigrationSendsOnlyToTheTargetNode(t *testing.T) {
 	if mig.Status.Reason != "TargetUnreachable" || !strings.Contains(mig.Status.Message, "not node live-to-b's") {
 		t.Errorf("failed with %s: %s; want TargetUnreachable: the certificate is not live-to-b's", mig.Status.Reason, mig.Status.Message)
 	}
-	stayed := waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
-	if stayed.Spec.NodeName != "live-to-a" {
-		t.Errorf("machine on %q, want it still on live-to-a", stayed.Spec.NodeName)
-	}
-	testenv.Eventually(t, waitTimeout, "the source's guest running, nothing on the target", func() (bool, string) {
-		return instanceExists(sourceState, ns, "vm") && !instancePaused(t, sourceState, ns, "vm") && !instanceExists(targetState, ns, "vm"),
-			"source paused or target holds a copy"
-	})
+	guestStayedOnSource(t, env, m, "live-to-a", sourceState, targetState)
 }
 
 // runningLiveMigration makes a Running live migration "live" of Machine
