@@ -82,18 +82,12 @@ type exitRecord struct {
 	At     time.Time `json:"at"`
 }
 
-// readMeta reads spec.json; backend.ErrNotFound if there is none. Every Get
-// and List reads it, so it is also where a VM this Backend did not start (an
-// adopted one, after an agent restart) gets its console guard (see
-// guardConsole).
+// readMeta reads spec.json; backend.ErrNotFound if there is none.
 func readMeta(dir string) (meta, error) {
 	var m meta
 	err := readJSON(filepath.Join(dir, specFile), &m)
 	if errors.Is(err, os.ErrNotExist) {
 		return m, backend.ErrNotFound
-	}
-	if err == nil {
-		guardConsole(dir)
 	}
 	return m, err
 }

@@ -84,6 +84,9 @@ func (b *Backend) get(ctx context.Context, id string, v *vmState, useQMP bool) (
 		inst.ConsoleTail = lastLines(readTail(filepath.Join(dir, consoleLogFile), 16*1024), consoleTailLines)
 		return inst, nil
 	}
+	// Every Get and List comes here, so this is where a VM this Backend did
+	// not start (one adopted after an agent restart) gets its console guard.
+	guardConsole(dir)
 
 	var rr readyRecord
 	ready := readJSON(filepath.Join(dir, readyFile), &rr) == nil
