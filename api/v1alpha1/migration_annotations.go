@@ -15,7 +15,15 @@ const (
 	// the source's hypervisor measured it, in milliseconds.
 	AnnotationMigrationDowntimeMillis = "kairon.zyvor.dev/downtime-millis"
 	// AnnotationNodeMigrationEndpoint is on a Node: host:port where its
-	// agent accepts live migrations. An empty host means the Node's
+	// agent accepts migrations (live streams and cold saved states). Only
+	// kairon-controller writes it, as the Node's InternalIP and the port
+	// of AnnotationNodeMigrationPort, so that an agent cannot point other
+	// nodes' migrations at another host. An empty host means the Node's
 	// InternalIP.
 	AnnotationNodeMigrationEndpoint = "kairon.zyvor.dev/migration-endpoint"
+	// AnnotationNodeMigrationPort is on a Node: the TCP port its agent's
+	// migration listener is bound to, on the Node's InternalIP. The agent
+	// writes it on its own Node; the controller derives
+	// AnnotationNodeMigrationEndpoint from it.
+	AnnotationNodeMigrationPort = "kairon.zyvor.dev/migration-port"
 )

@@ -105,6 +105,9 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 			Client:   mgr.GetClient(),
 			Interval: opts.Interval,
 		}).SetupWithManager(mgr),
+		(&MigrationEndpointReconciler{
+			Client: mgr.GetClient(),
+		}).SetupWithManager(mgr),
 	)
 	if err != nil {
 		return err

@@ -135,20 +135,17 @@ func (t *migrationTLS) clientFor(node string) *tls.Config {
 	}
 }
 
-// migrationEndpoint is what the Node annotation advertises: the listener's
-// address, with an unspecified host left empty (the Node's InternalIP).
-func (a *Agent) migrationEndpoint() string {
+// migrationPort is what the Node annotation migration-port advertises: the
+// listener's port, "" when there is no listener or it may not serve.
+func (a *Agent) migrationPort() string {
 	if a.migrationListener == nil || a.checkMigrationTransport() != nil {
 		return ""
 	}
-	host, port, err := net.SplitHostPort(a.migrationListener.Addr().String())
+	_, port, err := net.SplitHostPort(a.migrationListener.Addr().String())
 	if err != nil {
 		return ""
 	}
-	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
-		host = ""
-	}
-	return net.JoinHostPort(host, port)
+	return port
 }
 
 // checkMigrationTransport is CheckMigrationTransport for this agent's

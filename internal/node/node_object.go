@@ -32,11 +32,14 @@ func (a *Agent) nodeLabels() map[string]string {
 	return labels
 }
 
-// nodeAnnotations tell other agents how to reach this one.
+// nodeAnnotations tell the controller how other agents reach this one: the
+// port of the migration listener only. The controller pairs it with the
+// Node's InternalIP into the endpoint annotation, which the agent never
+// writes (an agent could otherwise point migrations at any host).
 func (a *Agent) nodeAnnotations() map[string]string {
 	annotations := map[string]string{}
-	if endpoint := a.migrationEndpoint(); endpoint != "" {
-		annotations[kaironv1.AnnotationNodeMigrationEndpoint] = endpoint
+	if port := a.migrationPort(); port != "" {
+		annotations[kaironv1.AnnotationNodeMigrationPort] = port
 	}
 	return annotations
 }
@@ -67,7 +70,7 @@ func (a *Agent) syncNode(ctx context.Context, ready bool, reason, message string
 		if node.Annotations == nil {
 			node.Annotations = map[string]string{}
 		}
-		delete(node.Annotations, kaironv1.AnnotationNodeMigrationEndpoint)
+		delete(node.Annotations, kaironv1.AnnotationNodeMigrationPort)
 		for k, v := range a.nodeAnnotations() {
 			node.Annotations[k] = v
 		}
