@@ -21,6 +21,10 @@ const (
 	// LabelEvacuatedNode is on a MachineMigration that evacuation (kaironctl
 	// evacuate or cordon evacuation) created: the node it moves the Machine off.
 	LabelEvacuatedNode = "kairon.zyvor.dev/evacuated-node"
+	// AnnotationQuotaAdmissionCharges is on a MachineQuota: the Machines the
+	// admission webhook allowed that the quota's usage does not count yet
+	// (JSON; see internal/rules/quota_admission.go). Only the webhook writes it.
+	AnnotationQuotaAdmissionCharges = "kairon.zyvor.dev/admission-charges"
 )
 
 // Values of LabelPoolState.

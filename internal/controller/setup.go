@@ -5,10 +5,15 @@
 package controller
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
 
 // DefaultInterval is how often every controller looks at its objects again
@@ -134,7 +139,16 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 		}
 	}
 	if opts.Webhook {
-		mgr.GetWebhookServer().Register(MachineWebhookPath, NewMachineWebhook(mgr.GetScheme(), mgr.GetAPIReader()))
+		seen := newSeenMachines()
+		machines, err := mgr.GetCache().GetInformer(context.Background(), &kaironv1.Machine{})
+		if err != nil {
+			return fmt.Errorf("watching Machines for the quota charges: %w", err)
+		}
+		if _, err := machines.AddEventHandler(seen.handler()); err != nil {
+			return fmt.Errorf("watching Machines for the quota charges: %w", err)
+		}
+		mgr.GetWebhookServer().Register(MachineWebhookPath, admission.WithValidator[*kaironv1.Machine](mgr.GetScheme(),
+			&MachineValidator{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Seen: seen.seen}))
 		mgr.GetWebhookServer().Register(MachineMigrationWebhookPath, NewMachineMigrationWebhook(mgr.GetScheme(), mgr.GetAPIReader()))
 	}
 	return nil

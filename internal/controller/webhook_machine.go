@@ -4,10 +4,11 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -28,6 +29,9 @@ const MachineWebhookPath = "/validate-machine"
 // pile up Pending Machines that could never be admitted. A Machine created
 // with spec.nodeName already set skips the scheduler, and with it the
 // scheduler's quota and capacity checks, so it is charged here like any other.
+// A Machine it allows is charged to the quotas at once (an annotation written
+// with the quota's resourceVersion), so Machines created in parallel cannot
+// together pass a quota: each sees the others' charges.
 //
 // On an update that starts a stopped Machine again (spec.powerState from
 // Stopped to Running) it checks the quotas again: a Stopped Machine is not
@@ -41,21 +45,26 @@ type MachineValidator struct {
 	// Reader should read from the API server, not a cache: a cache that
 	// lags lets a quick series of creates through past a quota.
 	Reader client.Reader
+	// Writer charges admitted Machines to the quotas (an update with the
+	// quota's resourceVersion). Nil judges only: parallel creates can then
+	// pass a quota together.
+	Writer client.Writer
+	// Seen says whether the Machine watch delivered a UID (nil: never);
+	// it settles the charge of a Machine created and deleted again between
+	// two admissions.
+	Seen func(types.UID) bool
+	// Now is the clock of the charges' expiry (nil: time.Now).
+	Now func() time.Time
 }
 
 var _ admission.Validator[*kaironv1.Machine] = &MachineValidator{}
-
-// NewMachineWebhook returns the admission webhook to serve at MachineWebhookPath.
-func NewMachineWebhook(scheme *runtime.Scheme, reader client.Reader) *admission.Webhook {
-	return admission.WithValidator[*kaironv1.Machine](scheme, &MachineValidator{Reader: reader})
-}
 
 // ValidateCreate checks the Machine's nodeName and the quotas of its namespace.
 func (v *MachineValidator) ValidateCreate(ctx context.Context, m *kaironv1.Machine) (admission.Warnings, error) {
 	if err := v.validateNodeName(ctx, m); err != nil {
 		return nil, err
 	}
-	return nil, v.validateQuota(ctx, m)
+	return nil, v.validateQuota(ctx, m, false)
 }
 
 // ValidateUpdate checks a changed nodeName, and the quotas when the update
@@ -68,7 +77,7 @@ func (v *MachineValidator) ValidateUpdate(ctx context.Context, old, m *kaironv1.
 		}
 	}
 	if rules.StartsAgain(old, m) {
-		return nil, v.validateQuota(ctx, m)
+		return nil, v.validateQuota(ctx, m, true)
 	}
 	return nil, nil
 }
@@ -98,7 +107,25 @@ func (v *MachineValidator) validateNodeName(ctx context.Context, m *kaironv1.Mac
 	return nil
 }
 
-func (v *MachineValidator) validateQuota(ctx context.Context, m *kaironv1.Machine) error {
+// maxQuotaChargeAttempts bounds how often one admission re-judges after
+// losing a race for a quota to another admission.
+const maxQuotaChargeAttempts = 8
+
+// validateQuota judges m against every quota of its namespace and, if all
+// admit it, charges it to them (quota_admission.go in internal/rules says
+// why): an admission that loses the race for a quota's update judges again
+// with the winner's charge counted.
+func (v *MachineValidator) validateQuota(ctx context.Context, m *kaironv1.Machine, restart bool) error {
+	for range maxQuotaChargeAttempts {
+		err := v.judgeAndCharge(ctx, m, restart)
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+	}
+	return apierrors.NewTooManyRequests(fmt.Sprintf("the MachineQuotas of namespace %s are being charged by other admissions; try again", m.Namespace), 1)
+}
+
+func (v *MachineValidator) judgeAndCharge(ctx context.Context, m *kaironv1.Machine, restart bool) error {
 	var quotas kaironv1.MachineQuotaList
 	if err := v.Reader.List(ctx, &quotas, client.InNamespace(m.Namespace)); err != nil {
 		return apierrors.NewInternalError(fmt.Errorf("listing machine quotas: %w", err))
@@ -118,22 +145,69 @@ func (v *MachineValidator) validateQuota(ctx context.Context, m *kaironv1.Machin
 			others = append(others, other)
 		}
 	}
+	now := v.now()
 	var refusals []string
+	var charge []*kaironv1.MachineQuota
 	for i := range quotas.Items {
 		q := &quotas.Items[i]
 		if q.DeletionTimestamp != nil {
 			continue
 		}
 		used, _ := rules.QuotaUsageIncludingUnplaced(q, others)
-		if ok, message := rules.QuotaAdmits(q, used, m); !ok {
-			refusals = append(refusals, message)
+		pending := rules.OutstandingCharges(rules.ParseAdmissionCharges(q), others, m.UID, now, v.Seen)
+		if len(pending) >= rules.MaxAdmissionCharges {
+			return apierrors.NewTooManyRequests(fmt.Sprintf("MachineQuota %q holds %d admitted Machines not yet stored; try again", q.Name, len(pending)), 1)
 		}
+		if ok, message := rules.QuotaAdmits(q, rules.AddCharges(used, pending), m); !ok {
+			refusals = append(refusals, message)
+			continue
+		}
+		charge = append(charge, q)
 	}
-	if len(refusals) == 0 {
+	if len(refusals) > 0 {
+		return apierrors.NewForbidden(kaironv1.GroupVersion.WithResource("machines").GroupResource(), machineName(m),
+			fmt.Errorf("%s", strings.Join(refusals, "; ")))
+	}
+	if req, err := admission.RequestFromContext(ctx); err == nil && req.DryRun != nil && *req.DryRun {
+		// A dry run is judged but leaves nothing behind (the webhook says
+		// sideEffects: NoneOnDryRun).
 		return nil
 	}
-	return apierrors.NewForbidden(kaironv1.GroupVersion.WithResource("machines").GroupResource(), machineName(m),
-		fmt.Errorf("%s", strings.Join(refusals, "; ")))
+	for _, q := range charge {
+		if err := v.charge(ctx, q, others, m, restart, now); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// charge records m's charge on q, dropping charges that are settled, with
+// q's resourceVersion as read: a conflict means another admission (or the
+// quota controller) wrote q since, and the caller judges again.
+func (v *MachineValidator) charge(ctx context.Context, q *kaironv1.MachineQuota, machines []kaironv1.Machine, m *kaironv1.Machine, restart bool, now time.Time) error {
+	if v.Writer == nil {
+		return nil
+	}
+	charges := append(rules.OutstandingCharges(rules.ParseAdmissionCharges(q), machines, m.UID, now, v.Seen), rules.ChargeFor(m, now, restart))
+	q = q.DeepCopy()
+	if q.Annotations == nil {
+		q.Annotations = map[string]string{}
+	}
+	q.Annotations[kaironv1.AnnotationQuotaAdmissionCharges] = rules.FormatAdmissionCharges(charges)
+	if err := v.Writer.Update(ctx, q); err != nil {
+		if apierrors.IsConflict(err) {
+			return err
+		}
+		return apierrors.NewInternalError(fmt.Errorf("charging MachineQuota %q: %w", q.Name, err))
+	}
+	return nil
+}
+
+func (v *MachineValidator) now() time.Time {
+	if v.Now != nil {
+		return v.Now()
+	}
+	return time.Now()
 }
 
 func machineInvalid(m *kaironv1.Machine, errs ...*field.Error) error {
