@@ -69,6 +69,9 @@ func (b *Backend) probeKVM(ctx context.Context) ProbeResult {
 		return ProbeResult{DeviceErr: err}
 	}
 	f.Close()
+	if b.jail != nil && b.jail.kvmErr != nil {
+		return ProbeResult{DeviceErr: b.jail.kvmErr}
+	}
 
 	kernel, initrd := b.imagePaths(DefaultImage)
 	if _, err := os.Stat(kernel); err != nil {

@@ -34,6 +34,11 @@ type launchSpec struct {
 	// incoming, if set, is a saved state positioned at the migration stream;
 	// QEMU loads it (-incoming fd:3) instead of booting.
 	incoming *os.File
+	// jail, if set, confines QEMU (jail.go).
+	jail *jailRecord
+	// tapFD is the descriptor number of the tap QEMU inherits; 0 has QEMU
+	// open the tap by name.
+	tapFD int
 }
 
 // proc is a QEMU process this Backend started and reaps.
@@ -114,7 +119,7 @@ func (b *Backend) args(ls launchSpec) []string {
 	a := []string{
 		"-name", qemuOpt(ls.name),
 		"-M", "microvm,x-option-roms=off",
-		"-accel", ls.accel,
+		"-accel", accelOpt(ls.accel),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-smp", strconv.Itoa(int(ls.cpu)),
 		"-m", strconv.FormatInt(ls.memMiB, 10),
@@ -135,14 +140,30 @@ func (b *Backend) args(ls launchSpec) []string {
 		a = append(a, "-initrd", ls.initrd)
 	}
 	if n := ls.net; n != nil {
-		a = append(a,
-			"-netdev", "tap,id=net0,ifname="+qemuOpt(n.TapName)+",script=no,downscript=no",
-			"-device", "virtio-net-device,netdev=net0"+macOpt(n.MAC))
+		netdev := "tap,id=net0,ifname=" + qemuOpt(n.TapName) + ",script=no,downscript=no"
+		if ls.tapFD > 0 {
+			netdev = "tap,id=net0,fd=" + strconv.Itoa(ls.tapFD)
+		}
+		a = append(a, "-netdev", netdev, "-device", "virtio-net-device,netdev=net0"+macOpt(n.MAC))
 	}
 	if ls.incoming != nil {
 		a = append(a, "-incoming", "fd:3")
 	}
+	if ls.jail != nil {
+		a = append(a, jailArgs(ls.dir)...)
+	}
 	return a
+}
+
+// tcgTBSizeMiB bounds TCG's translated-code cache (1 GiB by default), which
+// counts against the VM's cgroup memory limit.
+const tcgTBSizeMiB = 128
+
+func accelOpt(accel string) string {
+	if accel == "tcg" {
+		return "tcg,tb-size=" + strconv.Itoa(tcgTBSizeMiB)
+	}
+	return accel
 }
 
 func macOpt(mac string) string {
@@ -160,24 +181,43 @@ func (b *Backend) launch(ls launchSpec) (_ *proc, err error) {
 		return nil, err
 	}
 	defer logf.Close() // the child keeps its own copy
+	var extra []*os.File
+	if ls.incoming != nil {
+		extra = append(extra, ls.incoming) // fd 3, as args says
+	}
+	if ls.jail != nil && ls.net != nil {
+		tap, err := openTap(ls.net.TapName, b.opts.NetNS)
+		if err != nil {
+			return nil, err
+		}
+		defer tap.Close() // the child keeps its own copy
+		extra = append(extra, tap)
+		ls.tapFD = 3 + len(extra) - 1
+	}
 	args := b.args(ls)
 	fmt.Fprintf(logf, "==== %s %s %s\n", time.Now().Format(time.RFC3339Nano), b.qemu, strings.Join(args, " "))
 	cmd := exec.Command(b.qemu, args...)
-	if b.opts.NetNS != "" {
+	if b.opts.NetNS != "" && ls.jail == nil {
 		// The tap lives in that namespace, so QEMU must open it from there.
 		// `ip netns exec` execs QEMU, so the PID is QEMU's own.
 		cmd = exec.Command("ip", append([]string{"netns", "exec", b.opts.NetNS, b.qemu}, args...)...)
 	}
 	cmd.Dir = ls.dir
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), "LC_ALL=C")
-	if ls.incoming != nil {
-		cmd.ExtraFiles = []*os.File{ls.incoming}
-	}
+	// Nothing of the agent's environment (credentials, proxies, paths) for
+	// QEMU; its messages, which exitReason matches, are in the C locale
+	// without LC_ALL.
+	cmd.Env = []string{}
+	cmd.ExtraFiles = extra
 	// Own session: no signal for the agent's terminal or process group
 	// reaches the VM, and it outlives the agent.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if ls.jail != nil {
+		cmd.SysProcAttr = jailProcAttr(ls.jail)
+		start = func() error { return b.jail.cgroups.startIn(cmd, ls.jail.Cgroups) }
+	}
+	if err := start(); err != nil {
 		return nil, fmt.Errorf("qemu: start %s: %w", b.qemu, err)
 	}
 	p := &proc{pid: cmd.Process.Pid, cmd: cmd, exited: make(chan struct{})}

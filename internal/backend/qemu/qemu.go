@@ -49,6 +49,22 @@ type Options struct {
 	NetNS string
 	// Log receives the backend's decisions (acceleration) and anomalies.
 	Log *slog.Logger
+
+	// NoJail runs VMs as the agent's own user, unconfined: only for an agent
+	// that is not root (development), which cannot jail. See jail.go.
+	NoJail bool
+	// JailUIDBase and JailUIDCount are the range of uids (and gids) VMs run
+	// as; zero: DefaultJailUIDBase and DefaultJailUIDCount.
+	JailUIDBase, JailUIDCount uint32
+	// JailRegistry is the host-wide directory recording which uids are in
+	// use; empty: DefaultJailRegistry.
+	JailRegistry string
+	// CgroupParent is the cgroup, relative to each hierarchy's root, under
+	// which every VM gets one of its own; empty: DefaultCgroupParent.
+	CgroupParent string
+	// MemoryOverheadMiB is what a VM's cgroup allows beyond guest memory;
+	// zero: DefaultMemoryOverheadMiB.
+	MemoryOverheadMiB int64
 }
 
 // Backend runs each VM as its own QEMU process. See the package comment.
@@ -59,6 +75,7 @@ type Backend struct {
 	accelReason string
 	tscKHz      int64
 	log         *slog.Logger
+	jail        *jailConfig // nil with NoJail
 
 	mu  sync.Mutex
 	vms map[string]*vmState
@@ -115,6 +132,11 @@ func New(opts Options) (*Backend, error) {
 		}
 	}
 	b.tscKHz = hostTSCkHz()
+	if !opts.NoJail {
+		if b.jail, err = newJailConfig(opts); err != nil {
+			return nil, err
+		}
+	}
 	switch opts.Acceleration {
 	case "", "auto":
 		b.accel, b.accelReason = DecideAcceleration(b.probeKVM(context.Background()))
@@ -124,13 +146,16 @@ func New(opts Options) (*Backend, error) {
 		} else {
 			f.Close()
 		}
+		if b.jail != nil && b.jail.kvmErr != nil {
+			return nil, fmt.Errorf("qemu: acceleration kvm requested: %w", b.jail.kvmErr)
+		}
 		b.accel, b.accelReason = "kvm", "requested"
 	case "tcg":
 		b.accel, b.accelReason = "tcg", "requested"
 	default:
 		return nil, fmt.Errorf("qemu: unknown acceleration %q (auto, kvm or tcg)", opts.Acceleration)
 	}
-	b.log.Info("qemu backend", "acceleration", b.accel, "why", b.accelReason, "stateDir", opts.StateDir, "tscKHz", b.tscKHz)
+	b.log.Info("qemu backend", "acceleration", b.accel, "why", b.accelReason, "stateDir", opts.StateDir, "tscKHz", b.tscKHz, "jail", b.jail != nil)
 	return b, nil
 }
 
@@ -260,12 +285,12 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 		if p != nil {
 			b.abandon(v, p)
 		}
-		if rerr := removeAll(dir); rerr != nil {
+		if rerr := b.removeVMDir(dir); rerr != nil {
 			b.log.Warn("cleaning up a failed start", "id", spec.ID, "err", rerr)
 		}
 	}()
 
-	if err := removeAll(dir); err != nil {
+	if err := b.removeVMDir(dir); err != nil {
 		return backend.Instance{}, err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -275,7 +300,14 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 	if err := writeJSON(filepath.Join(dir, specFile), m); err != nil {
 		return backend.Instance{}, err
 	}
+	var jail *jailRecord
+	if b.jail != nil {
+		if jail, err = b.jail.prepare(dir, spec, b.accel); err != nil {
+			return backend.Instance{}, fmt.Errorf("qemu: jail for %s: %w", spec.ID, err)
+		}
+	}
 	ls := launchSpec{
+		jail: jail,
 		dir: dir, name: spec.Name, accel: b.accel, cpu: spec.CPU, memMiB: spec.MemoryMiB,
 		kernel: spec.Kernel, initrd: spec.Initrd, net: spec.Network, incoming: stream,
 		cmdline: b.cmdline(b.accel, hostnameFor(spec.Name), spec.Network, spec.KernelArgs),
@@ -393,10 +425,23 @@ func (b *Backend) Stop(ctx context.Context, id string) error {
 	v.gen++
 	v.proc = nil
 	v.mu.Unlock()
-	if err := removeAll(dir); err != nil {
+	if err := b.removeVMDir(dir); err != nil {
 		return fmt.Errorf("qemu: stop %s: %w", id, err)
 	}
 	return nil
+}
+
+// removeVMDir removes a VM's jail (its cgroups, killing what still runs
+// in them, and its uid) and then its directory.
+func (b *Backend) removeVMDir(dir string) error {
+	if b.jail != nil {
+		if err := b.jail.teardown(dir); err != nil {
+			return err
+		}
+	} else if _, err := os.Stat(filepath.Join(dir, jailFile)); err == nil {
+		return fmt.Errorf("qemu: %s holds a jailed VM, which an unjailed backend (--qemu-no-jail) cannot clean up", dir)
+	}
+	return removeAll(dir)
 }
 
 // waitGone waits up to d for pid to be gone (reaped, when it is our child).
@@ -499,5 +544,6 @@ func processAlive(pid int, dir string) bool {
 	if err != nil {
 		return !errors.Is(err, os.ErrNotExist)
 	}
-	return cwd == dir
+	// A jailed QEMU's working directory is its chroot, once it chrooted.
+	return cwd == dir || cwd == filepath.Join(dir, jailRootDir)
 }

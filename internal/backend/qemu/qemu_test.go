@@ -23,14 +23,14 @@ import (
 // network namespace this test makes, talks to its services from inside
 // that namespace, pauses and resumes it, and stops it.
 func TestBootNetworkPauseResumeStop(t *testing.T) {
-	_, qemuPath := vmPrereqs(t)
+	vmPrereqs(t)
 	ns := newTestNetns(t)
 	const tap = "ktap0"
 	ns.ip(t, "tuntap", "add", "dev", tap, "mode", "tap")
 	ns.ip(t, "addr", "add", "10.88.0.1/24", "dev", tap)
 	ns.ip(t, "link", "set", tap, "up")
 
-	b := newTestBackend(t, Options{QEMUPath: ns.wrapper(t, qemuPath)})
+	b := newTestBackend(t, Options{NetNS: ns.name})
 	ctx := context.Background()
 	spec := backend.Spec{
 		ID: "ns1_web", Name: "ns1/web", CPU: 1, MemoryMiB: 256,

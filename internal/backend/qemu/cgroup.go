@@ -1,0 +1,218 @@
+package qemu
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// Per-VM cgroups. With cgroup v2 as the unified hierarchy at /sys/fs/cgroup
+// a VM gets <root>/<parent>/vm-<uid> with memory.max, pids.max and cpu.max,
+// and QEMU is cloned straight into it (CLONE_INTO_CGROUP). Otherwise (v1,
+// whatever v2 mount sits beside it, as on this project's test hosts) it gets
+// <controller>/<parent>/vm-<uid> in each of the memory, pids and cpu
+// hierarchies, and QEMU is forked from a thread that was first moved into
+// them, so it is born there as well. Either way QEMU never runs outside its
+// cgroup.
+
+const cgroupRoot = "/sys/fs/cgroup"
+
+const (
+	cgroup2Magic = 0x63677270
+	cgroup1Magic = 0x27e0eb
+)
+
+// cgroupSetup is the host's cgroup layout as a Backend uses it.
+type cgroupSetup struct {
+	v2     bool
+	parent string // relative to each hierarchy's root
+	// v1Roots are the memory, pids and cpu hierarchies' mount points.
+	v1Roots []string
+}
+
+var v1Controllers = []string{"memory", "pids", "cpu"}
+
+type cgroupLimits struct {
+	memoryBytes int64
+	pids        int64
+	cpuMilli    int64 // thousandths of a CPU
+}
+
+const cpuPeriodUS = 100000
+
+// detectCgroups finds out which cgroup version manages the controllers.
+func detectCgroups(parent string) (*cgroupSetup, error) {
+	if strings.Contains(parent, "..") || filepath.IsAbs(parent) {
+		return nil, fmt.Errorf("qemu: --cgroup-parent %q: must be a relative path without ..", parent)
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(cgroupRoot, &st); err != nil {
+		return nil, fmt.Errorf("qemu: cgroups: %w", err)
+	}
+	if st.Type == cgroup2Magic {
+		s := &cgroupSetup{v2: true, parent: parent}
+		if err := s.enableV2(); err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+	s := &cgroupSetup{parent: parent}
+	for _, c := range v1Controllers {
+		root := filepath.Join(cgroupRoot, c)
+		if err := syscall.Statfs(root, &st); err != nil || st.Type != cgroup1Magic {
+			return nil, fmt.Errorf("qemu: cgroups: neither a cgroup v2 hierarchy at %s nor a v1 %s controller at %s", cgroupRoot, c, root)
+		}
+		s.v1Roots = append(s.v1Roots, root)
+	}
+	return s, nil
+}
+
+// enableV2 makes the memory, pids and cpu controllers available to the
+// VMs' cgroups, from the root down to parent.
+func (s *cgroupSetup) enableV2() error {
+	dir := cgroupRoot
+	for _, part := range append([]string{""}, strings.Split(s.parent, "/")...) {
+		if part != "" {
+			dir = filepath.Join(dir, part)
+			if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+				return fmt.Errorf("qemu: cgroup %s: %w", dir, err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+memory +pids +cpu"), 0); err != nil {
+			return fmt.Errorf("qemu: enabling the memory, pids and cpu controllers in %s: %w (the agent's own cgroup cannot delegate them; give it a cgroup parent outside it with --cgroup-parent)", dir, err)
+		}
+	}
+	return nil
+}
+
+// create makes the VM's cgroup(s) called name with limits, and returns
+// their directories. A leftover of the same name (a crashed agent's) is
+// emptied and replaced.
+func (s *cgroupSetup) create(name string, l cgroupLimits) ([]string, error) {
+	var dirs []string
+	roots := s.v1Roots
+	if s.v2 {
+		roots = []string{cgroupRoot}
+	}
+	for _, root := range roots {
+		parent := filepath.Join(root, s.parent)
+		if err := os.MkdirAll(parent, 0o755); err != nil {
+			return dirs, err
+		}
+		d := filepath.Join(parent, name)
+		if err := removeCgroup(d); err != nil {
+			return dirs, err
+		}
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return dirs, fmt.Errorf("qemu: cgroup %s: %w", d, err)
+		}
+		dirs = append(dirs, d)
+	}
+	quota := l.cpuMilli * cpuPeriodUS / 1000
+	var files [][2]string
+	if s.v2 {
+		d := dirs[0]
+		files = [][2]string{
+			{filepath.Join(d, "memory.max"), strconv.FormatInt(l.memoryBytes, 10)},
+			{filepath.Join(d, "memory.swap.max"), "0"},
+			{filepath.Join(d, "pids.max"), strconv.FormatInt(l.pids, 10)},
+			{filepath.Join(d, "cpu.max"), fmt.Sprintf("%d %d", quota, cpuPeriodUS)},
+		}
+	} else {
+		files = [][2]string{
+			{filepath.Join(dirs[0], "memory.limit_in_bytes"), strconv.FormatInt(l.memoryBytes, 10)},
+			{filepath.Join(dirs[1], "pids.max"), strconv.FormatInt(l.pids, 10)},
+			{filepath.Join(dirs[2], "cpu.cfs_period_us"), strconv.Itoa(cpuPeriodUS)},
+			{filepath.Join(dirs[2], "cpu.cfs_quota_us"), strconv.FormatInt(quota, 10)},
+		}
+	}
+	for _, f := range files {
+		if err := os.WriteFile(f[0], []byte(f[1]), 0); err != nil {
+			if errors.Is(err, os.ErrNotExist) && strings.HasSuffix(f[0], "memory.swap.max") {
+				continue // no swap accounting on this host: nothing to cap
+			}
+			return dirs, fmt.Errorf("qemu: cgroup limit %s: %w", f[0], err)
+		}
+	}
+	return dirs, nil
+}
+
+// startIn starts cmd inside the cgroups dirs (as create returned them).
+func (s *cgroupSetup) startIn(cmd *exec.Cmd, dirs []string) error {
+	if s.v2 {
+		fd, err := syscall.Open(dirs[0], syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("qemu: cgroup %s: %w", dirs[0], err)
+		}
+		defer syscall.Close(fd)
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = fd
+		return cmd.Start()
+	}
+	// v1 cannot clone into a cgroup. A child is born in its parent thread's
+	// cgroups, and in v1 a single thread may move (the tasks file): so this
+	// goroutine's thread moves into the VM's cgroups, forks QEMU, and moves
+	// back. If it cannot move back it stays locked, and the runtime ends
+	// the thread with the goroutine.
+	runtime.LockOSThread()
+	tid := strconv.Itoa(syscall.Gettid())
+	home, err := threadCgroups(tid)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	moveBack := func() error {
+		var errs []error
+		for i, c := range v1Controllers {
+			p, ok := home[c]
+			if !ok {
+				continue
+			}
+			if err := os.WriteFile(filepath.Join(s.v1Roots[i], p, "tasks"), []byte(tid), 0); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		return errors.Join(errs...)
+	}
+	for _, d := range dirs {
+		if err := os.WriteFile(filepath.Join(d, "tasks"), []byte(tid), 0); err != nil {
+			if moveBack() == nil {
+				runtime.UnlockOSThread()
+			}
+			return fmt.Errorf("qemu: entering cgroup %s: %w", d, err)
+		}
+	}
+	err = cmd.Start()
+	if moveBack() == nil {
+		runtime.UnlockOSThread()
+	}
+	return err
+}
+
+// threadCgroups reads a thread's v1 cgroup paths, by controller.
+func threadCgroups(tid string) (map[string]string, error) {
+	f, err := os.Open("/proc/self/task/" + tid + "/cgroup")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			out[c] = parts[2]
+		}
+	}
+	return out, sc.Err()
+}

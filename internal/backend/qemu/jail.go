@@ -1,0 +1,456 @@
+package qemu
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/zyvor/kairon/internal/backend"
+)
+
+// The VM jail. A guest that breaks out of its VM lands in QEMU, so every
+// QEMU a Backend starts for a Machine runs:
+//   - as a uid and gid of its own, taken from a host-wide range and recorded
+//     in StateDir/<id>/jail.json, no supplementary group but /dev/kvm's;
+//   - with no capability but CAP_SYS_CHROOT, which only QEMU's own -chroot
+//     uses (QEMU 7.2's seccomp filter is installed before -runas would drop
+//     privileges, so with elevateprivileges=deny QEMU cannot drop them
+//     itself: it is killed by SIGSYS at setgid; it starts unprivileged
+//     instead);
+//   - chrooted, once it has loaded the kernel and opened its devices, into
+//     StateDir/<id>/jail: an empty directory owned by root that it can
+//     neither write nor leave (nothing in it to chroot into, no directory
+//     descriptor to fchdir to);
+//   - under QEMU's seccomp filter with every optional group denied;
+//   - in network, IPC and UTS namespaces of its own: its only network is the
+//     tap, passed in as a descriptor;
+//   - in a cgroup of its own capping memory, pids and CPU, entered at the
+//     fork, so not one instruction of QEMU runs outside it;
+//   - with an empty environment.
+
+const (
+	// jailFile records a VM's jail, for an agent that adopts it.
+	jailFile = "jail.json"
+	// jailRootDir is the empty directory QEMU chroots into.
+	jailRootDir = "jail"
+
+	// DefaultJailUIDBase and DefaultJailUIDCount are the uids (and gids)
+	// VMs run as: far above any range a distribution or a container runtime
+	// hands out.
+	DefaultJailUIDBase  = 2_000_000_000
+	DefaultJailUIDCount = 65536
+	// DefaultJailRegistry holds one file per uid in use on the host, so
+	// that two agents on one host (kairon-local) never hand out one uid twice.
+	DefaultJailRegistry = "/run/kairon/vm-uids"
+	// DefaultCgroupParent is the cgroup under which each VM gets its own.
+	DefaultCgroupParent = "kairon"
+	// DefaultMemoryOverheadMiB is what QEMU may use beyond the guest's
+	// memory: its own heap, device state and, under TCG, translated code
+	// (bounded by tcgTBSizeMiB).
+	DefaultMemoryOverheadMiB = 256
+
+	capSysChroot = 18
+	// sandboxOpts is QEMU's seccomp filter with every optional group denied.
+	sandboxOpts = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+)
+
+// jailRecord is jail.json.
+type jailRecord struct {
+	UID uint32 `json:"uid"`
+	GID uint32 `json:"gid"`
+	// Groups are QEMU's supplementary groups: /dev/kvm's group under KVM.
+	Groups []uint32 `json:"groups,omitempty"`
+	// Cgroups are the VM's cgroup directories, one per hierarchy.
+	Cgroups []string `json:"cgroups"`
+}
+
+// jailConfig is how a Backend jails its VMs; nil when Options.NoJail.
+type jailConfig struct {
+	uidBase, uidCount uint32
+	registry          string
+	cgroups           *cgroupSetup
+	overheadMiB       int64
+	kvmGroup          uint32 // 0: none (then /dev/kvm is unusable for VMs)
+	kvmErr            error  // why jailed VMs cannot open /dev/kvm
+}
+
+func newJailConfig(opts Options) (*jailConfig, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("qemu: the VM jail needs root (a uid per VM, chroot, cgroups); run the node agent as root, or pass --qemu-no-jail to run VMs unconfined as the agent's own user")
+	}
+	j := &jailConfig{
+		uidBase: opts.JailUIDBase, uidCount: opts.JailUIDCount, registry: opts.JailRegistry,
+		overheadMiB: opts.MemoryOverheadMiB,
+	}
+	if j.uidBase == 0 {
+		j.uidBase = DefaultJailUIDBase
+	}
+	if j.uidCount == 0 {
+		j.uidCount = DefaultJailUIDCount
+	}
+	if uint64(j.uidBase)+uint64(j.uidCount) > 1<<31 {
+		return nil, fmt.Errorf("qemu: jail uid range %d+%d reaches past 2^31", j.uidBase, j.uidCount)
+	}
+	if j.registry == "" {
+		j.registry = DefaultJailRegistry
+	}
+	if j.overheadMiB <= 0 {
+		j.overheadMiB = DefaultMemoryOverheadMiB
+	}
+	// Each VM's uid must reach its own directory under StateDir, which it
+	// owns; listing StateDir stays root's.
+	if fi, err := os.Stat(opts.StateDir); err == nil && fi.Mode().Perm()&0o001 == 0 {
+		if err := os.Chmod(opts.StateDir, fi.Mode().Perm()|0o111); err != nil {
+			return nil, err
+		}
+	}
+	if err := othersCanReach(opts.StateDir, true); err != nil {
+		return nil, fmt.Errorf("qemu: state directory: %w", err)
+	}
+	if err := os.MkdirAll(j.registry, 0o700); err != nil {
+		return nil, fmt.Errorf("qemu: jail uid registry: %w", err)
+	}
+	parent := opts.CgroupParent
+	if parent == "" {
+		parent = DefaultCgroupParent
+	}
+	cg, err := detectCgroups(parent)
+	if err != nil {
+		return nil, err
+	}
+	j.cgroups = cg
+	j.kvmGroup, j.kvmErr = kvmGroupFor("/dev/kvm")
+	return j, nil
+}
+
+// othersCanReach checks that a uid of no group of path's owners can reach
+// path (search every directory on the way) and, for a file, read it: what a
+// jailed QEMU needs of its state directory and of the guest's kernel and
+// initrd, which it opens before it chroots.
+func othersCanReach(path string, isDir bool) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return err
+	}
+	fi, err := os.Stat(abs)
+	if err != nil {
+		return err
+	}
+	need := os.FileMode(0o004)
+	if isDir {
+		need = 0o001
+	}
+	if fi.Mode().Perm()&need == 0 {
+		return fmt.Errorf("%s is mode %s: the VMs' own uids cannot use it", abs, fi.Mode().Perm())
+	}
+	for d := filepath.Dir(abs); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%s is mode %s: the VMs' own uids cannot reach %s through it", d, fi.Mode().Perm(), abs)
+		}
+		if d == "/" {
+			return nil
+		}
+	}
+}
+
+// kvmGroupFor is the group through which an unprivileged QEMU may open the
+// KVM device at path. QEMU 7.2 has no option to take /dev/kvm as a
+// descriptor, so each VM gets the device's group as its one supplementary
+// group; a device only root may open leaves jailed VMs without KVM.
+func kvmGroupFor(path string) (uint32, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0, err
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	mode := fi.Mode().Perm()
+	switch {
+	case mode&0o006 == 0o006:
+		return 0, nil
+	case mode&0o060 == 0o060 && st.Gid != 0:
+		return st.Gid, nil
+	}
+	return 0, fmt.Errorf("%s is %s owned by %d:%d: jailed VMs (own uids) cannot open it; give it a group of its own with rw (Debian: root:kvm 0660)", path, mode, st.Uid, st.Gid)
+}
+
+// prepare gives the VM in dir its jail: a uid, its directory owned by it,
+// the empty chroot, a cgroup sized for spec. What it did is undone by
+// teardown(dir), which works from jail.json.
+func (j *jailConfig) prepare(dir string, spec backend.Spec, accel string) (*jailRecord, error) {
+	for _, f := range []string{spec.Kernel, spec.Initrd} {
+		if f == "" {
+			continue
+		}
+		if err := othersCanReach(f, false); err != nil {
+			return nil, fmt.Errorf("guest image: %w", err)
+		}
+	}
+	uid, err := j.claimUID(dir)
+	if err != nil {
+		return nil, err
+	}
+	rec := &jailRecord{UID: uid, GID: uid}
+	if accel == "kvm" && j.kvmGroup != 0 {
+		rec.Groups = []uint32{j.kvmGroup}
+	}
+	// Written at once, under the uid's claim, so that teardown can release
+	// the uid whatever fails next.
+	if err := writeJSON(filepath.Join(dir, jailFile), rec); err != nil {
+		j.releaseUID(uid, dir)
+		return nil, err
+	}
+	root := filepath.Join(dir, jailRootDir)
+	if err := os.Mkdir(root, 0o111); err != nil {
+		return rec, err
+	}
+	// Root's own chmod: Mkdir's mode passes through the umask.
+	if err := os.Chmod(root, 0o111); err != nil {
+		return rec, err
+	}
+	// QEMU creates its sockets, pidfile and console log here before it
+	// chroots; other VMs' uids cannot enter.
+	if err := os.Chown(dir, int(uid), int(uid)); err != nil {
+		return rec, err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return rec, err
+	}
+	memMax := (spec.MemoryMiB + j.overheadMiB) << 20
+	paths, err := j.cgroups.create(cgroupName(uid), cgroupLimits{
+		memoryBytes: memMax, pids: cgroupPids, cpuMilli: int64(spec.CPU)*1000 + 500,
+	})
+	rec.Cgroups = paths
+	if werr := writeJSON(filepath.Join(dir, jailFile), rec); err == nil {
+		err = werr
+	}
+	return rec, err
+}
+
+// cgroupPids caps QEMU's threads: a vCPU thread each, its I/O and RCU
+// threads, and a worker pool of at most 64.
+const cgroupPids = 256
+
+func cgroupName(uid uint32) string { return "vm-" + strconv.FormatUint(uint64(uid), 10) }
+
+// teardown removes the jail of the VM in dir, whose process is gone or about
+// to be: whatever still runs in its cgroup is killed first, so that the uid
+// is never handed out while a process of it runs.
+func (j *jailConfig) teardown(dir string) error {
+	var rec jailRecord
+	if err := readJSON(filepath.Join(dir, jailFile), &rec); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	var errs []error
+	for _, p := range rec.Cgroups {
+		if err := removeCgroup(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) == 0 && rec.UID != 0 {
+		j.releaseUID(rec.UID, dir)
+	}
+	return errors.Join(errs...)
+}
+
+// claimUID takes a free uid for the VM in dir from the host-wide registry:
+// a file per uid naming the VM directory that holds it. A claim whose VM
+// directory no longer records that uid is stale (its agent died mid-stop)
+// and is taken over. The search starts at a hash of dir, so a VM usually
+// gets the same uid back.
+func (j *jailConfig) claimUID(dir string) (uint32, error) {
+	unlock, err := j.lockRegistry()
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
+	h := fnv.New32a()
+	h.Write([]byte(dir))
+	start := h.Sum32() % j.uidCount
+	for i := uint32(0); i < j.uidCount; i++ {
+		uid := j.uidBase + (start+i)%j.uidCount
+		path := filepath.Join(j.registry, strconv.FormatUint(uint64(uid), 10))
+		if owner, err := os.ReadFile(path); err == nil {
+			if uidHeldBy(string(owner), uid) {
+				continue
+			}
+			if err := os.Remove(path); err != nil {
+				return 0, err
+			}
+		}
+		if err := os.WriteFile(path, []byte(dir), 0o600); err != nil {
+			return 0, fmt.Errorf("qemu: claiming uid %d: %w", uid, err)
+		}
+		return uid, nil
+	}
+	return 0, fmt.Errorf("qemu: all %d jail uids from %d are in use", j.uidCount, j.uidBase)
+}
+
+// uidHeldBy tells whether the VM directory owner still records uid.
+func uidHeldBy(owner string, uid uint32) bool {
+	var rec jailRecord
+	if err := readJSON(filepath.Join(owner, jailFile), &rec); err != nil {
+		return !errors.Is(err, os.ErrNotExist)
+	}
+	return rec.UID == uid
+}
+
+func (j *jailConfig) releaseUID(uid uint32, dir string) {
+	unlock, err := j.lockRegistry()
+	if err != nil {
+		return
+	}
+	defer unlock()
+	path := filepath.Join(j.registry, strconv.FormatUint(uint64(uid), 10))
+	if owner, err := os.ReadFile(path); err == nil && string(owner) == dir {
+		_ = os.Remove(path)
+	}
+}
+
+func (j *jailConfig) lockRegistry() (func(), error) {
+	f, err := os.OpenFile(filepath.Join(j.registry, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: jail uid registry: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("qemu: jail uid registry: %w", err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// jailProcAttr is how launch starts a jailed QEMU.
+func jailProcAttr(rec *jailRecord) *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{
+		Setsid:      true,
+		Credential:  &syscall.Credential{Uid: rec.UID, Gid: rec.GID, Groups: rec.Groups},
+		AmbientCaps: []uintptr{capSysChroot},
+		Cloneflags:  syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
+	}
+}
+
+// jailArgs are the QEMU options that confine it once it is set up.
+func jailArgs(dir string) []string {
+	return []string{"-sandbox", sandboxOpts, "-chroot", filepath.Join(dir, jailRootDir)}
+}
+
+// openTap opens the tap named name (in network namespace netns, if set) the
+// way QEMU would, for QEMU to take as a descriptor: a jailed QEMU has
+// neither the privilege nor the network namespace to open it by name.
+func openTap(name, netns string) (*os.File, error) {
+	if len(name) >= syscall.IFNAMSIZ {
+		return nil, fmt.Errorf("qemu: tap name %q too long", name)
+	}
+	type result struct {
+		f   *os.File
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		if netns == "" {
+			f, err := attachTap(name)
+			ch <- result{f, err}
+			return
+		}
+		// This thread enters the namespace and is never unlocked: it dies
+		// with the goroutine rather than serve others from inside netns.
+		runtime.LockOSThread()
+		ns, err := os.Open(filepath.Join("/run/netns", netns))
+		if err != nil {
+			ch <- result{nil, fmt.Errorf("qemu: network namespace %q: %w", netns, err)}
+			return
+		}
+		defer ns.Close()
+		if err := setns(int(ns.Fd()), syscall.CLONE_NEWNET); err != nil {
+			ch <- result{nil, fmt.Errorf("qemu: entering network namespace %q: %w", netns, err)}
+			return
+		}
+		f, err := attachTap(name)
+		ch <- result{f, err}
+	}()
+	r := <-ch
+	return r.f, r.err
+}
+
+func setns(fd, nstype int) error {
+	const sysSetns = 308 // x86_64
+	if _, _, e := syscall.RawSyscall(sysSetns, uintptr(fd), uintptr(nstype), 0); e != 0 {
+		return e
+	}
+	return nil
+}
+
+func attachTap(name string) (*os.File, error) {
+	fd, err := syscall.Open("/dev/net/tun", syscall.O_RDWR|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: open /dev/net/tun: %w", err)
+	}
+	const (
+		iffTap     = 0x0002
+		iffNoPI    = 0x1000
+		iffVnetHdr = 0x4000
+		tunSetIff  = 0x400454ca
+	)
+	var req [40]byte // struct ifreq
+	copy(req[:syscall.IFNAMSIZ-1], name)
+	*(*uint16)(unsafe.Pointer(&req[syscall.IFNAMSIZ])) = iffTap | iffNoPI | iffVnetHdr
+	if _, _, e := syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), tunSetIff, uintptr(unsafe.Pointer(&req[0]))); e != 0 {
+		syscall.Close(fd)
+		return nil, fmt.Errorf("qemu: attach to tap %q: %w", name, e)
+	}
+	return os.NewFile(uintptr(fd), "tap:"+name), nil
+}
+
+// waitCgroupEmpty is how long teardown waits for killed processes to leave.
+const waitCgroupEmpty = 10 * time.Second
+
+// cgroupProcs lists the processes in the cgroup directory p.
+func cgroupProcs(p string) ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, n)
+		}
+	}
+	return pids, nil
+}
+
+// removeCgroup kills what runs in the cgroup at p and removes it.
+func removeCgroup(p string) error {
+	deadline := time.Now().Add(waitCgroupEmpty)
+	for {
+		pids, err := cgroupProcs(p)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		err = syscall.Rmdir(p)
+		if err == nil || errors.Is(err, syscall.ENOENT) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("qemu: removing cgroup %s: %w (processes %v)", p, err, pids)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
