@@ -1,0 +1,349 @@
+package network
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// The baseline is the firewall every guest gets, with or without a policy
+// (docs/guides/networking.md). It lives in two nftables tables of the
+// agent's network namespace:
+//
+//   - bridge kairon: what a tap may send (its Machine's MAC and IPv4, ARP
+//     included; nothing but IPv4 and ARP), which taps may talk to each
+//     other (same Kubernetes namespace only), and no guest-to-guest
+//     routing through the host;
+//   - inet kairon: nothing from a guest reaches the node's own stack (any
+//     local address) but ICMP echo and the replies of connections the node
+//     opened. The bridge family cannot tell which addresses are local, the
+//     inet input hook sees only what is.
+//
+// Several agents may share the namespace and the bridge (kairon-local):
+// the tables, sets and base chains are shared and created idempotently; a
+// Machine's own objects are named after its tap, which is unique per node,
+// so an agent adds and removes only its own, each in one atomic nft
+// transaction.
+const (
+	// BaselineTable names both tables.
+	BaselineTable = "kairon"
+	// TapPrefix starts every tap name (TapName); a frame from a tap of
+	// that name without a baseline is dropped.
+	TapPrefix = "kt"
+)
+
+// Guest is what the baseline pins a Machine's tap to.
+type Guest struct {
+	Tap       string
+	Namespace string
+	MAC       string
+	IP        netip.Addr
+}
+
+// Baseline applies the guest network baseline in one network namespace.
+type Baseline struct {
+	// NetNS is the namespace of the bridge (empty: the agent's own).
+	NetNS string
+	// Bridge is the bridge the taps are on.
+	Bridge string
+	// Network is the guests' network and Gateway the bridge's address in
+	// it: the only address of the network the host sends to guests from.
+	Network netip.Prefix
+	Gateway netip.Addr
+
+	mu sync.Mutex
+	// applied is what this process last wrote per tap; a zero Guest means
+	// the tap's chains were found in the kernel and their content is not
+	// known, so the next Ensure writes them again.
+	applied map[string]Guest
+}
+
+var (
+	ifnamePattern    = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
+	namespacePattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+	tapChainPattern  = regexp.MustCompile(`(?m)^\s*chain g_(` + TapPrefix + `[A-Za-z0-9_.-]*) \{`)
+)
+
+// validateTap keeps what goes into an nft script to names nft reads as
+// names: a tap or namespace is never a piece of syntax.
+func validateTap(tap, namespace string) error {
+	if !ifnamePattern.MatchString(tap) || !strings.HasPrefix(tap, TapPrefix) {
+		return fmt.Errorf("guest baseline: tap name %q: want %s followed by letters or digits, at most 15 characters", tap, TapPrefix)
+	}
+	if !namespacePattern.MatchString(namespace) {
+		return fmt.Errorf("guest baseline: namespace %q of tap %s is not a DNS-1123 label", namespace, tap)
+	}
+	return nil
+}
+
+func (g Guest) validate() error {
+	if err := validateTap(g.Tap, g.Namespace); err != nil {
+		return err
+	}
+	if mac, err := net.ParseMAC(g.MAC); err != nil || len(mac) != 6 || mac[0]&1 == 1 {
+		return fmt.Errorf("guest baseline: MAC %q of tap %s is not a unicast Ethernet address", g.MAC, g.Tap)
+	}
+	if !g.IP.Is4() {
+		return fmt.Errorf("guest baseline: address %v of tap %s is not IPv4", g.IP, g.Tap)
+	}
+	return nil
+}
+
+func (b *Baseline) validate() error {
+	if !ifnamePattern.MatchString(b.Bridge) {
+		return fmt.Errorf("guest baseline: bridge name %q is not an interface name", b.Bridge)
+	}
+	if !b.Network.Addr().Is4() || !b.Network.Contains(b.Gateway) {
+		return fmt.Errorf("guest baseline: gateway %v is not in the IPv4 network %v", b.Gateway, b.Network)
+	}
+	return nil
+}
+
+// nsSet is the set of a namespace's taps. Namespaces are DNS-1123 labels,
+// which nft accepts in a name as they are: the name is the namespace, so
+// two namespaces can never share a set.
+func nsSet(namespace string) string { return "ns_" + namespace }
+
+// setupScript creates the shared tables, sets and base chains, and adds
+// this agent's bridge, network and gateway. Running it again, from this
+// agent or another sharing the namespace, gives the same ruleset: the base
+// chains are flushed and refilled in the same transaction.
+func setupScript(bridge string, network netip.Prefix, gateway netip.Addr) string {
+	t := "bridge " + BaselineTable
+	i := "inet " + BaselineTable
+	var s strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&s, format+"\n", args...) }
+	w("add table %s", t)
+	w("add set %s guests { type ifname; }", t)
+	w("add map %s guest_vmap { type ifname : verdict; }", t)
+	w("add map %s forward_vmap { type ifname : verdict; }", t)
+	w("add set %s guest_networks { type ipv4_addr; flags interval; auto-merge; }", t)
+	w("add set %s gateways { type ipv4_addr; }", t)
+	// Frames from a guest: its own chain, or dropped if it has none yet.
+	// The maps goto (not jump) the guest's chain, so a frame that passes
+	// it ends the hook with the policy instead of coming back to the drop.
+	w("add chain %s prerouting { type filter hook prerouting priority -200; policy accept; }", t)
+	w("flush chain %s prerouting", t)
+	w("add rule %s prerouting iifname vmap @guest_vmap", t)
+	w("add rule %s prerouting iifname %q drop", t, TapPrefix+"*")
+	w("add chain %s forward { type filter hook forward priority 0; policy accept; }", t)
+	w("flush chain %s forward", t)
+	w("add rule %s forward iifname vmap @forward_vmap", t)
+	w("add rule %s forward iifname %q drop", t, TapPrefix+"*")
+	// The host routing one guest's packet to another (the guest sent it to
+	// the gateway's MAC) would bypass the forward hook: what the host sends
+	// to a guest must come from a gateway, not from a guest address.
+	w("add chain %s output { type filter hook output priority 0; policy accept; }", t)
+	w("flush chain %s output", t)
+	w("add rule %s output oifname @guests ip saddr @guest_networks ip saddr != @gateways drop", t)
+	w("add element %s guest_networks { %s }", t, network.Masked())
+	w("add element %s gateways { %s }", t, gateway)
+
+	w("add table %s", i)
+	w("add set %s bridges { type ifname; }", i)
+	w("add chain %s input { type filter hook input priority -10; policy accept; }", i)
+	w("flush chain %s input", i)
+	w("add rule %s input iifname @bridges ct state established,related accept", i)
+	w("add rule %s input iifname @bridges icmp type echo-request accept", i)
+	w("add rule %s input iifname @bridges reject with icmpx admin-prohibited", i)
+	w("add element %s bridges { %q }", i, bridge)
+	return s.String()
+}
+
+// guestScript pins g's tap to its MAC and address and puts it in its
+// namespace. Running it again rewrites the tap's baseline chains; the
+// policy chain p_<tap> is left as it is.
+func guestScript(g Guest) string {
+	t := "bridge " + BaselineTable
+	tap := g.Tap
+	var s strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&s, format+"\n", args...) }
+	w("add set %s %s { type ifname; }", t, nsSet(g.Namespace))
+	w("add chain %s p_%s", t, tap)
+	w("add chain %s g_%s", t, tap)
+	w("flush chain %s g_%s", t, tap)
+	w("add rule %s g_%s ether saddr != %s drop", t, tap, g.MAC)
+	// Only IPv4 and ARP: IPv6, VLAN tags and the rest would carry traffic
+	// past the checks below.
+	w("add rule %s g_%s ether type != { ip, arp } drop", t, tap)
+	w("add rule %s g_%s arp htype != 1 drop", t, tap)
+	w("add rule %s g_%s arp ptype != ip drop", t, tap)
+	w("add rule %s g_%s arp hlen != 6 drop", t, tap)
+	w("add rule %s g_%s arp plen != 4 drop", t, tap)
+	w("add rule %s g_%s arp saddr ether != %s drop", t, tap, g.MAC)
+	w("add rule %s g_%s arp saddr ip != %s drop", t, tap, g.IP)
+	w("add rule %s g_%s ip version != 4 drop", t, tap)
+	w("add rule %s g_%s ip saddr != %s drop", t, tap, g.IP)
+	// The hook for the Machine's own policy, after the checks above: a
+	// verdict there cannot let a spoofed frame through, and isolation and
+	// host protection are in other hooks.
+	w("add rule %s g_%s jump p_%s", t, tap, tap)
+	w("add chain %s f_%s", t, tap)
+	w("flush chain %s f_%s", t, tap)
+	w("add rule %s f_%s oifname @guests oifname != @%s drop", t, tap, nsSet(g.Namespace))
+	w("add element %s guests { %q }", t, tap)
+	w("add element %s %s { %q }", t, nsSet(g.Namespace), tap)
+	w("add element %s guest_vmap { %q : goto g_%s }", t, tap, tap)
+	w("add element %s forward_vmap { %q : goto f_%s }", t, tap, tap)
+	return s.String()
+}
+
+// removeScript takes tap's elements and chains out. nft 1.0.6 (Debian 12)
+// has no "destroy": each object is added, then deleted, in one
+// transaction, so the script succeeds whatever is left of the tap.
+func removeScript(tap, namespace string) string {
+	t := "bridge " + BaselineTable
+	var s strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&s, format+"\n", args...) }
+	for _, c := range []string{"g", "f", "p"} {
+		w("add chain %s %s_%s", t, c, tap)
+	}
+	w("add element %s guest_vmap { %q : goto g_%s }", t, tap, tap)
+	w("delete element %s guest_vmap { %q }", t, tap)
+	w("add element %s forward_vmap { %q : goto f_%s }", t, tap, tap)
+	w("delete element %s forward_vmap { %q }", t, tap)
+	w("add element %s guests { %q }", t, tap)
+	w("delete element %s guests { %q }", t, tap)
+	w("add set %s %s { type ifname; }", t, nsSet(namespace))
+	w("add element %s %s { %q }", t, nsSet(namespace), tap)
+	w("delete element %s %s { %q }", t, nsSet(namespace), tap)
+	for _, c := range []string{"g", "f", "p"} {
+		w("flush chain %s %s_%s", t, c, tap)
+		w("delete chain %s %s_%s", t, c, tap)
+	}
+	return s.String()
+}
+
+// Setup creates the baseline tables (or joins those another agent made)
+// and learns which taps already have a baseline, so that a restarted agent
+// can remove them.
+func (b *Baseline) Setup() error {
+	if err := b.validate(); err != nil {
+		return err
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		return errors.New("guest baseline: the nft command is missing: install the Debian package nftables (hack/install-deps.sh)")
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.nft(setupScript(b.Bridge, b.Network, b.Gateway)); err != nil {
+		return err
+	}
+	out, err := b.output("list", "table", "bridge", BaselineTable)
+	if err != nil {
+		return err
+	}
+	b.applied = map[string]Guest{}
+	for _, m := range tapChainPattern.FindAllStringSubmatch(out, -1) {
+		b.applied[m[1]] = Guest{}
+	}
+	return nil
+}
+
+// Ensure gives g's tap its baseline; it writes only when g differs from
+// what this agent wrote last.
+func (b *Baseline) Ensure(g Guest) error {
+	if err := g.validate(); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.applied == nil {
+		return errors.New("guest baseline: Setup was not called")
+	}
+	if b.applied[g.Tap] == g {
+		return nil
+	}
+	if err := b.nft(guestScript(g)); err != nil {
+		return err
+	}
+	b.applied[g.Tap] = g
+	return nil
+}
+
+// Remove takes tap's baseline out, and its namespace's set once no tap of
+// the namespace is left on the node network. A tap this agent never set up
+// costs nothing.
+func (b *Baseline) Remove(tap, namespace string) error {
+	if err := validateTap(tap, namespace); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.applied[tap]; !ok {
+		return nil
+	}
+	if err := b.nft(removeScript(tap, namespace)); err != nil {
+		return err
+	}
+	delete(b.applied, tap)
+	// Another tap's f_ chain refers to the set while the namespace has one,
+	// so the kernel refuses (EBUSY) until the last is gone; an agent adding
+	// a tap re-creates the set in the same transaction as the reference.
+	err := b.nft(fmt.Sprintf("delete set bridge %s %s\n", BaselineTable, nsSet(namespace)))
+	if err != nil && !strings.Contains(err.Error(), "Device or resource busy") && !strings.Contains(err.Error(), "No such file or directory") {
+		return err
+	}
+	return nil
+}
+
+// Taps lists the taps with a baseline in the namespace, any agent's, sorted.
+func (b *Baseline) Taps() ([]string, error) {
+	out, err := b.output("list", "table", "bridge", BaselineTable)
+	if err != nil {
+		return nil, err
+	}
+	var taps []string
+	for _, m := range tapChainPattern.FindAllStringSubmatch(out, -1) {
+		taps = append(taps, m[1])
+	}
+	sort.Strings(taps)
+	return taps, nil
+}
+
+// RemoveBaseline deletes both baseline tables of netns (empty: the
+// caller's), for when the node network is torn down. Every guest on a
+// bridge there loses its baseline; taps left behind can send nothing until
+// an agent sets it up again. Missing tables are not an error.
+func RemoveBaseline(netns string) error {
+	b := &Baseline{NetNS: netns}
+	var script strings.Builder
+	for _, family := range []string{"bridge", "inet"} {
+		fmt.Fprintf(&script, "add table %s %s\ndelete table %s %s\n", family, BaselineTable, family, BaselineTable)
+	}
+	return b.nft(script.String())
+}
+
+func (b *Baseline) command(args ...string) *exec.Cmd {
+	if b.NetNS != "" {
+		return exec.Command("ip", append([]string{"netns", "exec", b.NetNS, "nft"}, args...)...)
+	}
+	return exec.Command("nft", args...)
+}
+
+// nft runs script as one transaction: all of it or nothing.
+func (b *Baseline) nft(script string) error {
+	cmd := b.command("-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("guest baseline: nft -f (netns %q): %v: %s", b.NetNS, err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+func (b *Baseline) output(args ...string) (string, error) {
+	out, err := b.command(args...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("guest baseline: nft %s (netns %q): %v: %s", strings.Join(args, " "), b.NetNS, err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}

@@ -1,0 +1,599 @@
+package network
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/zyvor/kairon/internal/testenv"
+)
+
+// blockedWindow is how long a packet the baseline must drop is given to
+// show up anyway. Dropped traffic has no event to wait for, so this is
+// real time by nature (as testenv.Consistently's window); every such check
+// comes after a positive control on the same path.
+const blockedWindow = 2 * time.Second
+
+// waitTimeout bounds waits for something that must happen (a connection, a
+// neighbour entry); tests pass as soon as it does.
+const waitTimeout = 20 * time.Second
+
+func TestBaselineScripts(t *testing.T) {
+	g := Guest{Tap: "kt0123456789", Namespace: "team-a", MAC: "52:54:00:aa:bb:cc", IP: netip.MustParseAddr("10.88.1.2")}
+	cases := []struct {
+		name   string
+		script string
+		want   []string
+	}{
+		{"setup", setupScript("kairon0", netip.MustParsePrefix("10.88.0.0/16"), netip.MustParseAddr("10.88.0.1")), []string{
+			"add chain bridge kairon prerouting { type filter hook prerouting priority -200; policy accept; }\nflush chain bridge kairon prerouting\n",
+			"add rule bridge kairon prerouting iifname vmap @guest_vmap\nadd rule bridge kairon prerouting iifname \"kt*\" drop\n",
+			"add rule bridge kairon forward iifname vmap @forward_vmap\nadd rule bridge kairon forward iifname \"kt*\" drop\n",
+			"add rule bridge kairon output oifname @guests ip saddr @guest_networks ip saddr != @gateways drop\n",
+			"add element bridge kairon guest_networks { 10.88.0.0/16 }\n",
+			"add element bridge kairon gateways { 10.88.0.1 }\n",
+			"add rule inet kairon input iifname @bridges ct state established,related accept\n" +
+				"add rule inet kairon input iifname @bridges icmp type echo-request accept\n" +
+				"add rule inet kairon input iifname @bridges reject with icmpx admin-prohibited\n",
+			"add element inet kairon bridges { \"kairon0\" }\n",
+		}},
+		{"guest", guestScript(g), []string{
+			"add chain bridge kairon g_kt0123456789\nflush chain bridge kairon g_kt0123456789\n" +
+				"add rule bridge kairon g_kt0123456789 ether saddr != 52:54:00:aa:bb:cc drop\n" +
+				"add rule bridge kairon g_kt0123456789 ether type != { ip, arp } drop\n",
+			"add rule bridge kairon g_kt0123456789 arp saddr ether != 52:54:00:aa:bb:cc drop\n" +
+				"add rule bridge kairon g_kt0123456789 arp saddr ip != 10.88.1.2 drop\n",
+			"add rule bridge kairon g_kt0123456789 ip saddr != 10.88.1.2 drop\nadd rule bridge kairon g_kt0123456789 jump p_kt0123456789\n",
+			"add rule bridge kairon f_kt0123456789 oifname @guests oifname != @ns_team-a drop\n",
+			"add element bridge kairon ns_team-a { \"kt0123456789\" }\n",
+			"add element bridge kairon guest_vmap { \"kt0123456789\" : goto g_kt0123456789 }\n",
+			"add element bridge kairon forward_vmap { \"kt0123456789\" : goto f_kt0123456789 }\n",
+		}},
+		{"remove", removeScript("kt0123456789", "team-a"), []string{
+			"add element bridge kairon guest_vmap { \"kt0123456789\" : goto g_kt0123456789 }\ndelete element bridge kairon guest_vmap { \"kt0123456789\" }\n",
+			"add element bridge kairon ns_team-a { \"kt0123456789\" }\ndelete element bridge kairon ns_team-a { \"kt0123456789\" }\n",
+			"flush chain bridge kairon p_kt0123456789\ndelete chain bridge kairon p_kt0123456789\n",
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			for _, want := range c.want {
+				if !strings.Contains(c.script, want) {
+					t.Errorf("script lacks\n%s\nscript:\n%s", want, c.script)
+				}
+			}
+		})
+	}
+	// The policy chain belongs to the egress work: re-applying a guest's
+	// baseline must not flush it.
+	if strings.Contains(guestScript(g), "flush chain bridge kairon p_") {
+		t.Error("guestScript flushes the policy chain")
+	}
+}
+
+func TestBaselineRefusesWhatIsNotAName(t *testing.T) {
+	good := Guest{Tap: "kt0123456789", Namespace: "team-a", MAC: "52:54:00:aa:bb:cc", IP: netip.MustParseAddr("10.88.1.2")}
+	cases := []struct {
+		name   string
+		mutate func(*Guest)
+		field  string
+	}{
+		{"namespace with nft syntax", func(g *Guest) { g.Namespace = "a }; flush ruleset; add set x {" }, "namespace"},
+		{"namespace upper case", func(g *Guest) { g.Namespace = "Team" }, "namespace"},
+		{"namespace too long", func(g *Guest) { g.Namespace = strings.Repeat("a", 64) }, "namespace"},
+		{"tap with a quote", func(g *Guest) { g.Tap = `kt" accept` }, "tap"},
+		{"tap of another prefix", func(g *Guest) { g.Tap = "eth0" }, "tap"},
+		{"tap too long", func(g *Guest) { g.Tap = "kt0123456789abcd" }, "tap"},
+		{"multicast MAC", func(g *Guest) { g.MAC = "01:00:5e:00:00:01" }, "MAC"},
+		{"MAC with syntax", func(g *Guest) { g.MAC = "52:54:00:aa:bb:cc drop" }, "MAC"},
+		{"IPv6 address", func(g *Guest) { g.IP = netip.MustParseAddr("fe80::1") }, "address"},
+		{"no address", func(g *Guest) { g.IP = netip.Addr{} }, "address"},
+	}
+	if err := good.validate(); err != nil {
+		t.Fatalf("valid guest refused: %v", err)
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			g := good
+			c.mutate(&g)
+			err := g.validate()
+			if err == nil || !strings.Contains(err.Error(), c.field) {
+				t.Fatalf("validate(%+v) = %v, want an error naming the %s", g, err, c.field)
+			}
+			b := &Baseline{applied: map[string]Guest{}}
+			if err := b.Ensure(g); err == nil {
+				t.Fatal("Ensure accepted it")
+			}
+		})
+	}
+	if err := (&Baseline{applied: map[string]Guest{}}).Remove("kt0123456789", "x;y"); err == nil {
+		t.Error("Remove accepted a namespace that is not a label")
+	}
+}
+
+// testNet is a node network in a namespace of its own: a bridge, the
+// baseline, and guests as veth pairs whose guest ends live in their own
+// namespaces, registered as the agent registers taps.
+type testNet struct {
+	host     string
+	bridge   string
+	network  netip.Prefix
+	gateway  netip.Addr
+	baseline *Baseline
+}
+
+type testGuest struct {
+	netns string
+	Guest
+}
+
+func newTestNet(t *testing.T, node string) *testNet {
+	t.Helper()
+	n := &testNet{
+		host:    testNetNS(t),
+		bridge:  "kbr0",
+		network: netip.MustParsePrefix("10.88.0.0/16"),
+		gateway: netip.MustParseAddr("10.88.0.1"),
+	}
+	run(t, "ip", "-n", n.host, "link", "set", "lo", "up")
+	links := &Links{Bridge: n.bridge, Gateway: netip.PrefixFrom(n.gateway, 16), NetNS: n.host, Node: node}
+	if err := links.EnsureBridge(); err != nil {
+		t.Fatal(err)
+	}
+	n.baseline = n.agent(t)
+	return n
+}
+
+// agent is one more node agent's baseline on the network.
+func (n *testNet) agent(t *testing.T) *Baseline {
+	t.Helper()
+	b := &Baseline{NetNS: n.host, Bridge: n.bridge, Network: n.network, Gateway: n.gateway}
+	if err := b.Setup(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := RemoveBaseline(n.host); err != nil {
+			t.Error(err)
+		}
+	})
+	return b
+}
+
+func run(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
+// guest adds a Machine of namespace/name with address ip on node, through
+// b (the node's agent).
+func (n *testNet) guest(t *testing.T, b *Baseline, node, namespace, name, ip string) *testGuest {
+	t.Helper()
+	id := namespace + "_" + name
+	g := &testGuest{netns: testNetNS(t), Guest: Guest{Tap: TapName(node, id), Namespace: namespace, MAC: MAC(id), IP: netip.MustParseAddr(ip)}}
+	run(t, "ip", "-n", n.host, "link", "add", g.Tap, "type", "veth", "peer", "name", "eth0", "netns", g.netns)
+	run(t, "ip", "-n", n.host, "link", "set", g.Tap, "master", n.bridge, "up")
+	run(t, "ip", "-n", g.netns, "link", "set", "lo", "up")
+	run(t, "ip", "-n", g.netns, "link", "set", "eth0", "address", g.MAC)
+	run(t, "ip", "-n", g.netns, "addr", "add", ip+"/16", "dev", "eth0")
+	run(t, "ip", "-n", g.netns, "link", "set", "eth0", "up")
+	run(t, "ip", "-n", g.netns, "route", "add", "default", "via", n.gateway.String())
+	if err := b.Ensure(g.Guest); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// inNetNS runs fn on a thread in network namespace ns; sockets fn opens
+// stay there. The thread is never unlocked, so Go discards it afterwards
+// instead of reusing it in the wrong namespace.
+func inNetNS(ns string, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		f, err := os.Open("/var/run/netns/" + ns)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("setns %s: %w", ns, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// serveTCP listens on addr in ns and answers every connection with "hi".
+func serveTCP(t *testing.T, ns, addr string) {
+	t.Helper()
+	var ln net.Listener
+	if err := inNetNS(ns, func() (err error) { ln, err = net.Listen("tcp", addr); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("hi"))
+			_ = c.Close()
+		}
+	}()
+}
+
+// dialTCP connects from ns to addr and reads the greeting.
+func dialTCP(ns, addr string, timeout time.Duration) error {
+	return inNetNS(ns, func() error {
+		c, err := net.DialTimeout("tcp", addr, timeout)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(timeout))
+		buf := make([]byte, 2)
+		if _, err := c.Read(buf); err != nil {
+			return err
+		}
+		if string(buf) != "hi" {
+			return fmt.Errorf("greeting %q", buf)
+		}
+		return nil
+	})
+}
+
+func mustReach(t *testing.T, from *testGuest, addr string) {
+	t.Helper()
+	testenv.Eventually(t, waitTimeout, from.Tap+" reaching "+addr, func() (bool, string) {
+		err := dialTCP(from.netns, addr, time.Second)
+		return err == nil, fmt.Sprint(err)
+	})
+}
+
+func mustNotReach(t *testing.T, ns, what, addr string) {
+	t.Helper()
+	if err := dialTCP(ns, addr, blockedWindow); err == nil {
+		t.Fatalf("%s connected to %s", what, addr)
+	}
+}
+
+// udpReceiver listens on addr in ns and hands over what it receives.
+func udpReceiver(t *testing.T, ns, addr string) <-chan string {
+	t.Helper()
+	var conn *net.UDPConn
+	if err := inNetNS(ns, func() error {
+		c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
+		conn = c
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	got := make(chan string, 1024)
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := conn.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				close(got)
+				return
+			}
+			got <- from.Addr().String() + " " + string(buf[:n])
+		}
+	}()
+	return got
+}
+
+// sendUDP sends payload from (address, port 0 if unset) in ns to addr.
+func sendUDP(ns, from, to, payload string) error {
+	return inNetNS(ns, func() error {
+		laddr := &net.UDPAddr{IP: net.ParseIP(from)}
+		c, err := net.DialUDP("udp", laddr, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(to)))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte(payload))
+		return err
+	})
+}
+
+// untilMarker reads got until a datagram with marker arrives and returns
+// what came before it.
+func untilMarker(t *testing.T, got <-chan string, marker string) []string {
+	t.Helper()
+	var before []string
+	timeout := time.After(waitTimeout)
+	for {
+		select {
+		case m, ok := <-got:
+			if !ok {
+				t.Fatal("receiver closed")
+			}
+			if strings.HasSuffix(m, " "+marker) {
+				return before
+			}
+			before = append(before, m)
+		case <-timeout:
+			t.Fatalf("marker %q never arrived (got %v)", marker, before)
+		}
+	}
+}
+
+func TestBaselineDropsSpoofedFrames(t *testing.T) {
+	n := newTestNet(t, "node-1")
+	// One namespace: what is dropped here is dropped for spoofing, not for
+	// isolation.
+	attacker := n.guest(t, n.baseline, "node-1", "team-a", "attacker", "10.88.1.2")
+	victim := n.guest(t, n.baseline, "node-1", "team-a", "victim", "10.88.1.3")
+	receiver := n.guest(t, n.baseline, "node-1", "team-a", "receiver", "10.88.1.4")
+	receiverMAC := receiver.MAC
+	serveTCP(t, receiver.netns, "10.88.1.4:7000")
+	mustReach(t, victim, "10.88.1.4:7000")
+	mustReach(t, attacker, "10.88.1.4:7000")
+
+	got := udpReceiver(t, receiver.netns, "10.88.1.4:7001")
+	// A static neighbour: the attacker's datagrams do not wait for an ARP
+	// answer, so a drop shows the IP check, not a failed resolution.
+	run(t, "ip", "-n", attacker.netns, "neigh", "replace", "10.88.1.4", "lladdr", receiverMAC, "dev", "eth0", "nud", "permanent")
+
+	t.Run("another guest's IP", func(t *testing.T) {
+		run(t, "ip", "-n", attacker.netns, "addr", "add", "10.88.1.3/32", "dev", "eth0")
+		defer run(t, "ip", "-n", attacker.netns, "addr", "del", "10.88.1.3/32", "dev", "eth0")
+		for i := range 20 {
+			if err := sendUDP(attacker.netns, "10.88.1.3", "10.88.1.4:7001", fmt.Sprint("spoof-ip-", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Same sender, same path: the marker arrives after anything sent
+		// before it that was let through.
+		if err := sendUDP(attacker.netns, "10.88.1.2", "10.88.1.4:7001", "marker-ip"); err != nil {
+			t.Fatal(err)
+		}
+		if before := untilMarker(t, got, "marker-ip"); len(before) > 0 {
+			t.Fatalf("the receiver got datagrams with a spoofed source address: %v", before)
+		}
+	})
+
+	t.Run("another guest's MAC", func(t *testing.T) {
+		run(t, "ip", "-n", attacker.netns, "link", "set", "eth0", "address", victim.MAC)
+		for i := range 20 {
+			if err := sendUDP(attacker.netns, "10.88.1.2", "10.88.1.4:7001", fmt.Sprint("spoof-mac-", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		run(t, "ip", "-n", attacker.netns, "link", "set", "eth0", "address", attacker.MAC)
+		if err := sendUDP(attacker.netns, "10.88.1.2", "10.88.1.4:7001", "marker-mac"); err != nil {
+			t.Fatal(err)
+		}
+		if before := untilMarker(t, got, "marker-mac"); len(before) > 0 {
+			t.Fatalf("the receiver got datagrams sent with another guest's MAC: %v", before)
+		}
+	})
+
+	t.Run("ARP for another guest's IP", func(t *testing.T) {
+		// The victim is silent, the attacker holds its address: only the
+		// attacker can answer the receiver's ARP request.
+		run(t, "ip", "-n", victim.netns, "link", "set", "eth0", "down")
+		run(t, "ip", "-n", attacker.netns, "addr", "add", "10.88.1.3/32", "dev", "eth0")
+		run(t, "ip", "-n", receiver.netns, "neigh", "flush", "dev", "eth0")
+		_ = dialTCP(receiver.netns, "10.88.1.3:7000", blockedWindow)
+		var entry string
+		testenv.Eventually(t, waitTimeout, "the receiver's ARP resolution of 10.88.1.3 to finish", func() (bool, string) {
+			out, _ := exec.Command("ip", "-n", receiver.netns, "neigh", "show", "10.88.1.3", "dev", "eth0").CombinedOutput()
+			entry = strings.TrimSpace(string(out))
+			return !strings.Contains(entry, "INCOMPLETE"), entry
+		})
+		if strings.Contains(entry, attacker.MAC) {
+			t.Fatalf("the attacker's ARP answer for the victim's address got through: %s", entry)
+		}
+		run(t, "ip", "-n", attacker.netns, "addr", "del", "10.88.1.3/32", "dev", "eth0")
+		run(t, "ip", "-n", victim.netns, "link", "set", "eth0", "up")
+	})
+
+	// The victim was never hurt by any of it.
+	mustReach(t, victim, "10.88.1.4:7000")
+}
+
+func TestBaselineIsolatesNamespaces(t *testing.T) {
+	n := newTestNet(t, "node-1")
+	a1 := n.guest(t, n.baseline, "node-1", "team-a", "one", "10.88.1.2")
+	a2 := n.guest(t, n.baseline, "node-1", "team-a", "two", "10.88.1.3")
+	b1 := n.guest(t, n.baseline, "node-1", "team-b", "one", "10.88.1.4")
+	b2 := n.guest(t, n.baseline, "node-1", "team-b", "two", "10.88.1.5")
+	for _, g := range []*testGuest{a1, b1} {
+		serveTCP(t, g.netns, g.IP.String()+":7000")
+	}
+	mustReach(t, a2, "10.88.1.2:7000")
+	mustReach(t, b2, "10.88.1.4:7000")
+	mustNotReach(t, b1.netns, "a guest of team-b", "10.88.1.2:7000")
+	mustNotReach(t, a1.netns, "a guest of team-a", "10.88.1.4:7000")
+
+	// Nor through the host: the guest routes the other's address via the
+	// gateway, and the node forwards IP (as Kubernetes nodes do).
+	run(t, "ip", "netns", "exec", n.host, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	run(t, "ip", "-n", b1.netns, "route", "add", "10.88.1.2/32", "via", n.gateway.String())
+	got := udpReceiver(t, a1.netns, "10.88.1.2:7001")
+	if err := sendUDP(a2.netns, "", "10.88.1.2:7001", "same-namespace"); err != nil {
+		t.Fatal(err)
+	}
+	if m := <-got; !strings.HasSuffix(m, "same-namespace") {
+		t.Fatalf("a1 received %q", m)
+	}
+	for i := range 10 {
+		if err := sendUDP(b1.netns, "", "10.88.1.2:7001", fmt.Sprint("routed-", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case m := <-got:
+		t.Fatalf("a guest of team-b reached team-a through the host: %q", m)
+	case <-time.After(blockedWindow):
+	}
+}
+
+func TestBaselineKeepsGuestsOffTheNode(t *testing.T) {
+	n := newTestNet(t, "node-1")
+	g := n.guest(t, n.baseline, "node-1", "team-a", "one", "10.88.1.2")
+	peer := n.guest(t, n.baseline, "node-1", "team-a", "two", "10.88.1.3")
+	// The node's other address (its InternalIP) on another interface.
+	run(t, "ip", "-n", n.host, "link", "add", "node0", "type", "veth", "peer", "name", "node0p")
+	run(t, "ip", "-n", n.host, "addr", "add", "192.168.77.1/24", "dev", "node0")
+	run(t, "ip", "-n", n.host, "link", "set", "node0", "up")
+	run(t, "ip", "-n", n.host, "link", "set", "node0p", "up")
+	services := []string{
+		n.gateway.String() + ":10250", // console port, say
+		n.gateway.String() + ":10251", // migration port
+		"192.168.77.1:6443",           // the API server on the node address
+	}
+	for _, s := range services {
+		serveTCP(t, n.host, s)
+		if err := dialTCP(n.host, s, waitTimeout); err != nil {
+			t.Fatalf("the node itself cannot reach %s: %v", s, err)
+		}
+	}
+	// The guest is on the network: it reaches its neighbour, and the node
+	// reaches the guest (the replies come back).
+	serveTCP(t, peer.netns, "10.88.1.3:7000")
+	mustReach(t, g, "10.88.1.3:7000")
+	serveTCP(t, g.netns, "10.88.1.2:8080")
+	testenv.Eventually(t, waitTimeout, "the node reaching the guest", func() (bool, string) {
+		err := dialTCP(n.host, "10.88.1.2:8080", time.Second)
+		return err == nil, fmt.Sprint(err)
+	})
+	for _, s := range services {
+		err := dialTCP(g.netns, s, waitTimeout)
+		if err == nil {
+			t.Errorf("the guest connected to the node's %s", s)
+			continue
+		}
+		// Refused by the baseline at once, not left to time out.
+		if !errors.Is(err, unix.EHOSTUNREACH) && !errors.Is(err, unix.ECONNREFUSED) {
+			t.Errorf("the guest's connection to %s failed with %v, want the baseline's refusal", s, err)
+		}
+	}
+}
+
+func TestBaselineRemovesOnlyItsOwn(t *testing.T) {
+	n := newTestNet(t, "node-1")
+	node2 := n.agent(t)
+	// Two agents registering many taps at once on one bridge.
+	var wg sync.WaitGroup
+	var mine, theirs []Guest
+	for i := range 8 {
+		for _, a := range []struct {
+			node string
+			b    *Baseline
+			list *[]Guest
+		}{{"node-1", n.baseline, &mine}, {"node-2", node2, &theirs}} {
+			ns := []string{"team-a", "team-b"}[i%2]
+			id := fmt.Sprintf("%s_m%d", ns, i)
+			g := Guest{Tap: TapName(a.node, id), Namespace: ns, MAC: MAC(id), IP: netip.MustParseAddr(fmt.Sprintf("10.88.%s.%d", a.node[len(a.node)-1:], 10+i))}
+			*a.list = append(*a.list, g)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := a.b.Ensure(g); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	listing := func() string {
+		out, err := n.baseline.output("list", "table", "bridge", BaselineTable)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	all := listing()
+	for _, g := range append(append([]Guest{}, mine...), theirs...) {
+		for _, want := range []string{"chain g_" + g.Tap + " {", "chain f_" + g.Tap + " {", "chain p_" + g.Tap + " {", "\"" + g.Tap + "\" : goto g_" + g.Tap} {
+			if !strings.Contains(all, want) {
+				t.Errorf("after concurrent Ensure, the ruleset lacks %q", want)
+			}
+		}
+	}
+
+	// node-1's agent restarts: it finds its taps and can remove them.
+	restarted := n.agent(t)
+	for _, g := range mine {
+		if err := restarted.Remove(g.Tap, g.Namespace); err != nil {
+			t.Fatal(err)
+		}
+	}
+	left := listing()
+	for _, g := range mine {
+		if strings.Contains(left, g.Tap) {
+			t.Errorf("removed tap %s is still in the ruleset:\n%s", g.Tap, left)
+		}
+	}
+	for _, g := range theirs {
+		if !strings.Contains(left, "chain g_"+g.Tap+" {") || !strings.Contains(left, "\""+g.Tap+"\" : goto f_"+g.Tap) {
+			t.Errorf("node-2's tap %s lost its baseline when node-1 removed its own", g.Tap)
+		}
+	}
+	for _, set := range []string{"set ns_team-a {", "set ns_team-b {"} {
+		if !strings.Contains(left, set) {
+			t.Errorf("%s is gone while node-2 has guests in it", set)
+		}
+	}
+
+	// The last guests of a namespace take its set with them.
+	for _, g := range theirs {
+		if g.Namespace == "team-b" {
+			if err := node2.Remove(g.Tap, g.Namespace); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if left := listing(); strings.Contains(left, "ns_team-b") || !strings.Contains(left, "set ns_team-a {") {
+		t.Errorf("after team-b's last guest left:\n%s", left)
+	}
+	// Removing twice, or what was never there, is quiet.
+	if err := node2.Remove(theirs[1].Tap, theirs[1].Namespace); err != nil {
+		t.Fatal(err)
+	}
+	if err := node2.Remove(TapName("node-2", "team-c_x"), "team-c"); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := RemoveBaseline(n.host); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := n.baseline.output("list", "tables"); strings.Contains(out, BaselineTable) {
+		t.Errorf("tables left after RemoveBaseline: %s", out)
+	}
+	if err := RemoveBaseline(n.host); err != nil {
+		t.Fatalf("RemoveBaseline twice: %v", err)
+	}
+}
+
+func TestBaselineDropsUnregisteredTaps(t *testing.T) {
+	n := newTestNet(t, "node-1")
+	g := n.guest(t, n.baseline, "node-1", "team-a", "one", "10.88.1.2")
+	peer := n.guest(t, n.baseline, "node-1", "team-a", "two", "10.88.1.3")
+	serveTCP(t, peer.netns, "10.88.1.3:7000")
+	mustReach(t, g, "10.88.1.3:7000")
+	if err := n.baseline.Remove(g.Tap, g.Namespace); err != nil {
+		t.Fatal(err)
+	}
+	// A tap without a baseline (removed, or not yet set up) sends nothing.
+	mustNotReach(t, g.netns, "a guest whose baseline was removed", "10.88.1.3:7000")
+}
