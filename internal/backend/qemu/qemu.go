@@ -307,10 +307,10 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 		}
 	}
 	ls := launchSpec{
-		jail: jail,
 		dir: dir, name: spec.Name, accel: b.accel, cpu: spec.CPU, memMiB: spec.MemoryMiB,
 		kernel: spec.Kernel, initrd: spec.Initrd, net: spec.Network, incoming: stream,
 		cmdline: b.cmdline(b.accel, hostnameFor(spec.Name), spec.Network, spec.KernelArgs),
+		jail:    jail,
 	}
 	m.StartedAt = time.Now()
 	if p, err = b.launch(ls); err != nil {

@@ -1,0 +1,357 @@
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/zyvor/kairon/internal/backend"
+)
+
+// TestJailedVMs looks at two running VMs from the host the way an attacker
+// who took over their QEMU would find themselves: which uid, which
+// privileges, which files, which limits. Then a new Backend adopts one and
+// finds its jail as it was, and stopping them leaves nothing of the jails.
+func TestJailedVMs(t *testing.T) {
+	b := newTestBackend(t, Options{Log: testLogger(t)})
+	if b.jail == nil {
+		t.Fatal("the jail is not the default")
+	}
+	ctx := context.Background()
+	specs := []backend.Spec{
+		{ID: "ns1_a", Name: "ns1/a", CPU: 1, MemoryMiB: 160},
+		{ID: "ns2_b", Name: "ns2/b", CPU: 2, MemoryMiB: 192},
+	}
+	pids := map[string]int{}
+	for _, s := range specs {
+		inst, err := b.Start(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids[s.ID] = inst.PID
+	}
+	for _, s := range specs {
+		if inst := waitPhase(t, b, s.ID, backend.Running, bootTimeout); inst.PID != pids[s.ID] {
+			t.Fatalf("%s: pid %d, then %d", s.ID, pids[s.ID], inst.PID)
+		}
+	}
+
+	recs := map[string]jailRecord{}
+	for _, s := range specs {
+		rec := checkJailed(t, b, s, pids[s.ID])
+		recs[s.ID] = rec
+	}
+	if recs["ns1_a"].UID == recs["ns2_b"].UID {
+		t.Errorf("two VMs share uid %d", recs["ns1_a"].UID)
+	}
+
+	// The agent restarts: a new Backend over the same directory.
+	b2, err := New(Options{StateDir: b.opts.StateDir, GuestDir: b.opts.GuestDir, Acceleration: b.accel, Log: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := b2.Get(ctx, "ns1_a")
+	if err != nil || inst.PID != pids["ns1_a"] || inst.Phase != backend.Running {
+		t.Fatalf("adopted VM: %+v, %v; want pid %d Running", inst, err, pids["ns1_a"])
+	}
+	if again := checkJailed(t, b2, specs[0], inst.PID); !slices.Equal(again.Cgroups, recs["ns1_a"].Cgroups) || again.UID != recs["ns1_a"].UID {
+		t.Errorf("the adopted VM's jail changed: %+v, was %+v", again, recs["ns1_a"])
+	}
+
+	// Stopped by the Backend that adopted it, and by the one that started it.
+	for i, s := range specs {
+		by := []*Backend{b2, b}[i]
+		if err := by.Stop(ctx, s.ID); err != nil {
+			t.Fatal(err)
+		}
+		rec := recs[s.ID]
+		if err := syscall.Kill(pids[s.ID], 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("%s: qemu %d still exists after Stop (kill 0: %v)", s.ID, pids[s.ID], err)
+		}
+		for _, cg := range rec.Cgroups {
+			if _, err := os.Stat(cg); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%s: cgroup %s left after Stop: %v", s.ID, cg, err)
+			}
+		}
+		if owner, err := os.ReadFile(filepath.Join(b.jail.registry, strconv.FormatUint(uint64(rec.UID), 10))); err == nil && string(owner) == b.dir(s.ID) {
+			t.Errorf("%s: uid %d still claimed after Stop", s.ID, rec.UID)
+		}
+	}
+}
+
+// checkJailed checks what the jail of the running VM s (process pid) must
+// hold, and returns its record.
+func checkJailed(t *testing.T, b *Backend, s backend.Spec, pid int) jailRecord {
+	t.Helper()
+	dir := b.dir(s.ID)
+	var rec jailRecord
+	if err := readJSON(filepath.Join(dir, jailFile), &rec); err != nil {
+		t.Fatalf("%s: %v", s.ID, err)
+	}
+	if rec.UID < b.jail.uidBase || rec.UID >= b.jail.uidBase+b.jail.uidCount || rec.GID != rec.UID {
+		t.Errorf("%s: uid %d gid %d, want one id from [%d, %d)", s.ID, rec.UID, rec.GID, b.jail.uidBase, b.jail.uidBase+b.jail.uidCount)
+	}
+
+	status := procStatus(t, pid)
+	want := strconv.FormatUint(uint64(rec.UID), 10)
+	for _, k := range []string{"Uid", "Gid"} {
+		for _, v := range strings.Fields(status[k]) {
+			if v != want {
+				t.Errorf("%s: %s: %q, want %s everywhere (real, effective, saved, fs)", s.ID, k, status[k], want)
+				break
+			}
+		}
+	}
+	if g := strings.Fields(status["Groups"]); len(g) > len(rec.Groups) {
+		t.Errorf("%s: supplementary groups %v, want at most %v", s.ID, g, rec.Groups)
+	}
+	if status["Seccomp"] != "2" || status["NoNewPrivs"] != "1" {
+		t.Errorf("%s: Seccomp %q NoNewPrivs %q, want 2 and 1", s.ID, status["Seccomp"], status["NoNewPrivs"])
+	}
+	// Nothing but CAP_SYS_CHROOT, which QEMU used for its own chroot.
+	for _, k := range []string{"CapEff", "CapPrm"} {
+		if status[k] != fmt.Sprintf("%016x", 1<<capSysChroot) {
+			t.Errorf("%s: %s %s, want CAP_SYS_CHROOT alone", s.ID, k, status[k])
+		}
+	}
+
+	if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid)); err != nil || len(env) != 0 {
+		t.Errorf("%s: environment %q (%v), want empty", s.ID, env, err)
+	}
+
+	// The files it sees: an empty directory, owned by root, not writable.
+	jailRoot := filepath.Join(dir, jailRootDir)
+	for _, l := range []string{"root", "cwd"} {
+		if got, err := os.Readlink(fmt.Sprintf("/proc/%d/%s", pid, l)); err != nil || got != jailRoot {
+			t.Errorf("%s: /proc/%d/%s -> %q (%v), want %s", s.ID, pid, l, got, err, jailRoot)
+		}
+	}
+	seen := fmt.Sprintf("/proc/%d/root", pid)
+	for _, host := range []string{"/etc/passwd", "/proc/self", "/dev/kvm", dir, b.opts.StateDir, "/usr/bin"} {
+		if _, err := os.Lstat(filepath.Join(seen, host)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: the host's %s is visible in the jail (%v)", s.ID, host, err)
+		}
+	}
+	if ents, err := os.ReadDir(seen); err != nil || len(ents) != 0 {
+		t.Errorf("%s: the jail holds %v (%v), want nothing", s.ID, ents, err)
+	}
+	if fi, err := os.Stat(jailRoot); err != nil || fi.Mode().Perm()&0o222 != 0 || fi.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Errorf("%s: jail root %v (%v), want root's and not writable", s.ID, fi.Mode(), err)
+	}
+	// Other VMs' uids cannot enter its state directory.
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 || fi.Sys().(*syscall.Stat_t).Uid != rec.UID {
+		t.Errorf("%s: state directory %v (%v), want 0700 owned by %d", s.ID, fi.Mode(), err, rec.UID)
+	}
+	// No network of its own: only the tap it was handed, if any.
+	if ns, mine := nsOf(t, pid, "net"), nsOf(t, os.Getpid(), "net"); ns == mine {
+		t.Errorf("%s: qemu shares the agent's network namespace %s", s.ID, ns)
+	}
+
+	// Its cgroups hold it and cap it.
+	memMax := (s.MemoryMiB + b.jail.overheadMiB) << 20
+	if len(rec.Cgroups) == 0 {
+		t.Fatalf("%s: no cgroup recorded", s.ID)
+	}
+	for _, cg := range rec.Cgroups {
+		procs, err := cgroupProcs(cg)
+		if err != nil || !slices.Contains(procs, pid) {
+			t.Errorf("%s: cgroup %s holds %v (%v), want qemu %d", s.ID, cg, procs, err, pid)
+		}
+	}
+	limits := map[string]string{}
+	if b.jail.cgroups.v2 {
+		limits["memory.max"] = strconv.FormatInt(memMax, 10)
+		limits["pids.max"] = strconv.Itoa(cgroupPids)
+		limits["cpu.max"] = fmt.Sprintf("%d %d", (int64(s.CPU)*1000+500)*cpuPeriodUS/1000, cpuPeriodUS)
+	} else {
+		limits["memory.limit_in_bytes"] = strconv.FormatInt(memMax, 10)
+		limits["pids.max"] = strconv.Itoa(cgroupPids)
+		limits["cpu.cfs_quota_us"] = strconv.FormatInt((int64(s.CPU)*1000+500)*cpuPeriodUS/1000, 10)
+	}
+	for file, want := range limits {
+		found := false
+		for _, cg := range rec.Cgroups {
+			if got, err := os.ReadFile(filepath.Join(cg, file)); err == nil {
+				found = true
+				if strings.TrimSpace(string(got)) != want {
+					t.Errorf("%s: %s/%s = %q, want %s", s.ID, cg, file, strings.TrimSpace(string(got)), want)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s: no %s in its cgroups %v", s.ID, file, rec.Cgroups)
+		}
+	}
+	// What it uses is counted there: the guest's memory it touched at least.
+	usage := "memory.usage_in_bytes"
+	if b.jail.cgroups.v2 {
+		usage = "memory.current"
+	}
+	for _, cg := range rec.Cgroups {
+		if got, err := os.ReadFile(filepath.Join(cg, usage)); err == nil {
+			n, _ := strconv.ParseInt(strings.TrimSpace(string(got)), 10, 64)
+			if n < 16<<20 || n > memMax {
+				t.Errorf("%s: %s = %d, want QEMU's memory (more than 16 MiB, at most %d)", s.ID, usage, n, memMax)
+			}
+		}
+	}
+	t.Logf("%s: qemu %d uid %s gid %s groups %q Seccomp %s NoNewPrivs %s CapEff %s; cgroups %v", s.ID, pid,
+		status["Uid"], status["Gid"], status["Groups"], status["Seccomp"], status["NoNewPrivs"], status["CapEff"], rec.Cgroups)
+	return rec
+}
+
+func procStatus(t *testing.T, pid int) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			out[k] = strings.TrimSpace(v)
+		}
+	}
+	return out
+}
+
+func nsOf(t *testing.T, pid int, ns string) string {
+	t.Helper()
+	l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// The uid registry: distinct uids, a stale claim taken over, a live one
+// kept, exhaustion reported.
+func TestClaimUID(t *testing.T) {
+	j := &jailConfig{uidBase: 3000000, uidCount: 2, registry: t.TempDir()}
+	root := t.TempDir()
+	vm := func(name string) string {
+		d := filepath.Join(root, name)
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	record := func(dir string, uid uint32) {
+		if err := writeJSON(filepath.Join(dir, jailFile), jailRecord{UID: uid, GID: uid}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, bb, c := vm("a"), vm("b"), vm("c")
+	ua, err := j.claimUID(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	record(a, ua)
+	ub, err := j.claimUID(bb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	record(bb, ub)
+	if ua == ub || ua < j.uidBase || ub < j.uidBase || ua >= j.uidBase+2 || ub >= j.uidBase+2 {
+		t.Fatalf("uids %d and %d, want the two distinct uids of the range", ua, ub)
+	}
+	if _, err := j.claimUID(c); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Fatalf("a third claim from a range of two: %v, want an error", err)
+	}
+	// b's agent died mid-stop: its directory is gone, its claim is stale.
+	if err := os.RemoveAll(bb); err != nil {
+		t.Fatal(err)
+	}
+	uc, err := j.claimUID(c)
+	if err != nil || uc != ub {
+		t.Fatalf("claim after b's directory went: %d, %v; want b's stale uid %d", uc, err, ub)
+	}
+	record(c, uc)
+	// Releasing in another VM's name does nothing.
+	j.releaseUID(ua, c)
+	if owner, _ := os.ReadFile(filepath.Join(j.registry, strconv.FormatUint(uint64(ua), 10))); string(owner) != a {
+		t.Errorf("uid %d now claimed by %q, want %q", ua, owner, a)
+	}
+	j.releaseUID(ua, a)
+	if _, err := os.Stat(filepath.Join(j.registry, strconv.FormatUint(uint64(ua), 10))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("released uid still claimed: %v", err)
+	}
+}
+
+func TestKVMGroupFor(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name  string
+		mode  os.FileMode
+		gid   int
+		group uint32
+		err   string
+	}{
+		{"root only", 0o600, 0, 0, "cannot open it"},
+		{"group root", 0o660, 0, 0, "cannot open it"},
+		{"group kvm", 0o660, 993, 993, ""},
+		{"group read only", 0o640, 993, 0, "cannot open it"},
+		{"everyone", 0o666, 0, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-"))
+			if err := os.WriteFile(p, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(p, 0, tc.gid); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(p, tc.mode); err != nil {
+				t.Fatal(err)
+			}
+			g, err := kvmGroupFor(p)
+			if g != tc.group || (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("kvmGroupFor: %d, %v; want %d, %q", g, err, tc.group, tc.err)
+			}
+		})
+	}
+}
+
+func TestOthersCanReach(t *testing.T) {
+	// Not t.TempDir: its parent is 0700.
+	dir, err := os.MkdirTemp("", "kairon-reach-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(dir, "sub", "vmlinux")
+	if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := othersCanReach(f, false); err != nil {
+		t.Fatalf("a world-readable file: %v", err)
+	}
+	if err := os.Chmod(f, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := othersCanReach(f, false); err == nil {
+		t.Error("a file others cannot read: no error")
+	}
+	if err := os.Chmod(f, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Dir(f), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := othersCanReach(f, false); err == nil || !strings.Contains(err.Error(), "cannot reach") {
+		t.Errorf("a file behind a directory others cannot search: %v", err)
+	}
+}
