@@ -11,6 +11,8 @@
 //	config.json                   the API server and etcd ports
 //	kubeconfig                    admin kubeconfig, certificates embedded
 //	controller-manager.kubeconfig
+//	kairon-controller.kubeconfig  kairon-controller's own identity
+//	node-<name>.kubeconfig        each node agent's own identity (NodeKubeconfig)
 //	pki/                          CA, serving and client certificates, SA keys
 //	etcd/                         etcd's data
 //	logs/<process>.log            each child's output, appended per run
@@ -34,6 +36,7 @@ import (
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -53,7 +56,9 @@ const ServiceClusterIPRange = "10.96.0.0/24"
 
 // KCMControllers are the kube-controller-manager controllers Kairon relies
 // on: ownerReference garbage collection, namespace deletion, autoscaling of
-// scalable resources (MachinePools), and service-account tokens. Everything
+// scalable resources (MachinePools), service-account tokens, and the type
+// check of ValidatingAdmissionPolicies (their status shows a CEL expression
+// that does not fit the schema it checks). Everything
 // else (node lifecycle, pods, volumes, ...) would act on objects that a
 // micro-VM orchestrator without kubelets never has.
 var KCMControllers = []string{
@@ -62,6 +67,7 @@ var KCMControllers = []string{
 	"horizontal-pod-autoscaler-controller",
 	"serviceaccount-controller",
 	"serviceaccount-token-controller",
+	"validatingadmissionpolicy-status-controller",
 }
 
 // Options configures Start. DataDir and BinDir are required.
@@ -85,6 +91,13 @@ type Options struct {
 	// created or updated, and Start waits until all are Established and
 	// served. nil installs none.
 	CRDs fs.FS
+	// KaironAccess installs the RBAC roles of Kairon's components, bound to
+	// their certificates (ControllerKubeconfig, NodeKubeconfig), and the
+	// ValidatingAdmissionPolicies that confine node agents to their own
+	// node and keep Machine placement with the scheduler: the same rules
+	// and policies the Helm chart installs (config/rbac, config/admission).
+	// Without it only the admin kubeconfig is of use.
+	KaironAccess bool
 	// EtcdUnsafeNoFsync makes etcd skip fsync: much faster on slow disks,
 	// but a machine crash can corrupt the data. For throwaway test data.
 	EtcdUnsafeNoFsync bool
@@ -227,6 +240,12 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 			return nil, err
 		}
 	}
+	if opts.KaironAccess {
+		log.Info("installing Kairon's RBAC roles and admission policies")
+		if err := cp.whileAllRun(ctx, func(ctx context.Context) error { return installAccess(ctx, cp.restCfg) }); err != nil {
+			return nil, err
+		}
+	}
 	log.Info("control plane ready", "kubeconfig", cp.KubeconfigPath())
 	return cp, nil
 }
@@ -236,6 +255,30 @@ func (cp *ControlPlane) RESTConfig() *rest.Config { return rest.CopyConfig(cp.re
 
 // KubeconfigPath is the admin kubeconfig in the data dir, for kubectl.
 func (cp *ControlPlane) KubeconfigPath() string { return filepath.Join(cp.dataDir, "kubeconfig") }
+
+// ControllerKubeconfig is kairon-controller's kubeconfig in the data dir:
+// user ControllerUser in group ControllersGroup, which Options.KaironAccess
+// binds to the controller's ClusterRole.
+func (cp *ControlPlane) ControllerKubeconfig() string {
+	return filepath.Join(cp.dataDir, "kairon-controller.kubeconfig")
+}
+
+// NodeKubeconfig issues (or keeps, while still good) the client certificate
+// of node agent nodeName, user NodeUserPrefix+nodeName in group NodesGroup,
+// and writes its kubeconfig into the data dir; it returns the file's path.
+// With Options.KaironAccess that identity may write only its own Node, the
+// Machines on it and the migrations it takes part in.
+func (cp *ControlPlane) NodeKubeconfig(nodeName string) (string, error) {
+	if errs := validation.IsDNS1123Subdomain(nodeName); len(errs) > 0 {
+		return "", fmt.Errorf("node name %q: %s", nodeName, errs[0])
+	}
+	kp, err := ensureLeaf(cp.pki.dir, cp.pki.ca, nodeLeafSpec(nodeName))
+	if err != nil {
+		return "", fmt.Errorf("client certificate of node %s: %w", nodeName, err)
+	}
+	file := filepath.Join(cp.dataDir, "node-"+nodeName+".kubeconfig")
+	return file, cp.writeKubeconfig(file, NodeUserPrefix+nodeName, kp)
+}
 
 // DataDir is the absolute data dir.
 func (cp *ControlPlane) DataDir() string { return cp.dataDir }
@@ -427,6 +470,10 @@ func (cp *ControlPlane) apiServerArgs() []string {
 		"--etcd-certfile=" + p("apiserver-etcd-client.crt"),
 		"--etcd-keyfile=" + p("apiserver-etcd-client.key"),
 		"--authorization-mode=RBAC",
+		// Whom the node proxy presents itself as to node agents: a user
+		// allowed to read consoles (ConsoleReaderClusterRole), no admin.
+		"--kubelet-client-certificate=" + p("apiserver-kubelet-client.crt"),
+		"--kubelet-client-key=" + p("apiserver-kubelet-client.key"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file=" + p("sa.pub"),
 		"--service-account-signing-key-file=" + p("sa.key"),
@@ -490,22 +537,30 @@ func (cp *ControlPlane) writeKubeconfigs() error {
 	}{
 		{cp.KubeconfigPath(), "kairon-admin", cp.pki.admin},
 		{filepath.Join(cp.dataDir, "controller-manager.kubeconfig"), "kube-controller-manager", cp.pki.kcm},
+		{cp.ControllerKubeconfig(), ControllerUser, cp.pki.controller},
 	} {
-		cfg := clientcmdapi.NewConfig()
-		cfg.Clusters["kairon-local"] = &clientcmdapi.Cluster{
-			Server:                   cp.restCfg.Host,
-			CertificateAuthorityData: cp.pki.ca.certPEM,
-		}
-		cfg.AuthInfos[k.user] = &clientcmdapi.AuthInfo{ClientCertificateData: k.kp.certPEM, ClientKeyData: k.kp.keyPEM}
-		cfg.Contexts["kairon-local"] = &clientcmdapi.Context{Cluster: "kairon-local", AuthInfo: k.user}
-		cfg.CurrentContext = "kairon-local"
-		data, err := clientcmd.Write(*cfg)
-		if err != nil {
+		if err := cp.writeKubeconfig(k.file, k.user, k.kp); err != nil {
 			return err
 		}
-		if err := writeFileAtomic(k.file, data, 0o600); err != nil {
-			return fmt.Errorf("writing kubeconfig: %w", err)
-		}
+	}
+	return nil
+}
+
+func (cp *ControlPlane) writeKubeconfig(file, user string, kp *keyPair) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["kairon-local"] = &clientcmdapi.Cluster{
+		Server:                   cp.restCfg.Host,
+		CertificateAuthorityData: cp.pki.ca.certPEM,
+	}
+	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificateData: kp.certPEM, ClientKeyData: kp.keyPEM}
+	cfg.Contexts["kairon-local"] = &clientcmdapi.Context{Cluster: "kairon-local", AuthInfo: user}
+	cfg.CurrentContext = "kairon-local"
+	data, err := clientcmd.Write(*cfg)
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(file, data, 0o600); err != nil {
+		return fmt.Errorf("writing kubeconfig: %w", err)
 	}
 	return nil
 }

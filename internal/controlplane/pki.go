@@ -58,6 +58,10 @@ type pki struct {
 	etcdCli   *keyPair // kube-apiserver's client certificate for etcd
 	admin     *keyPair
 	kcm       *keyPair
+	// controller is kairon-controller's client certificate, kubeletClient
+	// the API server's towards node agents (its node proxy).
+	controller    *keyPair
+	kubeletClient *keyPair
 }
 
 // MigrationTLSDir is where the node agent nodeName of kairon-local finds its
@@ -108,6 +112,18 @@ func migrationLeafSpec(nodeName string) leafSpec {
 	}
 }
 
+// nodeLeafSpec is node agent nodeName's client certificate for the API
+// server: its user name carries the node name, which the node confinement
+// policy confines it to. The DNS SAN is the node name too, so that another
+// agent that checks a peer's certificate against a node (the saved-state
+// server) can tell which node it is.
+func nodeLeafSpec(nodeName string) leafSpec {
+	return leafSpec{
+		file: "node-" + nodeName, cn: NodeUserPrefix + nodeName, orgs: []string{NodesGroup},
+		dns: []string{nodeName}, usages: clientAuth,
+	}
+}
+
 func (p *pki) path(name string) string { return filepath.Join(p.dir, name) }
 
 var (
@@ -135,6 +151,8 @@ func leafSpecs() []leafSpec {
 		{file: "apiserver-etcd-client", cn: "kube-apiserver-etcd-client", usages: clientAuth},
 		{file: "admin", cn: "kairon-admin", orgs: []string{"system:masters"}, usages: clientAuth},
 		{file: "controller-manager", cn: "system:kube-controller-manager", usages: clientAuth},
+		{file: "kairon-controller", cn: ControllerUser, orgs: []string{ControllersGroup}, usages: clientAuth},
+		{file: "apiserver-kubelet-client", cn: APIServerKubeletClientUser, usages: clientAuth},
 	}
 }
 
@@ -156,6 +174,7 @@ func ensurePKI(dir string) (*pki, error) {
 	leaves := map[string]**keyPair{
 		"apiserver": &p.apiServer, "etcd": &p.etcd, "apiserver-etcd-client": &p.etcdCli,
 		"admin": &p.admin, "controller-manager": &p.kcm,
+		"kairon-controller": &p.controller, "apiserver-kubelet-client": &p.kubeletClient,
 	}
 	for _, spec := range leafSpecs() {
 		kp, err := ensureLeaf(dir, ca, spec)

@@ -1,0 +1,184 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"maps"
+	"slices"
+	"strings"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/yaml"
+
+	"github.com/zyvor/kairon/config/admission"
+	"github.com/zyvor/kairon/config/rbac"
+)
+
+// Kairon's identities in a control plane started with Options.KaironAccess.
+// Each component has its own client certificate; the admin kubeconfig
+// (system:masters) is the user's alone.
+const (
+	// ControllerUser and ControllersGroup are kairon-controller's
+	// certificate (ControllerKubeconfig).
+	ControllerUser   = "kairon:controller"
+	ControllersGroup = "kairon:controllers"
+	// NodeUserPrefix + the node name and NodesGroup are a node agent's
+	// certificate (NodeKubeconfig). The node confinement policy takes the
+	// node name from the user name.
+	NodeUserPrefix = "kairon:node:"
+	NodesGroup     = "kairon:nodes"
+	// APIServerKubeletClientUser is the API server's client certificate
+	// towards node agents (--kubelet-client-certificate), which the node
+	// proxy presents for `kaironctl logs`.
+	APIServerKubeletClientUser = "kube-apiserver-kubelet-client"
+)
+
+// Names of the RBAC and admission objects KaironAccess installs.
+const (
+	NodeClusterRole            = "kairon-node"
+	NodeRegisterClusterRole    = "kairon-node-register"
+	ControllerClusterRole      = "kairon-controller"
+	ConsoleReaderClusterRole   = "kairon-console-reader"
+	MachinePlacementPolicy     = "kairon-machine-placement"
+	nodeRulesFile              = "node-agent.yaml"
+	nodeRegisterRulesFile      = "node-agent-register.yaml"
+	controllerRulesFile        = "controller.yaml"
+	consoleReaderRulesFile     = "console-reader.yaml"
+	machinePlacementPolicyFile = "machine-placement.yaml"
+)
+
+// Policies maps the name of each ValidatingAdmissionPolicy KaironAccess
+// installs (and its binding's) to its file in config/admission.
+var Policies = map[string]string{
+	"kairon-node-confinement-nodes":      "node-confinement-nodes.yaml",
+	"kairon-node-confinement-machines":   "node-confinement-machines.yaml",
+	"kairon-node-confinement-migrations": "node-confinement-migrations.yaml",
+	MachinePlacementPolicy:               machinePlacementPolicyFile,
+}
+
+// ReadRules reads one file of config/rbac: a YAML list of PolicyRules.
+func ReadRules(file string) ([]rbacv1.PolicyRule, error) {
+	data, err := fs.ReadFile(rbac.Rules, file)
+	if err != nil {
+		return nil, err
+	}
+	var rules []rbacv1.PolicyRule
+	if err := yaml.UnmarshalStrict(data, &rules); err != nil {
+		return nil, fmt.Errorf("config/rbac/%s: %w", file, err)
+	}
+	return rules, nil
+}
+
+// ReadPolicy reads one file of config/admission: a
+// ValidatingAdmissionPolicySpec, with nodeServiceAccount (the username of
+// the node agents' ServiceAccount, or "" for none) in place of
+// admission.NodeServiceAccountPlaceholder.
+func ReadPolicy(file, nodeServiceAccount string) (*admissionregistrationv1.ValidatingAdmissionPolicySpec, error) {
+	data, err := fs.ReadFile(admission.Policies, file)
+	if err != nil {
+		return nil, err
+	}
+	text := strings.ReplaceAll(string(data), admission.NodeServiceAccountPlaceholder, nodeServiceAccount)
+	spec := &admissionregistrationv1.ValidatingAdmissionPolicySpec{}
+	if err := yaml.UnmarshalStrict([]byte(text), spec); err != nil {
+		return nil, fmt.Errorf("config/admission/%s: %w", file, err)
+	}
+	return spec, nil
+}
+
+// installAccess gives Kairon's components their RBAC roles and installs
+// the admission policies that confine them, the same rules and policies
+// the chart renders. Objects that exist are brought up to date, so a data
+// dir from an older build gets the current ones.
+func installAccess(ctx context.Context, cfg *rest.Config) error {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	roles := []struct {
+		name, file string
+		subject    rbacv1.Subject
+	}{
+		{NodeClusterRole, nodeRulesFile, rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: NodesGroup}},
+		{NodeRegisterClusterRole, nodeRegisterRulesFile, rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: NodesGroup}},
+		{ControllerClusterRole, controllerRulesFile, rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: ControllersGroup}},
+		{ConsoleReaderClusterRole, consoleReaderRulesFile, rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: APIServerKubeletClientUser}},
+	}
+	labels := map[string]string{"app.kubernetes.io/part-of": "kairon", "app.kubernetes.io/managed-by": "kairon-local"}
+	for _, r := range roles {
+		rules, err := ReadRules(r.file)
+		if err != nil {
+			return err
+		}
+		role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: r.name, Labels: labels}, Rules: rules}
+		if err := apply(ctx, cs.RbacV1().ClusterRoles(), role, func(have, want *rbacv1.ClusterRole) { have.Rules, have.Labels = want.Rules, want.Labels }); err != nil {
+			return fmt.Errorf("ClusterRole %s: %w", r.name, err)
+		}
+		binding := &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: r.name, Labels: labels},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: r.name},
+			Subjects:   []rbacv1.Subject{r.subject},
+		}
+		if err := apply(ctx, cs.RbacV1().ClusterRoleBindings(), binding, func(have, want *rbacv1.ClusterRoleBinding) { have.Subjects, have.Labels = want.Subjects, want.Labels }); err != nil {
+			return fmt.Errorf("ClusterRoleBinding %s: %w", r.name, err)
+		}
+	}
+	names := slices.Sorted(maps.Keys(Policies))
+	for _, name := range names {
+		p := struct{ name, file string }{name, Policies[name]}
+		spec, err := ReadPolicy(p.file, "")
+		if err != nil {
+			return err
+		}
+		policy := &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: p.name, Labels: labels}, Spec: *spec}
+		if err := apply(ctx, cs.AdmissionregistrationV1().ValidatingAdmissionPolicies(), policy, func(have, want *admissionregistrationv1.ValidatingAdmissionPolicy) {
+			have.Spec, have.Labels = want.Spec, want.Labels
+		}); err != nil {
+			return fmt.Errorf("ValidatingAdmissionPolicy %s: %w", p.name, err)
+		}
+		binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: p.name, Labels: labels},
+			Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+				PolicyName:        p.name,
+				ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			},
+		}
+		if err := apply(ctx, cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings(), binding, func(have, want *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
+			have.Spec, have.Labels = want.Spec, want.Labels
+		}); err != nil {
+			return fmt.Errorf("ValidatingAdmissionPolicyBinding %s: %w", p.name, err)
+		}
+	}
+	return nil
+}
+
+// clusterAPI is the part of a typed client-go client apply needs.
+type clusterAPI[T any] interface {
+	Create(context.Context, T, metav1.CreateOptions) (T, error)
+	Update(context.Context, T, metav1.UpdateOptions) (T, error)
+	Get(context.Context, string, metav1.GetOptions) (T, error)
+}
+
+// apply creates want, or copies it into the existing object with set.
+func apply[T metav1.Object](ctx context.Context, api clusterAPI[T], want T, set func(have, want T)) error {
+	_, err := api.Create(ctx, want, metav1.CreateOptions{})
+	if !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		have, err := api.Get(ctx, want.GetName(), metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		set(have, want)
+		_, err = api.Update(ctx, have, metav1.UpdateOptions{})
+		return err
+	})
+}
