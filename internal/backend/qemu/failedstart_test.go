@@ -31,8 +31,10 @@ func TestFailedStartLeavesNothingBehind(t *testing.T) {
 		before := openFDs(t)
 		injected := errors.New("injected failure")
 		pid := 0
+		var jail jailRecord
 		startFailpoint = func(id string) error {
 			pid = readPIDFile(filepath.Join(b.dir(id), pidFile))
+			_ = readJSON(filepath.Join(b.dir(id), jailFile), &jail)
 			return injected
 		}
 		t.Cleanup(func() { startFailpoint = nil })
@@ -42,7 +44,15 @@ func TestFailedStartLeavesNothingBehind(t *testing.T) {
 		if pid <= 0 {
 			t.Fatal("the failpoint found no QEMU pidfile: the start failed before launching")
 		}
+		if len(jail.Cgroups) == 0 {
+			t.Fatal("the failpoint found no jail")
+		}
 		assertNothingLeft(t, b, spec.ID, pid, before)
+		for _, cg := range jail.Cgroups {
+			if _, err := os.Stat(cg); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("cgroup %s left by the failed start: %v", cg, err)
+			}
+		}
 	})
 
 	t.Run("restore", func(t *testing.T) {
@@ -98,6 +108,14 @@ func TestFailedStartLeavesNothingBehind(t *testing.T) {
 			err := qmpDo(context.Background(), b.QMPSocket(spec.ID), func(q *qmpConn) error { var err error; st, err = q.status(); return err })
 			return err == nil && st.Status == "inmigrate", fmt.Sprintf("QMP status %q, err %v", st.Status, err)
 		})
+		// QEMU parses the incoming stream, which a hostile sender writes,
+		// only once jailed.
+		if root, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pids[0])); err != nil || root != filepath.Join(b.dir(spec.ID), jailRootDir) {
+			t.Errorf("qemu waiting for the stream has root %q (%v), want its jail", root, err)
+		}
+		if st := procStatus(t, pids[0]); st["Seccomp"] != "2" {
+			t.Errorf("qemu waiting for the stream: Seccomp %q, want 2", st["Seccomp"])
+		}
 		cancel()
 		if err := <-received; err == nil {
 			t.Fatal("a cancelled ReceiveLive succeeded")
@@ -143,6 +161,14 @@ func assertNothingLeft(t *testing.T, b *Backend, id string, pid int, fdsBefore [
 	}
 	if _, err := b.Get(context.Background(), id); !errors.Is(err, backend.ErrNotFound) {
 		t.Errorf("Get after the failed start: %v, want ErrNotFound", err)
+	}
+	if b.jail != nil {
+		claims, _ := os.ReadDir(b.jail.registry)
+		for _, c := range claims {
+			if owner, _ := os.ReadFile(filepath.Join(b.jail.registry, c.Name())); string(owner) == b.dir(id) {
+				t.Errorf("uid %s still claimed by the failed start", c.Name())
+			}
+		}
 	}
 	if after := openFDs(t); !slices.Equal(after, fdsBefore) {
 		t.Errorf("open descriptors changed:\nbefore %q\nafter  %q", fdsBefore, after)

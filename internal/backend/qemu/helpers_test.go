@@ -280,18 +280,6 @@ func (ns *testNetns) do(tb testing.TB, fn func()) {
 	}
 }
 
-// wrapper writes a script that runs qemu-system-x86_64 inside the namespace
-// (ip netns exec execs in place, so the PID stays QEMU's).
-func (ns *testNetns) wrapper(tb testing.TB, qemuPath string) string {
-	tb.Helper()
-	p := filepath.Join(tb.TempDir(), "qemu-in-netns")
-	script := fmt.Sprintf("#!/bin/sh\nexec ip netns exec %s %s \"$@\"\n", ns.name, qemuPath)
-	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	return p
-}
-
 func run(tb testing.TB, name string, args ...string) {
 	tb.Helper()
 	out, err := exec.Command(name, args...).CombinedOutput()
