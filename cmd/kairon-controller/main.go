@@ -15,7 +15,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
@@ -36,6 +35,8 @@ func run() error {
 	var (
 		interval         = flag.Duration("interval", controller.DefaultInterval, "how often every controller re-checks its objects without an event")
 		metricsAddr      = flag.String("metrics-bind-address", ":8080", `address of the Prometheus metrics endpoint; "0" turns it off`)
+		metricsSecure    = flag.Bool("metrics-secure", false, "serve the metrics over HTTPS, only to bearer tokens whose user may get the non-resource URL /metrics (TokenReview and SubjectAccessReview)")
+		metricsCertDir   = flag.String("metrics-cert-dir", "", "with -metrics-secure, directory with tls.crt and tls.key (empty: a self-signed certificate made at start)")
 		probeAddr        = flag.String("health-probe-bind-address", ":8081", `address of /healthz and /readyz; "0" turns them off`)
 		leaderElect      = flag.Bool("leader-elect", false, "run only while holding the leader lease, so several replicas can stand by")
 		leaderElectionNS = flag.String("leader-election-namespace", "kube-system", "namespace of the leader election lease when not running in a Pod")
@@ -72,7 +73,7 @@ func run() error {
 
 	mgrOpts := ctrl.Options{
 		Scheme:                  scheme,
-		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
+		Metrics:                 controller.MetricsServing{BindAddress: *metricsAddr, Secure: *metricsSecure, CertDir: *metricsCertDir}.Options(),
 		HealthProbeBindAddress:  *probeAddr,
 		LeaderElection:          *leaderElect,
 		LeaderElectionID:        "kairon-controller.kairon.zyvor.dev",
