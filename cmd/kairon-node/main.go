@@ -50,6 +50,8 @@ type flags struct {
 	interval     time.Duration
 	onShutdown   string
 	suspendLimit time.Duration
+	qemuNoJail   bool
+	cgroupParent string
 }
 
 func main() {
@@ -86,6 +88,8 @@ func run(args []string) error {
 	fs.DurationVar(&f.interval, "interval", 5*time.Second, "reconcile tick")
 	fs.StringVar(&f.onShutdown, "on-shutdown", string(node.ShutdownKeep), "what a graceful stop (SIGTERM, Ctrl-C) does to the VMs: keep (leave them running for the next agent to adopt,\nas a DaemonSet rollout wants) or suspend (save each VM's state to --state-dir and stop it; the next agent restores it)")
 	fs.DurationVar(&f.suspendLimit, "suspend-timeout", node.DefaultSuspendTimeout, "with --on-shutdown=suspend, how long saving the VMs may take; a VM not saved by then keeps running")
+	fs.BoolVar(&f.qemuNoJail, "qemu-no-jail", false, "run QEMU unconfined as the agent's own user, for an agent that is not root (development only);\nby default each VM's QEMU has its own uid, seccomp, a chroot and a cgroup (docs/guides/vm-isolation.md)")
+	fs.StringVar(&f.cgroupParent, "cgroup-parent", qemu.DefaultCgroupParent, "cgroup (relative to each hierarchy's root) under which each VM gets its own")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -154,7 +158,8 @@ func newBackend(f flags) (backend.Backend, error) {
 	dir := filepath.Join(f.stateDir, "instances")
 	switch f.backend {
 	case "qemu":
-		return qemu.New(qemu.Options{StateDir: dir, GuestDir: f.guestDir, Acceleration: f.acceleration, NetNS: f.netns})
+		return qemu.New(qemu.Options{StateDir: dir, GuestDir: f.guestDir, Acceleration: f.acceleration, NetNS: f.netns,
+			NoJail: f.qemuNoJail, CgroupParent: f.cgroupParent})
 	case "sim":
 		return sim.New(sim.Options{StateDir: dir, BootDelay: f.simBootDelay})
 	default:

@@ -85,8 +85,41 @@ func (s *cgroupSetup) enableV2() error {
 				return fmt.Errorf("qemu: cgroup %s: %w", dir, err)
 			}
 		}
-		if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+memory +pids +cpu"), 0); err != nil {
+		err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+memory +pids +cpu"), 0)
+		if errors.Is(err, syscall.EBUSY) && dir == cgroupRoot {
+			// A container's own cgroup seen as the root (cgroup namespace)
+			// holds the agent, and a v2 cgroup with processes cannot hand
+			// controllers down. The agent moves into a leaf beside the VMs,
+			// as kind and systemd in containers do.
+			if err = evacuateRoot(); err == nil {
+				err = os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+memory +pids +cpu"), 0)
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("qemu: enabling the memory, pids and cpu controllers in %s: %w (the agent's own cgroup cannot delegate them; give it a cgroup parent outside it with --cgroup-parent)", dir, err)
+		}
+	}
+	return nil
+}
+
+// agentLeaf is where evacuateRoot moves the processes of the root cgroup.
+const agentLeaf = "kairon-agent"
+
+// evacuateRoot moves every process of the (namespaced) root cgroup into
+// agentLeaf.
+func evacuateRoot() error {
+	leaf := filepath.Join(cgroupRoot, agentLeaf)
+	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	pids, err := cgroupProcs(cgroupRoot)
+	if err != nil {
+		return err
+	}
+	for _, pid := range pids {
+		err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0)
+		if err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("moving process %d into %s: %w", pid, leaf, err)
 		}
 	}
 	return nil
