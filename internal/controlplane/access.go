@@ -7,11 +7,14 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
@@ -130,6 +133,8 @@ func installAccess(ctx context.Context, cfg *rest.Config) error {
 			return fmt.Errorf("ClusterRoleBinding %s: %w", r.name, err)
 		}
 	}
+	// Sorted, so that the node policies come last: waitForPolicies probes
+	// those, and the API server takes in policies in the order they were made.
 	names := slices.Sorted(maps.Keys(Policies))
 	for _, name := range names {
 		p := struct{ name, file string }{name, Policies[name]}
@@ -155,6 +160,29 @@ func installAccess(ctx context.Context, cfg *rest.Config) error {
 		}); err != nil {
 			return fmt.Errorf("ValidatingAdmissionPolicyBinding %s: %w", p.name, err)
 		}
+	}
+	return waitForPolicies(ctx, cfg)
+}
+
+// waitForPolicies returns once the API server enforces the policies, which
+// it takes in from a watch a moment after they are made: until then the
+// first agent could write what they forbid. The probe is a dry run of an
+// agent registering another node's Node.
+func waitForPolicies(ctx context.Context, cfg *rest.Config) error {
+	probe := rest.CopyConfig(cfg)
+	probe.Impersonate = rest.ImpersonationConfig{UserName: NodeUserPrefix + "kairon-access-probe", Groups: []string{NodesGroup}}
+	cs, err := kubernetes.NewForConfig(probe)
+	if err != nil {
+		return err
+	}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "kairon-access-probe-other"}}
+	var last error
+	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, last = cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return apierrors.IsForbidden(last) && strings.Contains(last.Error(), "may not write Node"), nil
+	})
+	if err != nil {
+		return fmt.Errorf("the node confinement policy is not enforced (last probe: %v): %w", last, err)
 	}
 	return nil
 }
