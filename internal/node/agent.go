@@ -38,6 +38,8 @@ type Agent struct {
 	// migrationListener accepts live migrations; migrationTLS secures them.
 	migrationListener net.Listener
 	migrationTLS      *migrationTLS
+	// baseline is the guests' firewall on the bridge (nil without links).
+	baseline *network.Baseline
 	// receiving holds the migrations (client.ObjectKey) whose stream this
 	// agent is taking in, so that a second connection cannot race the first.
 	receiving sync.Map
@@ -71,6 +73,11 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 		if !n.NoLinks {
 			a.links = &network.Links{Bridge: n.Bridge, Gateway: ipam.Gateway(), NetNS: n.NetNS, Node: opts.NodeName}
 			if err := a.links.EnsureBridge(); err != nil {
+				return nil, fmt.Errorf("node network: %w", err)
+			}
+			// Before any tap: a guest must never send a frame unfiltered.
+			a.baseline = &network.Baseline{NetNS: n.NetNS, Bridge: n.Bridge, Network: n.CIDR, Gateway: ipam.Gateway().Addr()}
+			if err := a.baseline.Setup(); err != nil {
 				return nil, fmt.Errorf("node network: %w", err)
 			}
 		}

@@ -148,6 +148,13 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 	}
 
 	a.observe(machine, instance, id)
+	if instance.Phase != backend.Exited {
+		// A VM adopted from an earlier agent (or one that ran before the
+		// baseline existed) gets its tap pinned too; a known one costs nothing.
+		if err := a.ensureBaseline(machine.Namespace, id); err != nil {
+			return time.Second, err
+		}
+	}
 	if instance.Phase == backend.Exited {
 		a.event(machine, corev1.EventTypeWarning, kaironv1.MachineReasonVMExited, machine.Status.Message)
 		if err := a.teardown(ctx, id); err != nil {
@@ -199,9 +206,25 @@ func (a *Agent) attach(machine *kaironv1.Machine, id string) (backend.Spec, erro
 				return spec, err
 			}
 			spec.Network.TapName = tap
+			if err := a.ensureBaseline(machine.Namespace, id); err != nil {
+				return spec, err
+			}
 		}
 	}
 	return spec, nil
+}
+
+// ensureBaseline pins the Machine's tap to its MAC and address and puts it
+// in its namespace's group on the bridge (network/baseline.go).
+func (a *Agent) ensureBaseline(namespace, id string) error {
+	if a.baseline == nil || a.ipam == nil {
+		return nil
+	}
+	address, err := a.ipam.Allocate(id)
+	if err != nil {
+		return err
+	}
+	return a.baseline.Ensure(network.Guest{Tap: network.TapName(a.opts.NodeName, id), Namespace: namespace, MAC: network.MAC(id), IP: address.Addr()})
 }
 
 // vmSpec turns a Machine's spec into what the backend boots.
@@ -318,6 +341,12 @@ func (a *Agent) teardown(ctx context.Context, id string) error {
 	}
 	if a.links != nil {
 		if err := a.links.DeleteTap(id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if a.baseline != nil {
+		namespace, _, _ := strings.Cut(id, "_") // instanceID: namespaces have no "_"
+		if err := a.baseline.Remove(network.TapName(a.opts.NodeName, id), namespace); err != nil {
 			errs = append(errs, err)
 		}
 	}
