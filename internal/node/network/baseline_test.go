@@ -372,12 +372,19 @@ func TestBaselineDropsSpoofedFrames(t *testing.T) {
 
 	t.Run("another guest's MAC", func(t *testing.T) {
 		run(t, "ip", "-n", attacker.netns, "link", "set", "eth0", "address", victim.MAC)
+		restored := false
+		defer func() {
+			if !restored {
+				run(t, "ip", "-n", attacker.netns, "link", "set", "eth0", "address", attacker.MAC)
+			}
+		}()
 		for i := range 20 {
 			if err := sendUDP(attacker.netns, "10.88.1.2", "10.88.1.4:7001", fmt.Sprint("spoof-mac-", i)); err != nil {
 				t.Fatal(err)
 			}
 		}
 		run(t, "ip", "-n", attacker.netns, "link", "set", "eth0", "address", attacker.MAC)
+		restored = true
 		if err := sendUDP(attacker.netns, "10.88.1.2", "10.88.1.4:7001", "marker-mac"); err != nil {
 			t.Fatal(err)
 		}
@@ -391,6 +398,10 @@ func TestBaselineDropsSpoofedFrames(t *testing.T) {
 		// attacker can answer the receiver's ARP request.
 		run(t, "ip", "-n", victim.netns, "link", "set", "eth0", "down")
 		run(t, "ip", "-n", attacker.netns, "addr", "add", "10.88.1.3/32", "dev", "eth0")
+		defer func() {
+			run(t, "ip", "-n", attacker.netns, "addr", "del", "10.88.1.3/32", "dev", "eth0")
+			run(t, "ip", "-n", victim.netns, "link", "set", "eth0", "up")
+		}()
 		run(t, "ip", "-n", receiver.netns, "neigh", "flush", "dev", "eth0")
 		_ = dialTCP(receiver.netns, "10.88.1.3:7000", blockedWindow)
 		var entry string
@@ -402,8 +413,6 @@ func TestBaselineDropsSpoofedFrames(t *testing.T) {
 		if strings.Contains(entry, attacker.MAC) {
 			t.Fatalf("the attacker's ARP answer for the victim's address got through: %s", entry)
 		}
-		run(t, "ip", "-n", attacker.netns, "addr", "del", "10.88.1.3/32", "dev", "eth0")
-		run(t, "ip", "-n", victim.netns, "link", "set", "eth0", "up")
 	})
 
 	// The victim was never hurt by any of it.
