@@ -5,8 +5,9 @@ set -euo pipefail
 
 # Build and test: git, make, gcc (cgo). Guest image (hack/guest/build.sh):
 # apt, dpkg, cpio, gzip, xz-utils, zstd. Node agent: qemu-system-x86 (QEMU
-# 7.2), iproute2 (bridge, taps, network namespaces in tests).
-packages=(ca-certificates git make gcc libc6-dev iproute2 procps
+# 7.2), iproute2 (bridge, taps, network namespaces in tests), nftables (the
+# guests' network baseline, docs/guides/networking.md).
+packages=(ca-certificates git make gcc libc6-dev iproute2 nftables procps
   cpio gzip xz-utils zstd qemu-system-x86)
 
 missing=()
