@@ -116,8 +116,11 @@ func TestTemplateDefaults(t *testing.T) {
 
 	want := []string{
 		"ClusterRole/" + controllerName,
+		"ClusterRole/" + controllerName + "-metrics-auth",
+		"ClusterRole/" + testRelease + "-kairon-metrics-reader",
 		"ClusterRole/" + nodeAgentName,
 		"ClusterRoleBinding/" + controllerName,
+		"ClusterRoleBinding/" + controllerName + "-metrics-auth",
 		"ClusterRoleBinding/" + nodeAgentName,
 		"DaemonSet/" + nodeAgentName,
 		"Deployment/" + controllerName,
@@ -138,7 +141,7 @@ func TestTemplateDefaults(t *testing.T) {
 		t.Errorf("replicas %v, want 1", dep.Spec.Replicas)
 	}
 	c := onlyContainer(t, dep.Spec.Template.Spec)
-	wantArgs := []string{"-interval=5s", "-metrics-bind-address=:8080", "-health-probe-bind-address=:8081"}
+	wantArgs := []string{"-interval=5s", "-metrics-bind-address=:8443", "-metrics-secure", "-health-probe-bind-address=:8081"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("controller args %q, want %q", c.Args, wantArgs)
 	}
@@ -159,8 +162,8 @@ func TestTemplateDefaults(t *testing.T) {
 	for _, p := range svc.Spec.Ports {
 		ports[p.Name] = p.Port
 	}
-	if !reflect.DeepEqual(ports, map[string]int32{"metrics": 8080, "webhook": 9443}) {
-		t.Errorf("Service ports %v, want metrics 8080 and webhook 9443", ports)
+	if !reflect.DeepEqual(ports, map[string]int32{"metrics": 8443, "webhook": 9443}) {
+		t.Errorf("Service ports %v, want metrics 8443 (secure serving) and webhook 9443", ports)
 	}
 	for k, v := range svc.Spec.Selector {
 		if dep.Spec.Template.Labels[k] != v {
@@ -713,6 +716,57 @@ func TestTemplateMonitoring(t *testing.T) {
 	}
 	if labels := sm["metadata"].(map[string]any)["labels"].(map[string]any); labels["release"] != "prom" {
 		t.Errorf("ServiceMonitor labels %v lack metrics.serviceMonitor.additionalLabels", labels)
+	}
+	// Secure serving by default: the scrape is HTTPS with the scraper's token.
+	ep := endpoints[0].(map[string]any)
+	if ep["scheme"] != "https" || ep["bearerTokenFile"] != "/var/run/secrets/kubernetes.io/serviceaccount/token" {
+		t.Errorf("ServiceMonitor endpoint %v: want scheme https and the ServiceAccount token", ep)
+	}
+}
+
+// Metrics are served only to authorized scrapers unless metrics.secure is
+// turned off: the controller may review tokens and access, and a reader role
+// exists for the scraper.
+func TestSecureMetricsServing(t *testing.T) {
+	m := render(t)
+	var auth rbacv1.ClusterRole
+	get(t, m, "ClusterRole", controllerName+"-metrics-auth", &auth)
+	want := []rbacv1.PolicyRule{
+		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},
+	}
+	if !reflect.DeepEqual(auth.Rules, want) {
+		t.Errorf("metrics-auth rules %+v, want %+v", auth.Rules, want)
+	}
+	var b rbacv1.ClusterRoleBinding
+	get(t, m, "ClusterRoleBinding", controllerName+"-metrics-auth", &b)
+	if len(b.Subjects) != 1 || b.Subjects[0].Name != controllerName || b.RoleRef.Name != controllerName+"-metrics-auth" {
+		t.Errorf("metrics-auth binding %+v", b)
+	}
+	var reader rbacv1.ClusterRole
+	get(t, m, "ClusterRole", testRelease+"-kairon-metrics-reader", &reader)
+	if len(reader.Rules) != 1 || !slices.Equal(reader.Rules[0].NonResourceURLs, []string{"/metrics"}) || !slices.Equal(reader.Rules[0].Verbs, []string{"get"}) {
+		t.Errorf("metrics-reader rules %+v, want get on /metrics only", reader.Rules)
+	}
+
+	m = render(t, setArgs([]string{"metrics.secure=false"})...)
+	for _, k := range m.keys() {
+		if strings.Contains(k, "metrics-auth") || strings.Contains(k, "metrics-reader") {
+			t.Errorf("%s rendered with metrics.secure=false", k)
+		}
+	}
+	var dep appsv1.Deployment
+	get(t, m, "Deployment", controllerName, &dep)
+	if c := onlyContainer(t, dep.Spec.Template.Spec); slices.Contains(c.Args, "-metrics-secure") || !slices.Contains(c.Args, "-metrics-bind-address=:8080") {
+		t.Errorf("controller args with metrics.secure=false: %q", c.Args)
+	}
+
+	m = render(t, setArgs([]string{"metrics.tlsSecretName=metrics-tls"})...)
+	get(t, m, "Deployment", controllerName, &dep)
+	c := onlyContainer(t, dep.Spec.Template.Spec)
+	if !slices.Contains(c.Args, "-metrics-cert-dir=/etc/kairon/metrics-certs") || len(c.VolumeMounts) != 1 ||
+		c.VolumeMounts[0].MountPath != "/etc/kairon/metrics-certs" || dep.Spec.Template.Spec.Volumes[0].Secret.SecretName != "metrics-tls" {
+		t.Errorf("metrics.tlsSecretName: args %q mounts %+v volumes %+v", c.Args, c.VolumeMounts, dep.Spec.Template.Spec.Volumes)
 	}
 }
 
