@@ -1,7 +1,6 @@
 package qemu
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -177,8 +176,31 @@ func (s *cgroupSetup) create(name string, l cgroupLimits) ([]string, error) {
 	return dirs, nil
 }
 
-// startIn starts cmd inside the cgroups dirs (as create returned them).
-func (s *cgroupSetup) startIn(cmd *exec.Cmd, dirs []string) error {
+// spawn starts cmd in the cgroups dirs (as create returned them), in
+// working directory wd. It forks from a thread of its own that it gives
+// both first, and that ends with it, so QEMU is born in its cgroups (v1
+// cannot clone into a cgroup, but a single thread may move through the
+// tasks file, and a child is born in its parent thread's cgroups) and in
+// its directory: Go would chdir only after dropping to the VM's uid, which
+// may not search the directories above. cmd.Dir must be empty.
+func (s *cgroupSetup) spawn(cmd *exec.Cmd, wd string, dirs []string) error {
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the runtime ends the thread with this goroutine
+		// rather than run others with this working directory and cgroups.
+		runtime.LockOSThread()
+		errc <- s.spawnOnThread(cmd, wd, dirs)
+	}()
+	return <-errc
+}
+
+func (s *cgroupSetup) spawnOnThread(cmd *exec.Cmd, wd string, dirs []string) error {
+	if err := syscall.Unshare(syscall.CLONE_FS); err != nil {
+		return fmt.Errorf("qemu: unshare CLONE_FS: %w", err)
+	}
+	if err := syscall.Chdir(wd); err != nil {
+		return fmt.Errorf("qemu: chdir %s: %w", wd, err)
+	}
 	if s.v2 {
 		fd, err := syscall.Open(dirs[0], syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 		if err != nil {
@@ -189,57 +211,37 @@ func (s *cgroupSetup) startIn(cmd *exec.Cmd, dirs []string) error {
 		cmd.SysProcAttr.CgroupFD = fd
 		return cmd.Start()
 	}
-	// v1 cannot clone into a cgroup. A child is born in its parent thread's
-	// cgroups, and in v1 a single thread may move (the tasks file): so this
-	// goroutine's thread moves into the VM's cgroups, forks QEMU, and moves
-	// back. If it cannot move back it stays locked, and the runtime ends
-	// the thread with the goroutine.
-	runtime.LockOSThread()
 	tid := strconv.Itoa(syscall.Gettid())
 	home, err := threadCgroups(tid)
 	if err != nil {
-		runtime.UnlockOSThread()
 		return err
 	}
-	moveBack := func() error {
-		var errs []error
+	// Back home after the fork, so that the agent leaves the VM's cgroups
+	// at once rather than when the runtime gets to end this thread.
+	defer func() {
 		for i, c := range v1Controllers {
-			p, ok := home[c]
-			if !ok {
-				continue
-			}
-			if err := os.WriteFile(filepath.Join(s.v1Roots[i], p, "tasks"), []byte(tid), 0); err != nil {
-				errs = append(errs, err)
+			if p, ok := home[c]; ok {
+				_ = os.WriteFile(filepath.Join(s.v1Roots[i], p, "tasks"), []byte(tid), 0)
 			}
 		}
-		return errors.Join(errs...)
-	}
+	}()
 	for _, d := range dirs {
 		if err := os.WriteFile(filepath.Join(d, "tasks"), []byte(tid), 0); err != nil {
-			if moveBack() == nil {
-				runtime.UnlockOSThread()
-			}
 			return fmt.Errorf("qemu: entering cgroup %s: %w", d, err)
 		}
 	}
-	err = cmd.Start()
-	if moveBack() == nil {
-		runtime.UnlockOSThread()
-	}
-	return err
+	return cmd.Start()
 }
 
 // threadCgroups reads a thread's v1 cgroup paths, by controller.
 func threadCgroups(tid string) (map[string]string, error) {
-	f, err := os.Open("/proc/self/task/" + tid + "/cgroup")
+	b, err := os.ReadFile("/proc/self/task/" + tid + "/cgroup")
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	out := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		parts := strings.SplitN(sc.Text(), ":", 3)
+	for _, line := range strings.Split(string(b), "\n") {
+		parts := strings.SplitN(line, ":", 3)
 		if len(parts) != 3 {
 			continue
 		}
@@ -247,5 +249,5 @@ func threadCgroups(tid string) (map[string]string, error) {
 			out[c] = parts[2]
 		}
 	}
-	return out, sc.Err()
+	return out, nil
 }

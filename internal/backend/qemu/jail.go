@@ -105,16 +105,6 @@ func newJailConfig(opts Options) (*jailConfig, error) {
 	if j.overheadMiB <= 0 {
 		j.overheadMiB = DefaultMemoryOverheadMiB
 	}
-	// Each VM's uid must reach its own directory under StateDir, which it
-	// owns; listing StateDir stays root's.
-	if fi, err := os.Stat(opts.StateDir); err == nil && fi.Mode().Perm()&0o001 == 0 {
-		if err := os.Chmod(opts.StateDir, fi.Mode().Perm()|0o111); err != nil {
-			return nil, err
-		}
-	}
-	if err := othersCanReach(opts.StateDir, true); err != nil {
-		return nil, fmt.Errorf("qemu: state directory: %w", err)
-	}
 	if err := os.MkdirAll(j.registry, 0o700); err != nil {
 		return nil, fmt.Errorf("qemu: jail uid registry: %w", err)
 	}
@@ -131,38 +121,19 @@ func newJailConfig(opts Options) (*jailConfig, error) {
 	return j, nil
 }
 
-// othersCanReach checks that a uid of no group of path's owners can reach
-// path (search every directory on the way) and, for a file, read it: what a
-// jailed QEMU needs of its state directory and of the guest's kernel and
-// initrd, which it opens before it chroots.
-func othersCanReach(path string, isDir bool) error {
-	abs, err := filepath.Abs(path)
+// othersCanRead checks that a uid of neither the owner nor the group of
+// the file at path may read it: QEMU reopens the guest's kernel and initrd
+// through the descriptors it inherits (/proc/self/fd/N), which checks the
+// file's own mode, though not the directories above it.
+func othersCanRead(path string) error {
+	fi, err := os.Stat(path)
 	if err != nil {
 		return err
 	}
-	fi, err := os.Stat(abs)
-	if err != nil {
-		return err
+	if fi.Mode().Perm()&0o004 == 0 {
+		return fmt.Errorf("%s is mode %s: the VMs' own uids cannot read it (make it world-readable, 0644)", path, fi.Mode().Perm())
 	}
-	need := os.FileMode(0o004)
-	if isDir {
-		need = 0o001
-	}
-	if fi.Mode().Perm()&need == 0 {
-		return fmt.Errorf("%s is mode %s: the VMs' own uids cannot use it", abs, fi.Mode().Perm())
-	}
-	for d := filepath.Dir(abs); ; d = filepath.Dir(d) {
-		fi, err := os.Stat(d)
-		if err != nil {
-			return err
-		}
-		if fi.Mode().Perm()&0o001 == 0 {
-			return fmt.Errorf("%s is mode %s: the VMs' own uids cannot reach %s through it", d, fi.Mode().Perm(), abs)
-		}
-		if d == "/" {
-			return nil
-		}
-	}
+	return nil
 }
 
 // kvmGroupFor is the group through which an unprivileged QEMU may open the
@@ -193,7 +164,7 @@ func (j *jailConfig) prepare(dir string, spec backend.Spec, accel string) (*jail
 		if f == "" {
 			continue
 		}
-		if err := othersCanReach(f, false); err != nil {
+		if err := othersCanRead(f); err != nil {
 			return nil, fmt.Errorf("guest image: %w", err)
 		}
 	}
@@ -344,8 +315,10 @@ func jailProcAttr(rec *jailRecord) *syscall.SysProcAttr {
 }
 
 // jailArgs are the QEMU options that confine it once it is set up.
-func jailArgs(dir string) []string {
-	return []string{"-sandbox", sandboxOpts, "-chroot", filepath.Join(dir, jailRootDir)}
+// The chroot is relative: QEMU's uid may not search the directories above
+// its working directory, the VM's.
+func jailArgs() []string {
+	return []string{"-sandbox", sandboxOpts, "-chroot", jailRootDir}
 }
 
 // openTap opens the tap named name (in network namespace netns, if set) the
@@ -442,7 +415,11 @@ func removeCgroup(p string) error {
 			return nil
 		}
 		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
+			// On v1 the agent itself is listed while the thread that
+			// forked QEMU from inside the cgroup has not ended yet.
+			if pid != os.Getpid() {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
 		}
 		err = syscall.Rmdir(p)
 		if err == nil || errors.Is(err, syscall.ENOENT) {

@@ -131,7 +131,11 @@ func (b *Backend) args(ls launchSpec) []string {
 		"-serial", "chardev:console",
 		"-chardev", "socket,id=qmp,path=" + qmpSock + ",server=on,wait=off",
 		"-mon", "chardev=qmp,mode=control",
-		"-pidfile", pidFile,
+	}
+	if ls.jail == nil {
+		// QEMU resolves the pidfile's full path (to remove it at exit),
+		// which a jailed QEMU's uid may not; launch writes it instead.
+		a = append(a, "-pidfile", pidFile)
 	}
 	if ls.accel == "kvm" {
 		a = append(a, "-cpu", "host")
@@ -150,7 +154,7 @@ func (b *Backend) args(ls launchSpec) []string {
 		a = append(a, "-incoming", "fd:3")
 	}
 	if ls.jail != nil {
-		a = append(a, jailArgs(ls.dir)...)
+		a = append(a, jailArgs()...)
 	}
 	return a
 }
@@ -194,6 +198,22 @@ func (b *Backend) launch(ls launchSpec) (_ *proc, err error) {
 		extra = append(extra, tap)
 		ls.tapFD = 3 + len(extra) - 1
 	}
+	if ls.jail != nil {
+		// QEMU reads the guest image through descriptors: its uid may not
+		// search the directories above it.
+		for _, path := range []*string{&ls.kernel, &ls.initrd} {
+			if *path == "" {
+				continue
+			}
+			f, err := os.Open(*path)
+			if err != nil {
+				return nil, fmt.Errorf("qemu: guest image: %w", err)
+			}
+			defer f.Close()
+			extra = append(extra, f)
+			*path = "/proc/self/fd/" + strconv.Itoa(3+len(extra)-1)
+		}
+	}
 	args := b.args(ls)
 	fmt.Fprintf(logf, "==== %s %s %s\n", time.Now().Format(time.RFC3339Nano), b.qemu, strings.Join(args, " "))
 	cmd := exec.Command(b.qemu, args...)
@@ -214,13 +234,21 @@ func (b *Backend) launch(ls launchSpec) (_ *proc, err error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	start := cmd.Start
 	if ls.jail != nil {
+		cmd.Dir = ""
 		cmd.SysProcAttr = jailProcAttr(ls.jail)
-		start = func() error { return b.jail.cgroups.startIn(cmd, ls.jail.Cgroups) }
+		start = func() error { return b.jail.cgroups.spawn(cmd, ls.dir, ls.jail.Cgroups) }
 	}
 	if err := start(); err != nil {
 		return nil, fmt.Errorf("qemu: start %s: %w", b.qemu, err)
 	}
 	p := &proc{pid: cmd.Process.Pid, cmd: cmd, exited: make(chan struct{})}
+	if ls.jail != nil {
+		if err := os.WriteFile(filepath.Join(ls.dir, pidFile), []byte(strconv.Itoa(p.pid)+"\n"), 0o644); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return nil, err
+		}
+	}
 	go func() {
 		p.err = cmd.Wait()
 		p.state = cmd.ProcessState
