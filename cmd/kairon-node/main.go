@@ -43,6 +43,7 @@ type flags struct {
 	netns        string
 	noNetwork    bool
 	listen       string
+	healthProbe  string
 	clientCA     string
 	migListen    string
 	migTLSDir    string
@@ -81,6 +82,7 @@ func run(args []string) error {
 	fs.StringVar(&f.netns, "netns", "", "keep the bridge, taps and VMs in this existing network namespace")
 	fs.BoolVar(&f.noNetwork, "no-network", false, "run VMs without a network interface")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:10250", "address serving consoles to the API server's node proxy")
+	fs.StringVar(&f.healthProbe, "health-probe-bind-address", "", "address serving /healthz and /readyz for liveness and readiness probes (empty: off); bind it to the node's own address, not the guests' gateway")
 	fs.StringVar(&f.clientCA, "client-ca-file", "", "accept console requests only with a client certificate signed by this CA")
 	fs.StringVar(&f.migListen, "migration-listen", "", "accept live migrations from other agents on this host:port (empty: none; an unspecified host is advertised as the Node's InternalIP)")
 	fs.StringVar(&f.migTLSDir, "migration-tls-dir", "", "directory with tls.crt, tls.key and ca.crt: live migrations between agents use mutual TLS;\ntls.crt must name this node (CN or DNS SAN = --node-name), peers check it (empty: plain TCP, refused unless --migration-insecure or a loopback --migration-listen)")
@@ -142,7 +144,7 @@ func run(args []string) error {
 	agent, err := node.New(cfg, node.Options{
 		NodeName: f.nodeName, Register: f.register, Backend: b, GuestDir: f.guestDir,
 		StateDir: f.stateDir, CPU: f.cpu, Memory: memory, Network: network,
-		ListenAddress: f.listen, ClientCAFile: f.clientCA, Interval: f.interval,
+		ListenAddress: f.listen, ClientCAFile: f.clientCA, Interval: f.interval, HealthProbeAddress: f.healthProbe,
 		MigrationListenAddress: f.migListen, MigrationTLSDir: f.migTLSDir, MigrationInsecure: f.migInsecure,
 		OnShutdown: node.ShutdownAction(f.onShutdown), SuspendTimeout: f.suspendLimit,
 	})

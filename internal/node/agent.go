@@ -54,6 +54,9 @@ type Agent struct {
 	// return without acting, so no VM is started or replaced meanwhile.
 	lifecycle sync.RWMutex
 	stopping  atomic.Bool
+	// lastNodeSync is when the agent last wrote its Node (Unix nanoseconds),
+	// for readiness (health.go).
+	lastNodeSync atomic.Int64
 }
 
 // New prepares an agent: the node network, the console listener and a
@@ -119,7 +122,7 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
+		HealthProbeBindAddress: healthProbeAddress(opts.HealthProbeAddress),
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			// The CRD declares spec.nodeName selectable, so each agent watches
 			// only its own Machines however large the cluster is.
@@ -133,6 +136,10 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 	a.mgr = mgr
 	a.client = mgr.GetClient()
 	a.recorder = mgr.GetEventRecorder("kairon-node")
+	if err := a.addHealthChecks(); err != nil {
+		a.close()
+		return nil, err
+	}
 	if err := a.setupMachineController(); err != nil {
 		a.close()
 		return nil, err

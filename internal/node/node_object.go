@@ -46,11 +46,16 @@ func (a *Agent) nodeAnnotations() map[string]string {
 
 // syncNode creates or updates the Node object. A registered node also gets
 // capacity, addresses, the console endpoint and a fresh Ready heartbeat.
-func (a *Agent) syncNode(ctx context.Context, ready bool, reason, message string) error {
+func (a *Agent) syncNode(ctx context.Context, ready bool, reason, message string) (err error) {
+	defer func() {
+		if err == nil {
+			a.lastNodeSync.Store(time.Now().UnixNano()) // readiness (health.go)
+		}
+	}()
 	node := &corev1.Node{}
 	// Read past the cache: this runs before the manager starts, and the agent
 	// has no reason to cache every Node of the cluster.
-	err := a.mgr.GetAPIReader().Get(ctx, client.ObjectKey{Name: a.opts.NodeName}, node)
+	err = a.mgr.GetAPIReader().Get(ctx, client.ObjectKey{Name: a.opts.NodeName}, node)
 	switch {
 	case apierrors.IsNotFound(err) && a.opts.Register:
 		node = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: a.opts.NodeName, Labels: a.nodeLabels(), Annotations: a.nodeAnnotations()}}

@@ -43,6 +43,10 @@ type Options struct {
 	// (Subject CN or DNS SAN), as the peers check. Empty: plain TCP, which
 	// needs MigrationInsecure unless the listener is on loopback.
 	MigrationTLSDir string
+	// NodeIP is the node's InternalIP (--node-ip): where the migration
+	// listener binds when MigrationListenAddress has no host. Empty: the
+	// Node's status (or, registering, the console listener's host).
+	NodeIP string
 	// MigrationInsecure allows live migrations in plain TCP, unauthenticated,
 	// on any address (--migration-insecure): for tests only.
 	MigrationInsecure bool
@@ -55,6 +59,9 @@ type Options struct {
 	// with a certificate signed by this CA (the API server's kubelet client
 	// certificate, or an admin's).
 	ClientCAFile string
+	// HealthProbeAddress serves /healthz and /readyz (health.go) for the
+	// DaemonSet's probes (host:port; empty: off).
+	HealthProbeAddress string
 	// Interval is the reconcile tick; HeartbeatInterval refreshes the Node's Ready condition.
 	Interval          time.Duration
 	HeartbeatInterval time.Duration
