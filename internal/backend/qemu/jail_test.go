@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -55,6 +56,35 @@ func TestJailedVMs(t *testing.T) {
 	}
 	if recs["ns1_a"].UID == recs["ns2_b"].UID {
 		t.Errorf("two VMs share uid %d", recs["ns1_a"].UID)
+	}
+
+	// What one VM's uid can do to the other: nothing, though it can to
+	// itself (so that a refusal below is the uid's doing). The state
+	// directory is opened to others' search for this, so that only the VMs'
+	// own directories stand in the way.
+	if err := os.Chmod(b.opts.StateDir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	a, bb := recs["ns1_a"].UID, recs["ns2_b"].UID
+	bLog := filepath.Join(b.dir("ns2_b"), consoleLogFile)
+	for _, c := range []struct {
+		uid    uint32
+		script string
+		ok     bool
+	}{
+		{bb, "head -c 1 " + bLog, true},
+		{a, "head -c 1 " + bLog, false},
+		{a, "ls " + b.dir("ns2_b"), false},
+		{a, fmt.Sprintf("kill -0 %d", pids["ns1_a"]), true},
+		{a, fmt.Sprintf("kill -0 %d", pids["ns2_b"]), false},
+	} {
+		out, err := asUID(c.uid, c.script)
+		if (err == nil) != c.ok {
+			t.Errorf("as uid %d: %s: %v %s; want success %v", c.uid, c.script, err, out, c.ok)
+		}
+	}
+	if err := os.Chmod(b.opts.StateDir, 0o700); err != nil {
+		t.Fatal(err)
 	}
 
 	// The agent restarts: a new Backend over the same directory.
@@ -210,6 +240,15 @@ func checkJailed(t *testing.T, b *Backend, s backend.Spec, pid int) jailRecord {
 	t.Logf("%s: qemu %d uid %s gid %s groups %q Seccomp %s NoNewPrivs %s CapEff %s; cgroups %v", s.ID, pid,
 		status["Uid"], status["Gid"], status["Groups"], status["Seccomp"], status["NoNewPrivs"], status["CapEff"], rec.Cgroups)
 	return rec
+}
+
+// asUID runs a shell script as uid (and gid) with no capabilities.
+func asUID(uid uint32, script string) ([]byte, error) {
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.Dir = "/"
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+	return cmd.CombinedOutput()
 }
 
 func procStatus(t *testing.T, pid int) map[string]string {
