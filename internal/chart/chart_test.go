@@ -815,9 +815,29 @@ func TestTemplateNodeAgent(t *testing.T) {
 		// No migration certificate by default: no live migration listener,
 		// rather than one in plain TCP on every address.
 		"--listen=", "--interval=5s",
+		"--health-probe-bind-address=$(HOST_IP):9440",
 	}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("node agent args %q, want %q", c.Args, wantArgs)
+	}
+	// The probes reach the agent on the node's own address.
+	if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+		return e.Name == "HOST_IP" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.hostIP"
+	}) {
+		t.Errorf("no HOST_IP from status.hostIP in %+v", c.Env)
+	}
+	if p := c.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port.StrVal != "health" {
+		t.Errorf("liveness probe %+v, want GET /healthz on the health port", p)
+	}
+	if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Port.StrVal != "health" {
+		t.Errorf("readiness probe %+v, want GET /readyz on the health port", p)
+	}
+	if len(c.Ports) != 1 || c.Ports[0].Name != "health" || c.Ports[0].ContainerPort != 9440 {
+		t.Errorf("node agent ports %+v, want health 9440", c.Ports)
+	}
+	if _, off := nodeDaemonSet(t, render(t, setArgs([]string{"node.healthProbePort=0"})...)); off.LivenessProbe != nil || off.ReadinessProbe != nil ||
+		slices.ContainsFunc(off.Args, func(a string) bool { return strings.HasPrefix(a, "--health-probe-bind-address") }) {
+		t.Errorf("node.healthProbePort=0 still probes: args %q", off.Args)
 	}
 	for _, a := range c.Args {
 		if strings.HasPrefix(a, "--register") || strings.HasPrefix(a, "-register") {
