@@ -181,6 +181,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.migrationListener != nil {
 		runnables = append(runnables, a.serveLiveMigrations)
 	}
+	if a.baseline != nil {
+		runnables = append(runnables, func(ctx context.Context) error {
+			logger := log.FromContext(ctx).WithName("guest-baseline")
+			return a.baseline.Keep(ctx, a.opts.Interval, func(err error, msg string) {
+				if err != nil {
+					logger.Error(err, msg)
+				} else {
+					logger.Info(msg)
+				}
+			})
+		})
+	}
 	for _, r := range runnables {
 		if err := a.mgr.Add(r); err != nil {
 			return err

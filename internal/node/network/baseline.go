@@ -2,6 +2,7 @@ package network
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 )
 
 // The baseline is the firewall every guest gets, with or without a policy
@@ -292,6 +294,92 @@ func (b *Baseline) Remove(tap, namespace string) error {
 		return err
 	}
 	return nil
+}
+
+// Repair writes the baseline again if the tables, their base rules, or a
+// chain or map entry of a tap this agent pinned are gone: something flushed
+// the ruleset (nft flush ruleset, a firewall service starting). It reports
+// whether it had to.
+func (b *Baseline) Repair() (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.applied == nil {
+		return false, errors.New("guest baseline: Setup was not called")
+	}
+	bridgeTable, errBridge := b.output("list", "table", "bridge", BaselineTable)
+	inetTable, errInet := b.output("list", "table", "inet", BaselineTable)
+	if errBridge == nil && errInet == nil && intact(bridgeTable, inetTable, b.Bridge, b.applied) {
+		return false, nil
+	}
+	var script strings.Builder
+	script.WriteString(setupScript(b.Bridge, b.Network, b.Gateway))
+	for tap, g := range b.applied {
+		if g == (Guest{}) {
+			// Found in the kernel at Setup, never written by this agent:
+			// the next Ensure writes it.
+			delete(b.applied, tap)
+			continue
+		}
+		script.WriteString(guestScript(g))
+	}
+	return true, b.nft(script.String())
+}
+
+// intact tells whether the listed tables still hold the base rules and
+// every pinned tap's chains and map entries.
+func intact(bridgeTable, inetTable, bridge string, applied map[string]Guest) bool {
+	want := []string{
+		"iifname vmap @guest_vmap",
+		"iifname vmap @forward_vmap",
+		fmt.Sprintf("iifname %q drop", TapPrefix+"*"),
+		"ip saddr != @gateways drop",
+	}
+	for _, w := range want {
+		if !strings.Contains(bridgeTable, w) {
+			return false
+		}
+	}
+	if !strings.Contains(inetTable, "reject with icmpx") || !strings.Contains(inetTable, fmt.Sprintf("%q", bridge)) {
+		return false
+	}
+	for tap, g := range applied {
+		if g == (Guest{}) {
+			continue
+		}
+		for _, w := range []string{
+			fmt.Sprintf("%q : goto g_%s", tap, tap),
+			fmt.Sprintf("%q : goto f_%s", tap, tap),
+			"ether saddr != " + g.MAC + " drop",
+			"ip saddr != " + g.IP.String() + " drop",
+			"arp saddr ip != " + g.IP.String() + " drop",
+			"oifname != @" + nsSet(g.Namespace) + " drop",
+		} {
+			if !strings.Contains(bridgeTable, w) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Keep calls Repair every interval until ctx ends: between a flush and the
+// next look, guests are unfiltered.
+func (b *Baseline) Keep(ctx context.Context, interval time.Duration, logger func(error, string)) error {
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+		repaired, err := b.Repair()
+		if err != nil {
+			logger(err, "could not repair the guest baseline")
+		} else if repaired {
+			logger(nil, "the guest baseline had been removed from nftables; written again")
+		}
+	}
 }
 
 // Taps lists the taps with a baseline in the namespace, any agent's, sorted.

@@ -606,3 +606,34 @@ func TestBaselineDropsUnregisteredTaps(t *testing.T) {
 	// A tap without a baseline (removed, or not yet set up) sends nothing.
 	mustNotReach(t, g.netns, "a guest whose baseline was removed", "10.88.1.3:7000")
 }
+
+func TestBaselineRepairsWhatWasFlushed(t *testing.T) {
+	n := newTestNet(t, "node-1")
+	a := n.guest(t, n.baseline, "node-1", "team-a", "one", "10.88.1.2")
+	b := n.guest(t, n.baseline, "node-1", "team-b", "one", "10.88.1.3")
+	serveTCP(t, a.netns, "10.88.1.2:7000")
+	if repaired, err := n.baseline.Repair(); err != nil || repaired {
+		t.Fatalf("Repair of an intact baseline: %v, %v; want nothing to do", repaired, err)
+	}
+	for _, tamper := range [][]string{
+		{"flush", "ruleset"},
+		{"flush", "chain", "bridge", BaselineTable, "g_" + b.Tap},
+		{"delete", "element", "bridge", BaselineTable, "forward_vmap", "{ " + b.Tap + " }"},
+		{"delete", "table", "inet", BaselineTable},
+	} {
+		t.Run(strings.Join(tamper, " "), func(t *testing.T) {
+			run(t, append([]string{"ip", "netns", "exec", n.host, "nft"}, tamper...)...)
+			if tamper[1] == "ruleset" {
+				mustReach(t, b, "10.88.1.2:7000") // the hole is real
+			}
+			repaired, err := n.baseline.Repair()
+			if err != nil || !repaired {
+				t.Fatalf("Repair after %v: %v, %v; want it repaired", tamper, repaired, err)
+			}
+			if repaired, err := n.baseline.Repair(); err != nil || repaired {
+				t.Fatalf("second Repair: %v, %v; want nothing to do", repaired, err)
+			}
+			mustNotReach(t, b.netns, "a guest of team-b after the repair", "10.88.1.2:7000")
+		})
+	}
+}
