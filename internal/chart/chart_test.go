@@ -557,8 +557,13 @@ func TestTemplateWebhook(t *testing.T) {
 					!slices.Equal(r.Resources, []string{exp.resource}) || !slices.Equal(r.Operations, exp.operations) {
 					t.Errorf("%s: rule %+v, want %v of kairon.zyvor.dev/v1alpha1 %s", w.Name, r, exp.operations, exp.resource)
 				}
-				if w.SideEffects == nil || *w.SideEffects != admissionregistrationv1.SideEffectClassNone {
-					t.Errorf("%s: sideEffects %v, want None", w.Name, w.SideEffects)
+				// The Machine webhook charges quotas, except on a dry run.
+				wantSideEffects := admissionregistrationv1.SideEffectClassNone
+				if exp.resource == "machines" {
+					wantSideEffects = admissionregistrationv1.SideEffectClassNoneOnDryRun
+				}
+				if w.SideEffects == nil || *w.SideEffects != wantSideEffects {
+					t.Errorf("%s: sideEffects %v, want %s", w.Name, w.SideEffects, wantSideEffects)
 				}
 				if w.FailurePolicy == nil || *w.FailurePolicy != admissionregistrationv1.Fail {
 					t.Errorf("%s: failurePolicy %v, want Fail", w.Name, w.FailurePolicy)

@@ -51,7 +51,7 @@ func (s webhookServer) register(t *testing.T, env *testenv.Env, ns, path string,
 			Name:                    resources[0] + "." + kaironv1.GroupVersion.Group,
 			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: s.caPEM},
 			AdmissionReviewVersions: []string{"v1"},
-			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+			SideEffects:             ptr.To(sideEffectsOf(resources[0])),
 			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
 			TimeoutSeconds:          ptr.To[int32](10),
 			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{
@@ -77,4 +77,13 @@ func (s webhookServer) register(t *testing.T, env *testenv.Env, ns, path string,
 		}
 	})
 	return cfg
+}
+
+// sideEffectsOf is what the chart declares: the Machine webhook charges
+// quotas except on a dry run.
+func sideEffectsOf(resource string) admissionregistrationv1.SideEffectClass {
+	if resource == "machines" {
+		return admissionregistrationv1.SideEffectClassNoneOnDryRun
+	}
+	return admissionregistrationv1.SideEffectClassNone
 }
