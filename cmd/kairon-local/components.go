@@ -29,7 +29,7 @@ type Component interface {
 // kairon-controller, then one agent per --nodes. It is decided before
 // anything starts, so a bad request fails in a second rather than after the
 // control plane came up.
-func components(f upFlags, kubeconfig string) ([]Component, error) {
+func components(f upFlags) ([]Component, error) {
 	if f.nodes < 0 {
 		return nil, fmt.Errorf("--nodes must be 0 or more, not %d", f.nodes)
 	}
@@ -44,13 +44,13 @@ func components(f upFlags, kubeconfig string) ([]Component, error) {
 	if f.nodes == 0 {
 		return nil, nil
 	}
-	controller, err := controllerComponent(f.binDir, kubeconfig)
+	controller, err := controllerComponent(f.binDir, f.dataDir)
 	if err != nil {
 		return nil, err
 	}
 	comps := []Component{controller}
 	for i := 1; i <= f.nodes; i++ {
-		comps = append(comps, nodeComponent(f.binDir, f.dataDir, kubeconfig, i, f.node))
+		comps = append(comps, nodeComponent(f.binDir, f.dataDir, i, f.node))
 	}
 	return comps, nil
 }

@@ -45,7 +45,7 @@ type process struct {
 	agent bool
 	// prepare, when set, runs before the process starts (once the control
 	// plane, and so its PKI, is up).
-	prepare func() error
+	prepare func(cp *controlplane.ControlPlane) error
 }
 
 func (p *process) Name() string { return p.name }
@@ -55,7 +55,7 @@ func (p *process) Start(ctx context.Context, cp *controlplane.ControlPlane) erro
 		return fmt.Errorf("%s not found: run `make build`", p.bin)
 	}
 	if p.prepare != nil {
-		if err := p.prepare(); err != nil {
+		if err := p.prepare(cp); err != nil {
 			return fmt.Errorf("%s: %w", p.name, err)
 		}
 	}
@@ -98,8 +98,11 @@ func (p *process) Stop() error {
 
 func (p *process) stopsWithAgents() bool { return p.agent }
 
-// controllerComponent runs kairon-controller; it is ready when /readyz answers.
-func controllerComponent(binDir, kubeconfig string) (Component, error) {
+// controllerComponent runs kairon-controller as itself (its own
+// certificate and ClusterRole, not the admin's); it is ready when /readyz
+// answers.
+func controllerComponent(binDir, dataDir string) (Component, error) {
+	kubeconfig := controlplane.ControllerKubeconfigPath(dataDir)
 	probe, err := freeLoopbackAddress()
 	if err != nil {
 		return nil, err
@@ -124,9 +127,12 @@ func controllerComponent(binDir, kubeconfig string) (Component, error) {
 }
 
 // nodeComponent runs agent number i (1-based) with its own bridge, address
-// range and state directory; it is ready when its Node reports Ready.
-func nodeComponent(binDir, dataDir, kubeconfig string, i int, o nodeOptions) Component {
+// range, state directory and identity: a certificate that lets it write
+// only its own Node, the Machines on it and its migrations. It is ready
+// when its Node reports Ready.
+func nodeComponent(binDir, dataDir string, i int, o nodeOptions) Component {
 	name := "node-" + strconv.Itoa(i)
+	kubeconfig := controlplane.NodeKubeconfigPath(dataDir, name)
 	started := time.Now().Add(-time.Second)
 	args := []string{
 		"--kubeconfig", kubeconfig, "--node-name", name, "--register",
@@ -159,7 +165,10 @@ func nodeComponent(binDir, dataDir, kubeconfig string, i int, o nodeOptions) Com
 		// Saving the VMs, then marking the Node NotReady.
 		stopGrace: suspendTimeout + 30*time.Second,
 		agent:     true,
-		prepare: func() error {
+		prepare: func(cp *controlplane.ControlPlane) error {
+			if _, err := cp.NodeKubeconfig(name); err != nil {
+				return err
+			}
 			_, err := controlplane.EnsureMigrationTLS(dataDir, name)
 			return err
 		},

@@ -260,6 +260,25 @@ func TestUpRunsControllerAndNodeAgents(t *testing.T) {
 		phase := kubectl(t, binDir, kubeconfig, "get", "machine", "hello", "-o", "jsonpath={.status.phase} {.spec.nodeName}")
 		return strings.HasPrefix(phase, "Running node-"), phase
 	})
+	// Each component is itself, not the admin: the controller has its own
+	// user, and the agent of the node hello is not on may not touch the
+	// node hello is on, or hello.
+	if who := kubectl(t, binDir, filepath.Join(dataDir, "kairon-controller.kubeconfig"), "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"); who != "kairon:controller" {
+		t.Errorf("kairon-controller's kubeconfig is user %q, want kairon:controller", who)
+	}
+	other := kubectl(t, binDir, kubeconfig, "get", "machine", "hello", "-o", "jsonpath={.spec.nodeName}")
+	actor := map[string]string{"node-1": "node-2", "node-2": "node-1"}[other]
+	node1 := filepath.Join(dataDir, "node-"+actor+".kubeconfig")
+	for _, args := range [][]string{
+		{"label", "node", other, "kairon.zyvor.dev/backend=qemu", "--overwrite"},
+		{"annotate", "machine", "hello", "x=y"},
+		{"delete", "machine", "hello"},
+	} {
+		out, err := exec.Command(filepath.Join(binDir, "kubectl"), append([]string{"--kubeconfig", node1}, args...)...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "forbidden") || !strings.Contains(string(out), "kairon:node:"+actor) && !strings.Contains(string(out), "node agent of "+actor) {
+			t.Errorf("kubectl %s as the other node's agent: %v, want forbidden\n%s", strings.Join(args, " "), err, out)
+		}
+	}
 	kubectl(t, binDir, kubeconfig, "delete", "machine", "hello", "--timeout=60s")
 	up.terminate(t, dataDir)
 }

@@ -83,7 +83,7 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 		return err
 	}
 	f.dataDir = dataDir
-	comps, err := components(f, filepath.Join(f.dataDir, "kubeconfig"))
+	comps, err := components(f)
 	if err != nil {
 		return err
 	}
@@ -111,7 +111,9 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 		PreferredAPIServerPort: defaultPort,
 		ControllerManager:      true,
 		CRDs:                   crd.Bases,
-		Log:                    log,
+		// Each component as itself, confined like the chart's.
+		KaironAccess: true,
+		Log:          log,
 	})
 	if err != nil {
 		if ctx.Err() != nil {

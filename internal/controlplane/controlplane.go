@@ -259,8 +259,17 @@ func (cp *ControlPlane) KubeconfigPath() string { return filepath.Join(cp.dataDi
 // ControllerKubeconfig is kairon-controller's kubeconfig in the data dir:
 // user ControllerUser in group ControllersGroup, which Options.KaironAccess
 // binds to the controller's ClusterRole.
-func (cp *ControlPlane) ControllerKubeconfig() string {
-	return filepath.Join(cp.dataDir, "kairon-controller.kubeconfig")
+func (cp *ControlPlane) ControllerKubeconfig() string { return ControllerKubeconfigPath(cp.dataDir) }
+
+// ControllerKubeconfigPath is where ControllerKubeconfig is in dataDir.
+func ControllerKubeconfigPath(dataDir string) string {
+	return filepath.Join(dataDir, "kairon-controller.kubeconfig")
+}
+
+// NodeKubeconfigPath is where NodeKubeconfig writes node agent nodeName's
+// kubeconfig in dataDir.
+func NodeKubeconfigPath(dataDir, nodeName string) string {
+	return filepath.Join(dataDir, "node-"+nodeName+".kubeconfig")
 }
 
 // NodeKubeconfig issues (or keeps, while still good) the client certificate
@@ -276,7 +285,7 @@ func (cp *ControlPlane) NodeKubeconfig(nodeName string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("client certificate of node %s: %w", nodeName, err)
 	}
-	file := filepath.Join(cp.dataDir, "node-"+nodeName+".kubeconfig")
+	file := NodeKubeconfigPath(cp.dataDir, nodeName)
 	return file, cp.writeKubeconfig(file, NodeUserPrefix+nodeName, kp)
 }
 
