@@ -14,6 +14,14 @@ const (
 	// AnnotationMigrationDowntimeMillis is a live migration's downtime as
 	// the source's hypervisor measured it, in milliseconds.
 	AnnotationMigrationDowntimeMillis = "kairon.zyvor.dev/downtime-millis"
+	// AnnotationMigrationTransferToken is on a Running MachineMigration:
+	// the SHA-256 (hex) of the one-time token the connecting agent will
+	// present on the migration listener (the source of a live migration,
+	// the target fetching a cold one's saved state). The token itself is
+	// only ever in that agent's memory and on the TLS connection; the
+	// listening agent consumes it by removing this annotation, so a second
+	// connection with the same token is refused.
+	AnnotationMigrationTransferToken = "kairon.zyvor.dev/transfer-token-sha256"
 	// AnnotationNodeMigrationEndpoint is on a Node: host:port where its
 	// agent accepts migrations (live streams and cold saved states). Only
 	// kairon-controller writes it, as the Node's InternalIP and the port

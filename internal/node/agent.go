@@ -38,6 +38,8 @@ type Agent struct {
 	// migrationListener accepts live migrations; migrationTLS secures them.
 	migrationListener net.Listener
 	migrationTLS      *migrationTLS
+	// consoleAuth authenticates and authorizes console requests.
+	consoleAuth *consoleAuth
 	// baseline is the guests' firewall on the bridge (nil without links).
 	baseline *network.Baseline
 	// receiving holds the migrations (client.ObjectKey) whose stream this
@@ -104,10 +106,10 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 		a.migrationTLS = t
 	}
 	if opts.MigrationListenAddress != "" {
-		ln, err := net.Listen("tcp", opts.MigrationListenAddress)
+		ln, err := a.listenMigration(cfg) // on the InternalIP, never the guests' gateway
 		if err != nil {
 			a.close()
-			return nil, fmt.Errorf("--migration-listen %s: %w", opts.MigrationListenAddress, err)
+			return nil, err
 		}
 		a.migrationListener = ln
 	}
@@ -135,6 +137,7 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 	}
 	a.mgr = mgr
 	a.client = mgr.GetClient()
+	a.consoleAuth = newConsoleAuth(apiReviewer{c: mgr.GetClient()})
 	a.recorder = mgr.GetEventRecorder("kairon-node")
 	if err := a.addHealthChecks(); err != nil {
 		a.close()

@@ -198,6 +198,11 @@ func saveStateDownload(path string, r io.Reader, contentLength, limit int64, sou
 	if contentLength > limit {
 		return fmt.Errorf("node agent %s offers a saved state of %d bytes: %w", source, contentLength, errStateTooLarge(limit))
 	}
+	// Never more than announced: past it, the source is not believed.
+	readLimit := limit + 1
+	if contentLength >= 0 {
+		readLimit = contentLength + 1
+	}
 	body := bufio.NewReaderSize(r, stateHeaderSize)
 	if head, _ := body.Peek(stateHeaderSize); len(head) > 0 {
 		if memMiB, ok := declaredMemoryMiB(head); ok && stateLimit(memMiB) < limit {
@@ -212,7 +217,7 @@ func saveStateDownload(path string, r io.Reader, contentLength, limit int64, sou
 	if err != nil {
 		return err
 	}
-	n, copyErr := io.Copy(f, io.LimitReader(body, limit+1))
+	n, copyErr := io.Copy(f, io.LimitReader(body, min(readLimit, limit+1)))
 	if copyErr == nil && n > limit {
 		copyErr = fmt.Errorf("node agent %s: %w", source, errStateTooLarge(limit))
 	}

@@ -27,8 +27,13 @@ import (
 // `kubectl logs`:
 //
 //	GET /v1/machines/{namespace}/{name}/console?tail=N&follow=true (N at most maxTailLines)
-//	GET /v1/migrations/{namespace}/{name}/state (to other agents, see migration.go)
 //	GET /healthz
+//
+// A console request needs a client certificate from --client-ca-file or a
+// bearer token, and get on machines/console in the Machine's namespace
+// (console_authz.go). Saved states of cold migrations are not served here
+// any more, only over the migration listener to the migration's target
+// node (migration_state.go).
 func (a *Agent) serve(ctx context.Context) error {
 	cert, err := servingCert(filepath.Join(a.opts.StateDir, "tls"), a.opts.NodeName)
 	if err != nil {
@@ -45,7 +50,9 @@ func (a *Agent) serve(ctx context.Context) error {
 			return fmt.Errorf("--client-ca-file %s holds no PEM certificate", a.opts.ClientCAFile)
 		}
 		tlsConfig.ClientCAs = pool
-		tlsConfig.ClientAuth = tls.RequireAndVerifyClientCert
+		// A certificate, if sent, must verify; without one a request may
+		// still bring a bearer token, and gets 401 otherwise.
+		tlsConfig.ClientAuth = tls.VerifyClientCertIfGiven
 	}
 	server := &http.Server{
 		Handler:           a.handler(),
@@ -66,20 +73,28 @@ func (a *Agent) serve(ctx context.Context) error {
 	return nil
 }
 
-// serveConsole answers with the console log; tail is at most maxTailLines
-// (a larger one is taken as that) and read from the end of the file.
 // handler routes the server's requests.
 func (a *Agent) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
 	mux.HandleFunc("GET /v1/machines/{namespace}/{name}/console", a.serveConsole)
-	mux.HandleFunc("GET /v1/migrations/{namespace}/{name}/state", a.serveMigrationState)
 	return mux
 }
 
+// serveConsole answers with the console log; tail is at most maxTailLines
+// (a larger one is taken as that) and read from the end of the file. The
+// requester is authenticated (401), the names checked (400), and the
+// requester authorized for this Machine's console (403), in that order.
 func (a *Agent) serveConsole(w http.ResponseWriter, r *http.Request) {
+	user, ok := a.consoleAuth.authenticate(w, r)
+	if !ok {
+		return
+	}
 	namespace, name, ok := requestNames(w, r)
 	if !ok {
+		return
+	}
+	if !a.consoleAuth.authorize(w, r, user, namespace, name) {
 		return
 	}
 	id := instanceID(namespace, name)

@@ -30,15 +30,17 @@ import (
 // Live migration, the node agents' part. kairon-controller picks the target
 // and sets the migration Running; then:
 //
-//  1. the SOURCE agent connects to the target agent's migration endpoint
-//     (the Node annotation kairon.zyvor.dev/migration-endpoint; mutual TLS
-//     with --migration-tls-dir: both certificates checked against one CA,
-//     the target's certificate must name the migration's target node) and
-//     asks for the migration by name;
+//  1. the SOURCE agent publishes the hash of a one-time transfer token on
+//     the migration (migration_token.go), connects to the target agent's
+//     migration endpoint (the Node annotation
+//     kairon.zyvor.dev/migration-endpoint, written by kairon-controller;
+//     mutual TLS with --migration-tls-dir: both certificates checked
+//     against one CA, the target's certificate must name the migration's
+//     target node) and asks for the migration by name, with the token;
 //  2. the TARGET agent checks that it is the target of that Running live
-//     migration and that the peer's certificate names its source node
-//     (migration_security.go), attaches the Machine to its network and
-//     answers OK;
+//     migration, that the peer's certificate names its source node
+//     (migration_security.go) and consumes the token, attaches the Machine
+//     to its network and answers OK;
 //  3. the source's backend streams the running guest (SendLive) while the
 //     target's backend loads it (ReceiveLive); the guest runs on the source
 //     until the final pass, then on the target;
@@ -54,13 +56,21 @@ import (
 //
 // The wire protocol is line based around the backend's stream:
 //
-//	source: KAIRON-LIVE/1 <namespace> <migration>\n
+//	source: KAIRON-LIVE/2 <namespace> <migration> <token>\n
 //	target: OK\n | ERR <why>\n   (ERR refused to a peer not authenticated)
 //	source: <backend stream>
 //	target: DONE\n | ERR <why>\n
+//
+// The same listener serves cold migrations' saved states to their target
+// (migration_state.go):
+//
+//	target: KAIRON-STATE/1 <namespace> <migration> <token>\n
+//	source: OK <bytes>\n <saved state> | ERR <why>\n
 
 const (
-	liveProtocol = "KAIRON-LIVE/1"
+	liveProtocol = "KAIRON-LIVE/2"
+	// stateProtocol asks for a cold migration's saved state.
+	stateProtocol = "KAIRON-STATE/1"
 	// liveHandshakeTimeout bounds the source's connecting, TLS and the
 	// target's first answer (the target's side: migrationHandshakeTimeout).
 	liveHandshakeTimeout = 15 * time.Second
@@ -224,16 +234,26 @@ func (a *Agent) receiveLive(ctx context.Context, conn net.Conn, slots <-chan str
 		logger.Info("live migration refused: no request", "err", err.Error())
 		return
 	}
-	key, err := parseLiveRequest(line)
+	request, err := parseMigrationRequest(line)
 	if err != nil {
-		logger.Info("live migration refused", "why", err.Error())
+		logger.Info("migration connection refused", "why", err.Error())
 		_ = reply(conn, liveRefused)
 		return
 	}
+	key := request.key
 	logger = logger.WithValues("migration", key.String())
+	if request.protocol == stateProtocol {
+		a.sendSavedState(log.IntoContext(ctx, logger), conn, request, peer, release)
+		return
+	}
 	mig, err := a.checkLiveTarget(ctx, key)
 	if err == nil && peer != nil && !certNamesNode(peer, mig.Status.SourceNode) {
 		err = fmt.Errorf("the peer's certificate (%s) is not the source node %s's", certIdentity(peer), mig.Status.SourceNode)
+	}
+	if err == nil {
+		// Last: a peer that fails the checks above does not use up the
+		// source's token.
+		mig, err = a.consumeTransferToken(ctx, mig, request.token)
 	}
 	if err != nil {
 		// Not (yet) known as the migration's source: it learns nothing, and
@@ -439,13 +459,17 @@ func (a *Agent) migrateSourceLive(ctx context.Context, mig *kaironv1.MachineMigr
 // connection broke after the whole stream was sent).
 func (a *Agent) sendLive(ctx context.Context, mig *kaironv1.MachineMigration, id string, migrator backend.LiveMigrator) (time.Duration, kaironv1.MigrationReason, error) {
 	target := mig.Status.TargetNode
+	token, err := a.publishTransferToken(ctx, mig)
+	if err != nil {
+		return 0, kaironv1.MigrationReasonTargetUnreachable, err
+	}
 	conn, err := a.dialLive(ctx, target)
 	if err != nil {
 		return 0, kaironv1.MigrationReasonTargetUnreachable, err
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(liveHandshakeTimeout))
-	if err := reply(conn, fmt.Sprintf("%s %s %s", liveProtocol, mig.Namespace, mig.Name)); err != nil {
+	if err := reply(conn, fmt.Sprintf("%s %s %s %s", liveProtocol, mig.Namespace, mig.Name, token)); err != nil {
 		return 0, kaironv1.MigrationReasonTargetUnreachable, fmt.Errorf("node %s: %w", target, err)
 	}
 	in := bufio.NewReader(conn)

@@ -323,7 +323,7 @@ func TestLiveMigrationTargetTakesOneStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	endpoint := target.Annotations[kaironv1.AnnotationNodeMigrationEndpoint]
-	ask := func() (net.Conn, string) {
+	ask := func(token string) (net.Conn, string) {
 		t.Helper()
 		conn, err := net.DialTimeout("tcp", endpoint, 5*time.Second)
 		if err != nil {
@@ -331,18 +331,29 @@ func TestLiveMigrationTargetTakesOneStream(t *testing.T) {
 		}
 		t.Cleanup(func() { conn.Close() })
 		_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
-		if _, err := fmt.Fprintf(conn, "KAIRON-LIVE/1 %s live\n", ns); err != nil {
+		if _, err := fmt.Fprintf(conn, "KAIRON-LIVE/2 %s live %s\n", ns, token); err != nil {
 			t.Fatal(err)
 		}
 		answer, _ := bufio.NewReader(conn).ReadString('\n')
 		return conn, answer
 	}
-	first, answer := ask()
+	key := client.ObjectKeyFromObject(mig)
+	token := publishToken(t, env, key)
+	if _, answer := ask(strings.Repeat("A", len(token))); answer != "ERR refused\n" {
+		t.Errorf("a request with a wrong token answered %q, want a terse refusal", answer)
+	}
+	if _, answer := ask(token[:len(token)-1]); answer != "ERR refused\n" {
+		t.Errorf("a request with a malformed token answered %q, want a terse refusal", answer)
+	}
+	first, answer := ask(token)
 	if answer != "OK\n" {
 		t.Fatalf("first request answered %q, want OK", answer)
 	}
-	if _, answer := ask(); !strings.HasPrefix(answer, "ERR node one-b is already receiving migration "+ns+"/live") {
-		t.Errorf("second request answered %q, want a refusal while the first streams", answer)
+	if _, answer := ask(token); answer != "ERR refused\n" {
+		t.Errorf("the token replayed answered %q, want a terse refusal: it was used", answer)
+	}
+	if _, answer := ask(publishToken(t, env, key)); !strings.HasPrefix(answer, "ERR node one-b is already receiving migration "+ns+"/live") {
+		t.Errorf("second request with a fresh token answered %q, want a refusal while the first streams", answer)
 	}
 	first.Close() // the stream breaks before anything was sent
 

@@ -4,19 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -36,9 +31,10 @@ import (
 // then:
 //
 //  1. the SOURCE agent saves the VM (Backend.Save leaves it paused) to
-//     StateDir/migrations/<namespace>_<migration>.state, serves that file at
-//     GET /v1/migrations/{namespace}/{name}/state and annotates the migration
-//     state-saved=true (and state-saved-at);
+//     StateDir/migrations/<namespace>_<migration>.state, serves that file on
+//     its migration listener to the migration's target node only
+//     (migration_state.go) and annotates the migration state-saved=true
+//     (and state-saved-at);
 //  2. the TARGET agent downloads the file from the source agent, restores it
 //     (Backend.Restore), waits for the instance to run, and switches the
 //     Machine's spec.nodeName to itself. The target switches, not the
@@ -326,117 +322,39 @@ func (a *Agent) restore(ctx context.Context, machine *kaironv1.Machine, id, path
 	return a.opts.Backend.Restore(ctx, spec, path)
 }
 
-// fetchState downloads the saved VM from the source agent to path. The
-// client certificate is the agent's own (its kubeconfig); like kaironctl's
-// direct console access, the source's self-signed serving certificate is
-// not verified.
-func (a *Agent) fetchState(ctx context.Context, mig *kaironv1.MachineMigration, path string) error {
-	node := &corev1.Node{}
-	if err := a.mgr.GetAPIReader().Get(ctx, client.ObjectKey{Name: mig.Status.SourceNode}, node); err != nil {
-		return fmt.Errorf("reading node %s: %w", mig.Status.SourceNode, err)
-	}
-	address, err := agentAddress(node)
-	if err != nil {
-		return err
-	}
-	cfg := rest.CopyConfig(a.restConfig)
-	cfg.Insecure, cfg.CAData, cfg.CAFile = true, nil, ""
-	transport, err := rest.TransportFor(cfg)
-	if err != nil {
-		return err
-	}
-	u := url.URL{Scheme: "https", Host: address, Path: "/v1/migrations/" + url.PathEscape(mig.Namespace) + "/" + url.PathEscape(mig.Name) + "/state"}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
-	if err != nil {
-		return err
-	}
-	resp, err := (&http.Client{Transport: transport, Timeout: 10 * time.Minute}).Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("node agent answered %s: %s", resp.Status, sanitizeGuestText(string(msg)))
-	}
-	// The source is not trusted to bound what it sends: the download stops
-	// at the limit of the Machine's memory (from the API server), or of the
-	// smaller memory the state's header declares.
-	limit, err := a.stateLimitOf(ctx, mig)
-	if err != nil {
-		return err
-	}
-	return saveStateDownload(path, resp.Body, resp.ContentLength, limit, mig.Status.SourceNode)
-}
-
-// agentAddress is host:port of a node's agent, from the Node's status.
-func agentAddress(node *corev1.Node) (string, error) {
-	port := node.Status.DaemonEndpoints.KubeletEndpoint.Port
-	if port <= 0 {
-		return "", fmt.Errorf("node %s advertises no agent port", node.Name)
-	}
-	for _, t := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP, corev1.NodeHostName} {
-		for _, addr := range node.Status.Addresses {
-			if addr.Type == t && addr.Address != "" {
-				return net.JoinHostPort(addr.Address, strconv.Itoa(int(port))), nil
+// failMigration marks a Running migration Failed with this agent's reason.
+// A conflict (the other agent consumed a transfer token or added its
+// finalizer meanwhile) is retried on the migration read afresh, as long as
+// it is the same migration and still Running: a failure the agent saw must
+// not be lost to a write that had nothing to do with it.
+func (a *Agent) failMigration(ctx context.Context, mig *kaironv1.MachineMigration, reason kaironv1.MigrationReason, message string) error {
+	uid := mig.UID
+	failed := false
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if failed {
+			if err := a.mgr.GetAPIReader().Get(ctx, client.ObjectKeyFromObject(mig), mig); err != nil {
+				return client.IgnoreNotFound(err)
 			}
 		}
-	}
-	return "", fmt.Errorf("node %s has no address", node.Name)
-}
-
-// serveMigrationState serves a saved VM to the target agent. The names are
-// checked (requestNames), and exactly the file's size when opened is sent,
-// and only if it is within the limit its header declares (stateLimit).
-func (a *Agent) serveMigrationState(w http.ResponseWriter, r *http.Request) {
-	ns, name, ok := requestNames(w, r)
-	if !ok {
-		return
-	}
-	file, err := os.Open(a.migrationStatePath(ns, name))
-	if err != nil {
-		http.Error(w, fmt.Sprintf("no saved state for migration %s/%s on node %s", ns, name, a.opts.NodeName), http.StatusNotFound)
-		return
-	}
-	defer file.Close()
-	info, err := file.Stat()
-	if err != nil || !info.Mode().IsRegular() {
-		http.Error(w, "saved state unreadable", http.StatusInternalServerError)
-		return
-	}
-	size := info.Size()
-	head := make([]byte, stateHeaderSize)
-	n, _ := io.ReadFull(file, head)
-	if memMiB, ok := declaredMemoryMiB(head[:n]); ok && size > stateLimit(memMiB) {
-		http.Error(w, errStateTooLarge(stateLimit(memMiB)).Error(), http.StatusInternalServerError)
-		return
-	}
-	if _, err := file.Seek(0, io.SeekStart); err != nil {
-		http.Error(w, "saved state unreadable", http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
-	_, _ = io.CopyN(w, file, size)
-}
-
-// failMigration marks a Running migration Failed with this agent's reason.
-func (a *Agent) failMigration(ctx context.Context, mig *kaironv1.MachineMigration, reason kaironv1.MigrationReason, message string) error {
-	if mig.Status.Phase != kaironv1.MigrationRunning {
+		failed = true
+		if mig.UID != uid || mig.Status.Phase != kaironv1.MigrationRunning {
+			return nil
+		}
+		base := mig.DeepCopy()
+		now := metav1.Now()
+		mig.Status.Phase = kaironv1.MigrationFailed
+		mig.Status.Reason = reason
+		mig.Status.Message = message
+		mig.Status.CompletionTime = &now
+		if err := patch.Status(ctx, a.client, base, mig, patch.WithOptimisticLock()); err != nil {
+			*mig = *base
+			return err
+		}
+		log.FromContext(ctx).Info("migration failed", "migration", klog.KObj(mig), "reason", reason, "message", message)
+		a.recorder.Eventf(mig, nil, corev1.EventTypeWarning, string(reason), "Migrate", "%s", message)
 		return nil
-	}
-	base := mig.DeepCopy()
-	now := metav1.Now()
-	mig.Status.Phase = kaironv1.MigrationFailed
-	mig.Status.Reason = reason
-	mig.Status.Message = message
-	mig.Status.CompletionTime = &now
-	log.FromContext(ctx).Info("migration failed", "migration", klog.KObj(mig), "reason", reason, "message", message)
-	if err := patch.Status(ctx, a.client, base, mig, patch.WithOptimisticLock()); err != nil {
-		return err
-	}
-	a.recorder.Eventf(mig, nil, corev1.EventTypeWarning, string(reason), "Migrate", "%s", message)
-	return nil
+	})
+	return err
 }
 
 // migrationHolds reports whether a Running migration of the Machine

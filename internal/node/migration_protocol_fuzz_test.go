@@ -8,45 +8,86 @@ import (
 	"unicode"
 )
 
-// FuzzParseLiveRequest: whatever a peer sends as its request line, the
+// FuzzParseMigrationRequest: whatever a peer sends as its request line, the
 // parser does not panic, and what it accepts is exactly one protocol line
-// naming a valid namespace and name (no spaces, slashes or control bytes
-// that could reach a log, a path or an API request unchecked).
-func FuzzParseLiveRequest(f *testing.F) {
+// naming a known protocol, a valid namespace and name and a token of the
+// right syntax (no spaces, slashes or control bytes that could reach a log,
+// a path or an API request unchecked).
+func FuzzParseMigrationRequest(f *testing.F) {
+	tok := strings.Repeat("A", transferTokenLen)
 	for _, seed := range []string{
-		"KAIRON-LIVE/1 default live", "KAIRON-LIVE/1 ns-1 move.live-2", "KAIRON-LIVE/1 default",
-		"KAIRON-LIVE/1  default live", "KAIRON-LIVE/1 default live extra", "KAIRON-LIVE/2 default live",
-		"kairon-live/1 default live", "KAIRON-LIVE/1 ../etc passwd", "KAIRON-LIVE/1 default live\r",
-		"KAIRON-LIVE/1 Default live", "KAIRON-LIVE/1 default a/b", "", " ", "KAIRON-LIVE/1",
-		"KAIRON-LIVE/1 default " + strings.Repeat("a", 254), "KAIRON-LIVE/1 " + strings.Repeat("n", 64) + " live",
-		"KAIRON-LIVE/1 default\tlive", "KAIRON-LIVE/1 default l\x00ve", "KAIRON-LIVE/1 défault live",
+		"KAIRON-LIVE/2 default live " + tok, "KAIRON-STATE/1 ns-1 move.cold-2 " + tok, "KAIRON-LIVE/2 default live",
+		"KAIRON-LIVE/2  default live " + tok, "KAIRON-LIVE/2 default live " + tok + " extra", "KAIRON-LIVE/1 default live " + tok,
+		"kairon-live/2 default live " + tok, "KAIRON-STATE/1 ../etc passwd " + tok, "KAIRON-LIVE/2 default live " + tok + "\r",
+		"KAIRON-LIVE/2 Default live " + tok, "KAIRON-STATE/1 default a/b " + tok, "", " ", "KAIRON-LIVE/2",
+		"KAIRON-LIVE/2 default " + strings.Repeat("a", 254) + " " + tok, "KAIRON-LIVE/2 " + strings.Repeat("n", 64) + " live " + tok,
+		"KAIRON-LIVE/2 default\tlive " + tok, "KAIRON-LIVE/2 default l\x00ve " + tok, "KAIRON-LIVE/2 défault live " + tok,
+		"KAIRON-STATE/1 default cold " + tok[1:], "KAIRON-STATE/1 default cold " + tok + "A", "KAIRON-STATE/1 default cold " + tok[1:] + "=",
+		"KAIRON-STATE/1 default cold " + tok[1:] + "/", "KAIRON-STATE/1 default cold " + tok[1:] + "+",
 	} {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, line string) {
-		key, err := parseLiveRequest(line)
+		req, err := parseMigrationRequest(line)
 		if err != nil {
-			if key.Namespace != "" || key.Name != "" {
-				t.Fatalf("%q: error %v with a key %v", line, err, key)
+			if req != (migrationRequest{}) {
+				t.Fatalf("%q: error %v with a request %+v", line, err, req)
 			}
 			if len(line) >= 16 && strings.Contains(err.Error(), line) {
 				t.Fatalf("%q: the refusal echoes the request: %v", line, err)
 			}
 			return
 		}
-		if got := liveProtocol + " " + key.Namespace + " " + key.Name; got != line {
-			t.Fatalf("%q accepted as %v, which reads back as %q", line, key, got)
+		if req.protocol != liveProtocol && req.protocol != stateProtocol {
+			t.Fatalf("%q accepted with protocol %q", line, req.protocol)
 		}
-		if key.Namespace == "" || key.Name == "" || len(key.Namespace) > 63 || len(key.Name) > 253 {
-			t.Fatalf("%q accepted with namespace %q name %q", line, key.Namespace, key.Name)
+		if got := req.protocol + " " + req.key.Namespace + " " + req.key.Name + " " + req.token; got != line {
+			t.Fatalf("%q accepted as %+v, which reads back as %q", line, req, got)
 		}
-		for _, r := range key.Namespace + key.Name {
+		if req.key.Namespace == "" || req.key.Name == "" || len(req.key.Namespace) > 63 || len(req.key.Name) > 253 {
+			t.Fatalf("%q accepted with namespace %q name %q", line, req.key.Namespace, req.key.Name)
+		}
+		for _, r := range req.key.Namespace + req.key.Name {
 			if !(r == '-' || r == '.' || unicode.IsDigit(r) || (r >= 'a' && r <= 'z')) {
-				t.Fatalf("%q accepted with byte %q in the key %v", line, r, key)
+				t.Fatalf("%q accepted with byte %q in the key %v", line, r, req.key)
+			}
+		}
+		if len(req.token) != transferTokenLen {
+			t.Fatalf("%q accepted with a token of %d bytes", line, len(req.token))
+		}
+		for _, r := range req.token {
+			if !(r == '-' || r == '_' || unicode.IsDigit(r) || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')) {
+				t.Fatalf("%q accepted with byte %q in the token", line, r)
 			}
 		}
 		if len(line) > liveLineLimit {
 			t.Fatalf("%q accepted, longer than a protocol line may be", line)
+		}
+	})
+}
+
+// FuzzParseStateAnswer: whatever a source answers a state request, the
+// target does not panic, accepts only "OK <non-negative size>", and quotes
+// a refusal only sanitized.
+func FuzzParseStateAnswer(f *testing.F) {
+	for _, seed := range []string{"OK 0", "OK 4096", "OK -1", "OK ", "OK 99999999999999999999", "ERR refused", "ERR \x1b[2Jboom", "", "OK 1 2", "OK +5", "OK 0x10"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, answer string) {
+		size, err := parseStateAnswer(answer)
+		if err != nil {
+			if size != 0 {
+				t.Fatalf("%q: error %v with size %d", answer, err, size)
+			}
+			for _, r := range err.Error() {
+				if r != '\n' && r != '\t' && (r < 0x20 || r == 0x7f || (r >= 0x80 && r <= 0x9f)) {
+					t.Fatalf("%q: refusal %q holds control character %U", answer, err, r)
+				}
+			}
+			return
+		}
+		if size < 0 || !strings.HasPrefix(answer, "OK ") {
+			t.Fatalf("%q accepted with size %d", answer, size)
 		}
 	})
 }

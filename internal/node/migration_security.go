@@ -96,20 +96,35 @@ func certIdentity(cert *x509.Certificate) string {
 	return fmt.Sprintf("CN=%q DNS=%q", cert.Subject.CommonName, cert.DNSNames)
 }
 
-// parseLiveRequest reads "KAIRON-LIVE/1 <namespace> <name>": exactly three
-// fields separated by single spaces, a namespace that is a DNS label and a
-// name that is a DNS subdomain. It is a pure function (fuzzed).
-func parseLiveRequest(line string) (client.ObjectKey, error) {
+// migrationRequest is the first line a peer sends the migration listener.
+type migrationRequest struct {
+	// protocol is liveProtocol (the source sends a running guest) or
+	// stateProtocol (the target fetches a cold migration's saved state).
+	protocol string
+	key      client.ObjectKey
+	// token is the one-time transfer token (migration_token.go).
+	token string
+}
+
+// parseMigrationRequest reads "<protocol> <namespace> <name> <token>":
+// exactly four fields separated by single spaces, a known protocol, a
+// namespace that is a DNS label, a name that is a DNS subdomain and a token
+// of the right syntax. It is a pure function (fuzzed). Its errors never
+// quote the request.
+func parseMigrationRequest(line string) (migrationRequest, error) {
 	fields := strings.Split(line, " ")
-	if len(fields) != 3 || fields[0] != liveProtocol {
-		return client.ObjectKey{}, errors.New("malformed live migration request")
+	if len(fields) != 4 || (fields[0] != liveProtocol && fields[0] != stateProtocol) {
+		return migrationRequest{}, errors.New("malformed migration request")
 	}
-	ns, name := fields[1], fields[2]
+	ns, name, token := fields[1], fields[2], fields[3]
 	if len(validation.IsDNS1123Label(ns)) > 0 {
-		return client.ObjectKey{}, errors.New("malformed namespace in live migration request")
+		return migrationRequest{}, errors.New("malformed namespace in migration request")
 	}
 	if len(validation.IsDNS1123Subdomain(name)) > 0 {
-		return client.ObjectKey{}, errors.New("malformed name in live migration request")
+		return migrationRequest{}, errors.New("malformed name in migration request")
 	}
-	return client.ObjectKey{Namespace: ns, Name: name}, nil
+	if !validTokenSyntax(token) {
+		return migrationRequest{}, errors.New("malformed token in migration request")
+	}
+	return migrationRequest{protocol: fields[0], key: client.ObjectKey{Namespace: ns, Name: name}, token: token}, nil
 }

@@ -3,10 +3,15 @@ package node_test
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -52,6 +57,32 @@ func TestLiveMigrationSendsOnlyToTheTargetNode(t *testing.T) {
 		t.Errorf("failed with %s: %s; want TargetUnreachable: the certificate is not live-to-b's", mig.Status.Reason, mig.Status.Message)
 	}
 	guestStayedOnSource(t, env, m, "live-to-a", sourceState, targetState)
+}
+
+// publishToken plays the connecting agent's part of the one-time token: it
+// puts the hash of a fresh token on migration key and returns the token.
+func publishToken(t *testing.T, env *testenv.Env, key client.ObjectKey) string {
+	t.Helper()
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	token := base64.RawURLEncoding.EncodeToString(b)
+	sum := sha256.Sum256([]byte(token))
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		mig := &kaironv1.MachineMigration{}
+		if err := env.Client.Get(context.Background(), key, mig); err != nil {
+			return err
+		}
+		if mig.Annotations == nil {
+			mig.Annotations = map[string]string{}
+		}
+		mig.Annotations[kaironv1.AnnotationMigrationTransferToken] = hex.EncodeToString(sum[:])
+		return env.Client.Update(context.Background(), mig)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return token
 }
 
 // runningLiveMigration makes a Running live migration "live" of Machine
@@ -117,7 +148,8 @@ func TestLiveMigrationListenerRefusesAttackers(t *testing.T) {
 		o.MigrationMaxHandshakes = 2
 	})
 	mig, endpoint := runningLiveMigration(t, env, ns, "att-a", "att-b")
-	request := fmt.Sprintf("KAIRON-LIVE/1 %s live\n", ns)
+	token := publishToken(t, env, client.ObjectKeyFromObject(mig))
+	request := fmt.Sprintf("KAIRON-LIVE/2 %s live %s\n", ns, token)
 
 	// ask connects with config, sends line and returns the answer (or the
 	// error that ended the connection) and the connection.
@@ -159,7 +191,7 @@ func TestLiveMigrationListenerRefusesAttackers(t *testing.T) {
 	if answer, _, _ := ask(ca.tlsClient(t, "att-c"), request); answer != "ERR refused\n" {
 		t.Errorf("peer with another node's certificate: answer %q, want a terse ERR refused", answer)
 	}
-	if answer, _, _ := ask(ca.tlsClient(t, "att-c"), "KAIRON-LIVE/1 ../etc passwd\n"); answer != "ERR refused\n" {
+	if answer, _, _ := ask(ca.tlsClient(t, "att-c"), "KAIRON-LIVE/2 ../etc passwd "+token+"\n"); answer != "ERR refused\n" {
 		t.Errorf("malformed request: answer %q, want a terse ERR refused", answer)
 	}
 	if answer, _, _ := ask(ca.tlsClient(t, "att-c"), strings.Repeat("A", 4096)+"\n"); answer != "" {
@@ -253,21 +285,22 @@ func TestLiveMigrationListenerWillNotStartInPlainText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		_ = env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "plain-a"}})
+	})
+	// 0.0.0.0 binds to the node's InternalIP, here loopback; that the
+	// operator asked for every address in plain text is refused all the same.
 	agent, err := node.New(env.Config, node.Options{
 		NodeName: "plain-a", Register: true, Backend: b, StateDir: stateDir, CPU: 1, Interval: time.Second,
 		MigrationListenAddress: "0.0.0.0:0",
 	})
-	if err != nil {
-		t.Fatal(err)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		err = agent.Run(ctx)
 	}
-	t.Cleanup(func() {
-		_ = env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "plain-a"}})
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err = agent.Run(ctx)
 	if err == nil || !strings.Contains(err.Error(), "plain TCP") {
-		t.Errorf("agent with a plain-text migration listener on 0.0.0.0: Run returned %v, want a refusal", err)
+		t.Errorf("agent with a plain-text migration listener on 0.0.0.0: %v, want a refusal", err)
 	}
 	n := &corev1.Node{}
 	if getErr := env.Client.Get(context.Background(), client.ObjectKey{Name: "plain-a"}, n); getErr == nil && n.Annotations[kaironv1.AnnotationNodeMigrationEndpoint] != "" {
@@ -322,7 +355,7 @@ func TestLiveMigrationTargetSwitchesOnlyARunningMigration(t *testing.T) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
 	in := bufio.NewReader(conn)
-	if _, err := fmt.Fprintf(conn, "KAIRON-LIVE/1 %s live\n", ns); err != nil {
+	if _, err := fmt.Fprintf(conn, "KAIRON-LIVE/2 %s live %s\n", ns, publishToken(t, env, key)); err != nil {
 		t.Fatal(err)
 	}
 	if answer, _ := in.ReadString('\n'); answer != "OK\n" {
@@ -342,4 +375,66 @@ func TestLiveMigrationTargetSwitchesOnlyARunningMigration(t *testing.T) {
 	testenv.Eventually(t, waitTimeout, "the target's copy dropped", func() (bool, string) {
 		return !instanceExists(targetState, ns, "vm"), "the target holds an instance"
 	})
+}
+
+// TestMigrationListenerBindsToTheInternalIP: --migration-listen without a
+// host binds to the Node's InternalIP only (here 127.0.0.2, a loopback
+// address that is not 127.0.0.1): the port is not open on the node's other
+// addresses, which on a real node include the guests' gateway. A host in
+// the guests' network is refused outright.
+func TestMigrationListenerBindsToTheInternalIP(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "bind-a"}}
+	if err := env.Client.Create(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), n) })
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: "bind-a"}, {Type: corev1.NodeInternalIP, Address: "127.0.0.2"}}
+	if err := env.Client.Status().Update(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	ca := newMigrationCA(t, "kairon migration CA")
+	runControllers(t, env)
+	runSimAgent(t, env, "bind-a", t.TempDir(), nil, withTLS(ca.dir(t, "bind-a")), func(o *node.Options) {
+		o.Register = false
+		o.MigrationListenAddress = ":0"
+	})
+	var endpoint string
+	testenv.Eventually(t, waitTimeout, "the migration endpoint", func() (bool, string) {
+		got := &corev1.Node{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: "bind-a"}, got); err != nil {
+			return false, err.Error()
+		}
+		endpoint = got.Annotations[kaironv1.AnnotationNodeMigrationEndpoint]
+		return endpoint != "", fmt.Sprintf("annotations %v", got.Annotations)
+	})
+	host, port, err := net.SplitHostPort(endpoint)
+	if err != nil || host != "127.0.0.2" {
+		t.Fatalf("endpoint %q (%v), want the InternalIP 127.0.0.2", endpoint, err)
+	}
+	if c, err := net.DialTimeout("tcp", endpoint, 5*time.Second); err != nil {
+		t.Errorf("the listener is not on the InternalIP %s: %v", endpoint, err)
+	} else {
+		c.Close()
+	}
+	for _, other := range []string{"127.0.0.1", "127.0.0.3"} {
+		if c, err := net.DialTimeout("tcp", net.JoinHostPort(other, port), 5*time.Second); err == nil {
+			c.Close()
+			t.Errorf("the migration port %s is open on %s too, not only on the InternalIP", port, other)
+		}
+	}
+
+	b, err := sim.New(sim.Options{StateDir: filepath.Join(t.TempDir(), "instances")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = node.New(env.Config, node.Options{
+		NodeName: "bind-b", Register: true, Backend: b, StateDir: t.TempDir(), CPU: 1,
+		Network:                &node.NetworkOptions{CIDR: netip.MustParsePrefix("127.0.0.0/24"), NoLinks: true},
+		MigrationListenAddress: "127.0.0.1:0",
+	})
+	if err == nil || !strings.Contains(err.Error(), "guests' network") {
+		t.Errorf("a migration listener on the guests' gateway: %v, want a refusal", err)
+	}
 }

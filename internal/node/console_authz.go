@@ -1,0 +1,230 @@
+package node
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	authnv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+)
+
+// Console requests are authenticated and authorized the way a kubelet does
+// it (issue 10, finding 3): a client certificate verified against
+// --client-ca-file (user = Subject CN, groups = Subject O), or a bearer
+// token the API server vouches for (TokenReview); then, per request, a
+// SubjectAccessReview for get on machines/console in the Machine's
+// namespace. A CA-signed certificate alone no longer opens every console:
+// through the API server's node proxy the request carries the API server's
+// kubelet-client identity, which RBAC must grant get machines/console.
+
+// consoleUser is an authenticated requester.
+type consoleUser struct {
+	name   string
+	uid    string
+	groups []string
+	extra  map[string]authzv1.ExtraValue
+}
+
+// accessReviewer asks the API server who a token is and what a user may do.
+type accessReviewer interface {
+	// reviewToken returns the user a bearer token authenticates, ok false
+	// if it authenticates none.
+	reviewToken(ctx context.Context, token string) (user consoleUser, ok bool, err error)
+	// mayReadConsole tells whether user may get machines/console of
+	// namespace/name.
+	mayReadConsole(ctx context.Context, user consoleUser, namespace, name string) (bool, error)
+}
+
+// apiReviewer is accessReviewer through TokenReview and SubjectAccessReview.
+type apiReviewer struct{ c client.Client }
+
+func (r apiReviewer) reviewToken(ctx context.Context, token string) (consoleUser, bool, error) {
+	review := &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}
+	if err := r.c.Create(ctx, review); err != nil {
+		return consoleUser{}, false, err
+	}
+	if !review.Status.Authenticated {
+		return consoleUser{}, false, nil
+	}
+	u := review.Status.User
+	extra := map[string]authzv1.ExtraValue{}
+	for k, v := range u.Extra {
+		extra[k] = authzv1.ExtraValue(v)
+	}
+	return consoleUser{name: u.Username, uid: u.UID, groups: u.Groups, extra: extra}, true, nil
+}
+
+func (r apiReviewer) mayReadConsole(ctx context.Context, user consoleUser, namespace, name string) (bool, error) {
+	review := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+		User: user.name, UID: user.uid, Groups: user.groups, Extra: user.extra,
+		ResourceAttributes: &authzv1.ResourceAttributes{
+			Namespace: namespace, Verb: "get", Group: kaironv1.GroupVersion.Group,
+			Resource: "machines", Subresource: "console", Name: name,
+		},
+	}}
+	if err := r.c.Create(ctx, review); err != nil {
+		return false, err
+	}
+	return review.Status.Allowed, nil
+}
+
+// consoleDecisionTTL is how long an authentication or authorization result
+// is reused, as the kubelet caches its webhook decisions: a revoked
+// permission or token still works for at most this long. Streams that
+// follow a console are authorized once, when they start.
+const consoleDecisionTTL = 10 * time.Second
+
+// consoleCacheSize bounds the cache: a flood of distinct tokens or users
+// costs API requests, never the agent's memory.
+const consoleCacheSize = 4096
+
+// consoleAuth authenticates and authorizes console requests, caching the
+// API server's answers briefly.
+type consoleAuth struct {
+	reviewer accessReviewer
+	now      func() time.Time
+
+	mu     sync.Mutex
+	tokens map[string]cachedUser
+	access map[string]cachedDecision
+}
+
+type cachedUser struct {
+	user  consoleUser
+	ok    bool
+	until time.Time
+}
+
+type cachedDecision struct {
+	allowed bool
+	until   time.Time
+}
+
+func newConsoleAuth(reviewer accessReviewer) *consoleAuth {
+	return &consoleAuth{reviewer: reviewer, now: time.Now, tokens: map[string]cachedUser{}, access: map[string]cachedDecision{}}
+}
+
+// authenticate finds who sent r: its verified client certificate, else its
+// bearer token. On failure it answers 401 (500 if the API server could not
+// be asked) and returns ok false.
+func (c *consoleAuth) authenticate(w http.ResponseWriter, r *http.Request) (consoleUser, bool) {
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
+		leaf := r.TLS.VerifiedChains[0][0]
+		groups := append(slices.Clone(leaf.Subject.Organization), "system:authenticated")
+		return consoleUser{name: leaf.Subject.CommonName, groups: groups}, true
+	}
+	scheme, token, found := strings.Cut(r.Header.Get("Authorization"), " ")
+	token = strings.TrimSpace(token)
+	if !found || !strings.EqualFold(scheme, "Bearer") || token == "" || c == nil {
+		http.Error(w, "Unauthorized", http.StatusUnauthorized)
+		return consoleUser{}, false
+	}
+	sum := sha256.Sum256([]byte(token))
+	key := hex.EncodeToString(sum[:])
+	c.mu.Lock()
+	cached, hit := c.tokens[key]
+	c.mu.Unlock()
+	if !hit || c.now().After(cached.until) {
+		user, ok, err := c.reviewer.reviewToken(r.Context(), token)
+		if err != nil {
+			log.FromContext(r.Context()).Error(err, "console: TokenReview failed")
+			http.Error(w, "Authentication unavailable", http.StatusInternalServerError)
+			return consoleUser{}, false
+		}
+		cached = cachedUser{user: user, ok: ok, until: c.now().Add(consoleDecisionTTL)}
+		c.mu.Lock()
+		c.tokens = store(c.tokens, key, cached, c.now())
+		c.mu.Unlock()
+	}
+	if !cached.ok {
+		http.Error(w, "Unauthorized", http.StatusUnauthorized)
+		return consoleUser{}, false
+	}
+	return cached.user, true
+}
+
+// authorize answers 403 unless user may get machines/console of
+// namespace/name (500 if the API server could not be asked).
+func (c *consoleAuth) authorize(w http.ResponseWriter, r *http.Request, user consoleUser, namespace, name string) bool {
+	if c == nil {
+		http.Error(w, "Forbidden", http.StatusForbidden)
+		return false
+	}
+	key := decisionKey(user, namespace, name)
+	c.mu.Lock()
+	cached, hit := c.access[key]
+	c.mu.Unlock()
+	if !hit || c.now().After(cached.until) {
+		allowed, err := c.reviewer.mayReadConsole(r.Context(), user, namespace, name)
+		if err != nil {
+			log.FromContext(r.Context()).Error(err, "console: SubjectAccessReview failed")
+			http.Error(w, "Authorization unavailable", http.StatusInternalServerError)
+			return false
+		}
+		cached = cachedDecision{allowed: allowed, until: c.now().Add(consoleDecisionTTL)}
+		c.mu.Lock()
+		c.access = store(c.access, key, cached, c.now())
+		c.mu.Unlock()
+	}
+	if !cached.allowed {
+		http.Error(w, "Forbidden", http.StatusForbidden)
+		return false
+	}
+	return true
+}
+
+// decisionKey identifies one SubjectAccessReview; NUL cannot occur in the
+// names, so no two different reviews share a key.
+func decisionKey(user consoleUser, namespace, name string) string {
+	var b strings.Builder
+	for _, s := range []string{user.name, user.uid, namespace, name} {
+		b.WriteString(s)
+		b.WriteByte(0)
+	}
+	groups := slices.Clone(user.groups)
+	slices.Sort(groups)
+	b.WriteString(strings.Join(groups, "\x00"))
+	keys := make([]string, 0, len(user.extra))
+	for k := range user.extra {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		b.WriteString("\x01" + k + "\x00" + strings.Join(user.extra[k], "\x00"))
+	}
+	sum := sha256.Sum256([]byte(b.String()))
+	return hex.EncodeToString(sum[:])
+}
+
+type expiring interface{ expiry() time.Time }
+
+func (c cachedUser) expiry() time.Time     { return c.until }
+func (c cachedDecision) expiry() time.Time { return c.until }
+
+// store puts v in m, first dropping expired entries when m is full, and
+// everything if that was not enough: the cache never outgrows
+// consoleCacheSize.
+func store[V expiring](m map[string]V, key string, v V, now time.Time) map[string]V {
+	if len(m) >= consoleCacheSize {
+		for k, old := range m {
+			if now.After(old.expiry()) {
+				delete(m, k)
+			}
+		}
+		if len(m) >= consoleCacheSize {
+			m = map[string]V{}
+		}
+	}
+	m[key] = v
+	return m
+}
