@@ -30,7 +30,7 @@ func grantConsole(t *testing.T, env *testenv.Env, ns string, subject rbacv1.Subj
 	ctx := context.Background()
 	role := &rbacv1.Role{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "console-reader-"},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{kaironv1.GroupVersion.Group}, Resources: []string{"machines/console"}, Verbs: []string{"get"}}},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{kaironv1.GroupVersion.Group}, Resources: []string{"machines/console"}, Verbs: []string{"get"}}},
 	}
 	if err := env.Client.Create(ctx, role); err != nil {
 		t.Fatal(err)
