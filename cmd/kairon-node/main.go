@@ -48,6 +48,7 @@ type flags struct {
 	migListen    string
 	migTLSDir    string
 	migInsecure  bool
+	nodeIP       string
 	interval     time.Duration
 	onShutdown   string
 	suspendLimit time.Duration
@@ -84,7 +85,8 @@ func run(args []string) error {
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:10250", "address serving consoles to the API server's node proxy")
 	fs.StringVar(&f.healthProbe, "health-probe-bind-address", "", "address serving /healthz and /readyz for liveness and readiness probes (empty: off); bind it to the node's own address, not the guests' gateway")
 	fs.StringVar(&f.clientCA, "client-ca-file", "", "accept console requests only with a client certificate signed by this CA")
-	fs.StringVar(&f.migListen, "migration-listen", "", "accept live migrations from other agents on this host:port (empty: none; an unspecified host is advertised as the Node's InternalIP)")
+	fs.StringVar(&f.migListen, "migration-listen", "", "accept migrations from other agents on this host:port (empty: none); without a host (\":10251\", \"0.0.0.0:10251\") it binds to the node's InternalIP only (--node-ip), never to every address")
+	fs.StringVar(&f.nodeIP, "node-ip", "", "the node's InternalIP, where a --migration-listen without a host binds (empty: the Node's status.addresses; with --register, the --listen host)")
 	fs.StringVar(&f.migTLSDir, "migration-tls-dir", "", "directory with tls.crt, tls.key and ca.crt: live migrations between agents use mutual TLS;\ntls.crt must name this node (CN or DNS SAN = --node-name), peers check it (empty: plain TCP, refused unless --migration-insecure or a loopback --migration-listen)")
 	fs.BoolVar(&f.migInsecure, "migration-insecure", false, "FOR TESTS ONLY: accept and send live migrations in plain TCP without --migration-tls-dir, unauthenticated, on any address")
 	fs.DurationVar(&f.interval, "interval", 5*time.Second, "reconcile tick")
@@ -145,7 +147,7 @@ func run(args []string) error {
 		NodeName: f.nodeName, Register: f.register, Backend: b, GuestDir: f.guestDir,
 		StateDir: f.stateDir, CPU: f.cpu, Memory: memory, Network: network,
 		ListenAddress: f.listen, ClientCAFile: f.clientCA, Interval: f.interval, HealthProbeAddress: f.healthProbe,
-		MigrationListenAddress: f.migListen, MigrationTLSDir: f.migTLSDir, MigrationInsecure: f.migInsecure,
+		MigrationListenAddress: f.migListen, MigrationTLSDir: f.migTLSDir, MigrationInsecure: f.migInsecure, NodeIP: f.nodeIP,
 		OnShutdown: node.ShutdownAction(f.onShutdown), SuspendTimeout: f.suspendLimit,
 	})
 	if err != nil {
