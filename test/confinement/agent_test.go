@@ -90,11 +90,16 @@ func TestAgentCertificateConfinedToItsNode(t *testing.T) {
 		refused(t, "redirect its migration to itself", mergePatch(ctx, agentA, fromA, map[string]any{"status": map[string]any{"targetNode": a}}, true), "may not change the nodes")
 		refused(t, "redirect a migration to it elsewhere", mergePatch(ctx, agentA, toA, map[string]any{"status": map[string]any{"sourceNode": b}}, true), "may not change the nodes")
 		refused(t, "succeed its migration", mergePatch(ctx, agentA, fromA, map[string]any{"status": map[string]any{"phase": kaironv1.MigrationSucceeded}}, true), "phase only to Failed")
-		refused(t, "hand over as the target", mergePatch(ctx, agentA, toA, saved, false), "only, as its source node")
+		refused(t, "hand over as the target", mergePatch(ctx, agentA, toA, saved, false), "as its source node, the finalizer")
+		token := map[string]any{"metadata": map[string]any{"annotations": map[string]any{"kairon.zyvor.dev/transfer-token-sha256": "ab12"}}}
+		refused(t, "publish a transfer token for a migration from B to C", mergePatch(ctx, agentA, betweenBC, token, false), "may not write MachineMigration b-to-c")
+		refused(t, "label its migration", mergePatch(ctx, agentA, toA, map[string]any{"metadata": map[string]any{"labels": map[string]any{"x": "y"}}}, false), "only the annotation")
 		refused(t, "create a migration", agentA.Create(ctx, &kaironv1.MachineMigration{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "new"}, Spec: kaironv1.MachineMigrationSpec{MachineName: "m"}}), "cannot create resource")
 
 		allowed(t, "hold and hand over as the source", mergePatch(ctx, agentA, fromA, saved, false))
 		allowed(t, "release as the source", mergePatch(ctx, agentA, fromA, map[string]any{"metadata": map[string]any{"finalizers": nil}}, false))
+		allowed(t, "publish a transfer token as the target", mergePatch(ctx, agentA, toA, token, false))
+		allowed(t, "consume a transfer token as the source", mergePatch(ctx, agentA, fromA, token, false))
 		allowed(t, "fail as the target", mergePatch(ctx, agentA, toA, failed, true))
 	})
 }
