@@ -326,40 +326,67 @@ func (b *Baseline) Repair() (bool, error) {
 }
 
 // intact tells whether the listed tables still hold the base rules and
-// every pinned tap's chains and map entries.
+// every pinned tap's chains and map entries. It indexes the listing once,
+// so a node with many taps does not scan it per tap.
 func intact(bridgeTable, inetTable, bridge string, applied map[string]Guest) bool {
-	want := []string{
-		"iifname vmap @guest_vmap",
-		"iifname vmap @forward_vmap",
-		fmt.Sprintf("iifname %q drop", TapPrefix+"*"),
-		"ip saddr != @gateways drop",
-	}
-	for _, w := range want {
-		if !strings.Contains(bridgeTable, w) {
-			return false
+	bridgeObjects, inetObjects := objects(bridgeTable), objects(inetTable)
+	has := func(in map[string]map[string]bool, object string, lines ...string) bool {
+		for _, line := range lines {
+			if !in[object][line] {
+				return false
+			}
 		}
+		return true
 	}
-	if !strings.Contains(inetTable, "reject with icmpx") || !strings.Contains(inetTable, fmt.Sprintf("%q", bridge)) {
+	kt := fmt.Sprintf("iifname %q drop", TapPrefix+"*")
+	if !has(bridgeObjects, "prerouting", "iifname vmap @guest_vmap", kt) ||
+		!has(bridgeObjects, "forward", "iifname vmap @forward_vmap", kt) ||
+		!has(bridgeObjects, "output", "oifname @guests ip saddr @guest_networks ip saddr != @gateways drop") ||
+		!has(inetObjects, "input", "iifname @bridges reject with icmpx admin-prohibited") ||
+		!has(inetObjects, "bridges", fmt.Sprintf("%q", bridge)) {
 		return false
 	}
 	for tap, g := range applied {
 		if g == (Guest{}) {
 			continue
 		}
-		for _, w := range []string{
-			fmt.Sprintf("%q : goto g_%s", tap, tap),
-			fmt.Sprintf("%q : goto f_%s", tap, tap),
-			"ether saddr != " + g.MAC + " drop",
-			"ip saddr != " + g.IP.String() + " drop",
-			"arp saddr ip != " + g.IP.String() + " drop",
-			"oifname != @" + nsSet(g.Namespace) + " drop",
-		} {
-			if !strings.Contains(bridgeTable, w) {
-				return false
-			}
+		if !has(bridgeObjects, "g_"+tap,
+			"ether saddr != "+g.MAC+" drop",
+			"arp saddr ether != "+g.MAC+" drop",
+			"arp saddr ip != "+g.IP.String()+" drop",
+			"ip saddr != "+g.IP.String()+" drop",
+			"jump p_"+tap) ||
+			!has(bridgeObjects, "f_"+tap, "oifname @guests oifname != @"+nsSet(g.Namespace)+" drop") ||
+			!has(bridgeObjects, "guest_vmap", fmt.Sprintf("%q : goto g_%s", tap, tap)) ||
+			!has(bridgeObjects, "forward_vmap", fmt.Sprintf("%q : goto f_%s", tap, tap)) ||
+			!has(bridgeObjects, "guests", fmt.Sprintf("%q", tap)) ||
+			!has(bridgeObjects, nsSet(g.Namespace), fmt.Sprintf("%q", tap)) {
+			return false
 		}
 	}
 	return true
+}
+
+// objects indexes an `nft list table` listing: each chain, set or map by
+// name, with its rules or elements one per entry.
+func objects(listing string) map[string]map[string]bool {
+	index := map[string]map[string]bool{}
+	var current map[string]bool
+	for _, line := range strings.Split(listing, "\n") {
+		line = strings.TrimSpace(line)
+		if f := strings.Fields(line); len(f) == 3 && f[2] == "{" && (f[0] == "chain" || f[0] == "set" || f[0] == "map") {
+			current = map[string]bool{}
+			index[f[1]] = current
+			continue
+		}
+		if current == nil {
+			continue
+		}
+		line = strings.TrimPrefix(line, "elements = { ")
+		line = strings.TrimSuffix(strings.TrimSuffix(line, " }"), ",")
+		current[line] = true
+	}
+	return index
 }
 
 // Keep calls Repair every interval until ctx ends: between a flush and the

@@ -540,6 +540,13 @@ func TestBaselineRemovesOnlyItsOwn(t *testing.T) {
 		}
 	}
 
+	// Many entries, wrapped as nft prints them: still seen as intact.
+	for _, b := range []*Baseline{n.baseline, node2} {
+		if repaired, err := b.Repair(); err != nil || repaired {
+			t.Errorf("Repair of an intact baseline with %d taps: %v, %v", 16, repaired, err)
+		}
+	}
+
 	// node-1's agent restarts: it finds its taps and can remove them.
 	restarted := n.agent(t)
 	for _, g := range mine {
