@@ -28,10 +28,12 @@ tools: ## Build the pinned Kubernetes control plane, etcd, helm and controller-g
 guest: ## Build the guest image (kernel + initramfs from Debian packages) into bin/guest.
 	@hack/guest/build.sh $(BIN)/guest
 
-generate: tools ## Regenerate deepcopy code and CRDs from api/.
+generate: tools ## Regenerate deepcopy code and CRDs from api/; copy RBAC rules and admission policies into the chart.
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	cp config/crd/bases/*.yaml charts/kairon/crds/
+	cp config/rbac/*.yaml charts/kairon/files/rbac/
+	cp config/admission/*.yaml charts/kairon/files/admission/
 
 build: ## Build Kairon's commands into bin/.
 	$(GO) build -o $(BIN)/ ./cmd/...

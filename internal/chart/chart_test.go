@@ -115,10 +115,12 @@ func TestTemplateDefaults(t *testing.T) {
 	m := render(t)
 
 	want := []string{
+		"ClusterRole/" + testRelease + "-kairon-console-reader",
 		"ClusterRole/" + controllerName,
 		"ClusterRole/" + controllerName + "-metrics-auth",
 		"ClusterRole/" + testRelease + "-kairon-metrics-reader",
 		"ClusterRole/" + nodeAgentName,
+		"ClusterRoleBinding/" + testRelease + "-kairon-console-reader",
 		"ClusterRoleBinding/" + controllerName,
 		"ClusterRoleBinding/" + controllerName + "-metrics-auth",
 		"ClusterRoleBinding/" + nodeAgentName,
@@ -128,6 +130,11 @@ func TestTemplateDefaults(t *testing.T) {
 		"ServiceAccount/" + controllerName,
 		"ServiceAccount/" + nodeAgentName,
 	}
+	// The admission policies (confinement_test.go checks their content).
+	for _, p := range []string{"machine-placement", "node-confinement-machines", "node-confinement-migrations", "node-confinement-nodes"} {
+		want = append(want, "ValidatingAdmissionPolicy/"+testRelease+"-kairon-"+p, "ValidatingAdmissionPolicyBinding/"+testRelease+"-kairon-"+p)
+	}
+	slices.Sort(want)
 	if got := m.keys(); !slices.Equal(got, want) {
 		t.Errorf("rendered objects:\n got %v\nwant %v", got, want)
 	}
@@ -222,7 +229,9 @@ func TestControllerRBAC(t *testing.T) {
 		{kaironGroup, "machinenetworkpolicies", []string{"get", "list", "watch", "create", "patch", "delete"}},
 		{kaironGroup, "machinemigrations", []string{"get", "list", "watch"}},
 		{kaironGroup, "machinemigrations/status", []string{"patch"}},
-		{"", "nodes", []string{"get", "list", "watch"}},
+		// patch: the controller owns the Nodes' migration-endpoint annotation.
+		{"", "nodes", []string{"get", "list", "watch", "patch"}},
+		{kaironGroup, "machines", []string{"place"}},
 		{"", "events", []string{"create", "patch"}},
 		{"events.k8s.io", "events", []string{"create", "patch"}},
 	}
@@ -244,7 +253,6 @@ func TestControllerRBAC(t *testing.T) {
 		{kaironGroup, "machinemigrations", "delete"},
 		{kaironGroup, "machinedisruptionbudgets", "update"},
 		{kaironGroup, "machinequotas", "delete"},
-		{"", "nodes", "patch"},
 		{"", "nodes", "update"},
 		{"", "nodes", "delete"},
 		{"", "secrets", "get"},
@@ -276,10 +284,8 @@ func TestNodeAgentRBAC(t *testing.T) {
 		verbs           []string
 	}{
 		{"", "nodes", []string{"get", "patch"}},
-		{"", "nodes/status", []string{"patch"}},
-		{kaironGroup, "machines", []string{"get", "list", "watch", "patch"}},
+		{kaironGroup, "machines", []string{"get", "list", "watch", "patch", "place"}},
 		{kaironGroup, "machines/status", []string{"patch"}},
-		{kaironGroup, "machines/finalizers", []string{"update"}},
 		{kaironGroup, "machinemigrations", []string{"get", "list", "watch", "patch"}},
 		{kaironGroup, "machinemigrations/status", []string{"patch"}},
 		{"", "events", []string{"create", "patch"}},
@@ -294,7 +300,9 @@ func TestNodeAgentRBAC(t *testing.T) {
 	}
 	refuse := []struct{ group, resource, verb string }{
 		{"", "nodes", "create"}, // the chart never passes --register
+		{"", "nodes/status", "patch"},
 		{"", "nodes", "delete"},
+		{kaironGroup, "machines", "update"},
 		{"", "nodes", "list"},
 		{kaironGroup, "machines", "create"},
 		{kaironGroup, "machines", "delete"},

@@ -225,8 +225,12 @@ func TestInstall(t *testing.T) {
 // ServiceAccounts and drives every controller once.
 func runWithChartRBAC(t *testing.T, env *testenv.Env, ns, controllerSA, nodeSA string) {
 	ctx := context.Background()
+	// A Node like a kubelet's: the agent (no --register) only labels it.
+	nodeName := createNode(t, env, "chart-"+ns, nil)
 	controllerCfg, controllerDenied := serviceAccountConfig(t, env, ns, controllerSA)
-	nodeCfg, nodeDenied := serviceAccountConfig(t, env, ns, nodeSA)
+	// The agent's token names its node, as the DaemonSet Pod's does: the
+	// node confinement policies refuse an agent whose token names none.
+	nodeCfg, nodeDenied := serviceAccountConfig(t, env, ns, nodeSA, agentPod(t, env, ns, nodeSA, nodeName))
 	// Registered first, so it runs last, after both stopped, and also when
 	// a wait below failed (often because of one of these).
 	t.Cleanup(func() {
@@ -236,9 +240,6 @@ func runWithChartRBAC(t *testing.T, env *testenv.Env, ns, controllerSA, nodeSA s
 			}
 		}
 	})
-
-	// A Node like a kubelet's: the agent (no --register) only labels it.
-	nodeName := createNode(t, env, "chart-"+ns, nil)
 
 	startControllers(t, env, controllerCfg, ns, controller.Options{Interval: 2 * time.Second})
 	startNodeAgent(t, nodeCfg, nodeName)
@@ -568,10 +569,15 @@ func startNodeAgent(t *testing.T, cfg *rest.Config, nodeName string) {
 
 // serviceAccountConfig is a client config that authenticates with a fresh
 // token of ServiceAccount ns/name, as a pod running under it would, and
-// records every request the API server refuses with 403.
-func serviceAccountConfig(t *testing.T, env *testenv.Env, ns, name string) (*rest.Config, *deniedRequests) {
+// records every request the API server refuses with 403. With bound, the
+// token is bound to that object (a Pod: the API server then puts the Pod's
+// node in the token).
+func serviceAccountConfig(t *testing.T, env *testenv.Env, ns, name string, bound ...*authenticationv1.BoundObjectReference) (*rest.Config, *deniedRequests) {
 	t.Helper()
 	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}
+	if len(bound) > 0 {
+		tr.Spec.BoundObjectRef = bound[0]
+	}
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
 	if err := env.Client.SubResource("token").Create(context.Background(), sa, tr); err != nil {
 		t.Fatalf("token for ServiceAccount %s/%s: %v", ns, name, err)
