@@ -124,6 +124,18 @@ func evacuateRoot() error {
 	return nil
 }
 
+// dirs are the directories of the VM cgroup called name.
+func (s *cgroupSetup) dirs(name string) []string {
+	if s.v2 {
+		return []string{filepath.Join(cgroupRoot, s.parent, name)}
+	}
+	var out []string
+	for _, root := range s.v1Roots {
+		out = append(out, filepath.Join(root, s.parent, name))
+	}
+	return out
+}
+
 // create makes the VM's cgroup(s) called name with limits, and returns
 // their directories. A leftover of the same name (a crashed agent's) is
 // emptied and replaced.

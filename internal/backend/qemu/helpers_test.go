@@ -142,6 +142,13 @@ func reapOrphans() {
 			fmt.Fprintf(os.Stderr, "killing qemu %d left by a dead test run in %s\n", pid, root)
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
+		// Their jails too: cgroups and uid claims outlive the test binary.
+		vms, _ := os.ReadDir(root)
+		for _, vm := range vms {
+			if err := (&jailConfig{registry: DefaultJailRegistry}).teardown(filepath.Join(root, vm.Name())); err != nil {
+				fmt.Fprintf(os.Stderr, "removing the jail left by a dead test run in %s: %v\n", root, err)
+			}
+		}
 		os.RemoveAll(root)
 	}
 }

@@ -118,7 +118,43 @@ func newJailConfig(opts Options) (*jailConfig, error) {
 	}
 	j.cgroups = cg
 	j.kvmGroup, j.kvmErr = kvmGroupFor("/dev/kvm")
+	if err := j.sweepStale(); err != nil {
+		return nil, err
+	}
 	return j, nil
+}
+
+// sweepStale removes the claims, and the cgroups, of uids whose VM directory
+// no longer records them: what an agent that died while stopping a VM, or
+// whose state directory was deleted under it, left behind.
+func (j *jailConfig) sweepStale() error {
+	unlock, err := j.lockRegistry()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	ents, err := os.ReadDir(j.registry)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		uid, err := strconv.ParseUint(e.Name(), 10, 32)
+		if err != nil {
+			continue
+		}
+		path := filepath.Join(j.registry, e.Name())
+		owner, err := os.ReadFile(path)
+		if err != nil || uidHeldBy(string(owner), uint32(uid)) {
+			continue
+		}
+		for _, d := range j.cgroups.dirs(cgroupName(uint32(uid))) {
+			if err := removeCgroup(d); err != nil {
+				return err
+			}
+		}
+		_ = os.Remove(path)
+	}
+	return nil
 }
 
 // othersCanRead checks that a uid of neither the owner nor the group of

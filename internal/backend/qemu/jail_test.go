@@ -12,8 +12,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/zyvor/kairon/internal/backend"
+	"github.com/zyvor/kairon/internal/testenv"
+	"github.com/zyvor/kairon/internal/testenv/host"
 )
 
 // TestJailedVMs looks at two running VMs from the host the way an attacker
@@ -376,5 +379,93 @@ func TestOthersCanRead(t *testing.T) {
 	}
 	if err := othersCanRead(f); err == nil || !strings.Contains(err.Error(), "cannot read") {
 		t.Errorf("a file others cannot read: %v", err)
+	}
+}
+
+// An agent starting finds the claims and cgroups of uids whose VM directory
+// is gone (a crashed agent's, a deleted state directory's) and removes
+// them, killing what still runs there; live claims stay.
+func TestSweepStaleJails(t *testing.T) {
+	host.SkipIfShort(t, "root and the host's cgroups")
+	parent := fmt.Sprintf("kairon-test-%d", os.Getpid())
+	cg, err := detectCgroups(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, d := range cg.dirs("") {
+			_ = syscall.Rmdir(d)
+		}
+	})
+	j := &jailConfig{uidBase: 3100000, uidCount: 4, registry: t.TempDir(), cgroups: cg}
+	root := t.TempDir()
+	live, gone := filepath.Join(root, "live"), filepath.Join(root, "gone")
+	for _, d := range []string{live, gone} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim := func(dir string) (uint32, []string) {
+		uid, err := j.claimUID(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := writeJSON(filepath.Join(dir, jailFile), jailRecord{UID: uid, GID: uid}); err != nil {
+			t.Fatal(err)
+		}
+		dirs, err := cg.create(cgroupName(uid), cgroupLimits{memoryBytes: 64 << 20, pids: 16, cpuMilli: 500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			for _, d := range dirs {
+				_ = removeCgroup(d)
+			}
+		})
+		return uid, dirs
+	}
+	liveUID, liveDirs := claim(live)
+	goneUID, goneDirs := claim(gone)
+	// Something still runs in the stale cgroup.
+	sleeper := exec.Command("sleep", "600")
+	if err := cg.spawn(sleeper, "/", goneDirs); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- sleeper.Wait() }()
+	t.Cleanup(func() { _ = sleeper.Process.Kill() })
+	if procs, _ := cgroupProcs(goneDirs[0]); !slices.Contains(procs, sleeper.Process.Pid) {
+		t.Fatalf("the sleeper %d is not in %s: %v", sleeper.Process.Pid, goneDirs[0], procs)
+	}
+	if err := os.RemoveAll(gone); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := j.sweepStale(); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range goneDirs {
+		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("stale cgroup %s left: %v", d, err)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "the process in the stale cgroup to be killed", func() (bool, string) {
+		select {
+		case err := <-waited:
+			return err != nil, fmt.Sprintf("it ended with %v", err)
+		default:
+			return false, "it still runs"
+		}
+	})
+	if _, err := os.Stat(filepath.Join(j.registry, strconv.FormatUint(uint64(goneUID), 10))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stale claim of %d left: %v", goneUID, err)
+	}
+	for _, d := range liveDirs {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("live cgroup %s removed: %v", d, err)
+		}
+	}
+	if owner, err := os.ReadFile(filepath.Join(j.registry, strconv.FormatUint(uint64(liveUID), 10))); err != nil || string(owner) != live {
+		t.Errorf("live claim of %d: %q, %v", liveUID, owner, err)
 	}
 }
