@@ -1,6 +1,8 @@
 package network
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -393,6 +395,45 @@ func TestBaselineDropsSpoofedFrames(t *testing.T) {
 		}
 	})
 
+	t.Run("frames that are not IPv4 or ARP", func(t *testing.T) {
+		// Checks on the IPv4 header do not look inside a VLAN tag, and
+		// IPv6 or other EtherTypes have none of those checks: a guest
+		// could carry anything in them, unless they are dropped whole.
+		sniffed := sniff(t, receiver.netns)
+		ipv4 := ipv4UDP(attacker.IP, receiver.IP, []byte("token-in-vlan"))
+		frames := map[string][]byte{
+			"802.1Q-tagged IPv4":  ethernet(receiverMAC, attacker.MAC, 0x8100, append([]byte{0x00, 0x05, 0x08, 0x00}, ipv4...)),
+			"802.1ad-tagged IPv4": ethernet(receiverMAC, attacker.MAC, 0x88a8, append([]byte{0x00, 0x05, 0x08, 0x00}, ipv4...)),
+			"IPv6":                ethernet(receiverMAC, attacker.MAC, 0x86dd, append(make([]byte, 40), []byte("token-ipv6")...)),
+			"local EtherType":     ethernet(receiverMAC, attacker.MAC, 0x88b5, []byte("token-experimental")),
+		}
+		for what, frame := range frames {
+			if err := sendFrame(attacker.netns, frame); err != nil {
+				t.Fatalf("sending %s: %v", what, err)
+			}
+		}
+		if err := sendUDP(attacker.netns, "10.88.1.2", "10.88.1.4:7001", "marker-raw"); err != nil {
+			t.Fatal(err)
+		}
+		if before := untilMarker(t, got, "marker-raw"); len(before) > 0 {
+			t.Fatalf("datagrams before the marker: %v", before)
+		}
+		// The sniffer sees frames in the order they arrived: everything the
+		// attacker sent came before the marker.
+		timeout := time.After(waitTimeout)
+		for seen := false; !seen; {
+			select {
+			case frame := <-sniffed:
+				if bytes.Contains(frame, []byte("token-")) {
+					t.Fatalf("the receiver got a frame the baseline must drop: % x", frame)
+				}
+				seen = bytes.Contains(frame, []byte("marker-raw"))
+			case <-timeout:
+				t.Fatal("the sniffer never saw the marker")
+			}
+		}
+	})
+
 	t.Run("ARP for another guest's IP", func(t *testing.T) {
 		// The victim is silent, the attacker holds its address: only the
 		// attacker can answer the receiver's ARP request.
@@ -643,4 +684,101 @@ func TestBaselineRepairsWhatWasFlushed(t *testing.T) {
 			mustNotReach(t, b.netns, "a guest of team-b after the repair", "10.88.1.2:7000")
 		})
 	}
+}
+
+// ethernet builds a frame.
+func ethernet(dst, src string, etherType uint16, payload []byte) []byte {
+	d, _ := net.ParseMAC(dst)
+	s, _ := net.ParseMAC(src)
+	frame := append(append([]byte{}, d...), s...)
+	frame = binary.BigEndian.AppendUint16(frame, etherType)
+	return append(frame, payload...)
+}
+
+// ipv4UDP builds an IPv4 packet carrying a UDP datagram to port 7001.
+func ipv4UDP(src, dst netip.Addr, payload []byte) []byte {
+	udp := binary.BigEndian.AppendUint16(nil, 40000)
+	udp = binary.BigEndian.AppendUint16(udp, 7001)
+	udp = binary.BigEndian.AppendUint16(udp, uint16(8+len(payload)))
+	udp = append(udp, 0, 0) // no checksum
+	udp = append(udp, payload...)
+	ip := []byte{0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0}
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(udp)))
+	s, d := src.As4(), dst.As4()
+	ip = append(append(ip, s[:]...), d[:]...)
+	var sum uint32
+	for i := 0; i < len(ip); i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(ip[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
+	return append(ip, udp...)
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// sendFrame puts frame on eth0 of ns as it is.
+func sendFrame(ns string, frame []byte) error {
+	return inNetNS(ns, func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return unix.Sendto(fd, frame, 0, &unix.SockaddrLinklayer{Ifindex: ifi.Index, Halen: 6, Addr: [8]byte(append(append([]byte{}, frame[:6]...), 0, 0))})
+	})
+}
+
+// sniff hands over every frame eth0 of ns receives, in order, until the
+// test ends.
+func sniff(t *testing.T, ns string) <-chan []byte {
+	t.Helper()
+	var fd int
+	if err := inNetNS(ns, func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			return err
+		}
+		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 100_000}); err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	frames := make(chan []byte, 4096)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(frames)
+		buf := make([]byte, 65536)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			n, from, err := unix.Recvfrom(fd, buf, 0)
+			if err != nil {
+				continue // the receive timeout, to look at stop
+			}
+			if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
+				continue
+			}
+			frames <- append([]byte{}, buf[:n]...)
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done; unix.Close(fd) })
+	return frames
 }
