@@ -136,9 +136,19 @@ func (s *cgroupSetup) dirs(name string) []string {
 	return out
 }
 
+// inUse tells whether a cgroup called name holds a process in any hierarchy.
+func (s *cgroupSetup) inUse(name string) bool {
+	for _, d := range s.dirs(name) {
+		if procs, err := cgroupProcs(d); err == nil && len(procs) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // create makes the VM's cgroup(s) called name with limits, and returns
-// their directories. A leftover of the same name (a crashed agent's) is
-// emptied and replaced.
+// their directories. An empty leftover of the same name (a crashed agent's)
+// is replaced; one that holds processes is an error.
 func (s *cgroupSetup) create(name string, l cgroupLimits) ([]string, error) {
 	var dirs []string
 	roots := s.v1Roots
@@ -151,8 +161,10 @@ func (s *cgroupSetup) create(name string, l cgroupLimits) ([]string, error) {
 			return dirs, err
 		}
 		d := filepath.Join(parent, name)
-		if err := removeCgroup(d); err != nil {
-			return dirs, err
+		// claimUID passed over names whose cgroup holds processes: an
+		// empty one is a crashed agent's leftover.
+		if err := syscall.Rmdir(d); err != nil && !errors.Is(err, syscall.ENOENT) {
+			return dirs, fmt.Errorf("qemu: cgroup %s exists and cannot be removed: %w", d, err)
 		}
 		if err := os.Mkdir(d, 0o755); err != nil {
 			return dirs, fmt.Errorf("qemu: cgroup %s: %w", d, err)

@@ -299,6 +299,11 @@ func (j *jailConfig) claimUID(dir string) (uint32, error) {
 				return 0, err
 			}
 		}
+		// A registry that did not survive (a container's /run) knows
+		// nothing of the VMs still running: their cgroups do.
+		if j.cgroups != nil && j.cgroups.inUse(cgroupName(uid)) {
+			continue
+		}
 		if err := os.WriteFile(path, []byte(dir), 0o600); err != nil {
 			return 0, fmt.Errorf("qemu: claiming uid %d: %w", uid, err)
 		}

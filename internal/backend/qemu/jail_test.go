@@ -469,3 +469,69 @@ func TestSweepStaleJails(t *testing.T) {
 		t.Errorf("live claim of %d: %q, %v", liveUID, owner, err)
 	}
 }
+
+// A registry that lost its claims (a container's /run after a restart)
+// still never hands out the uid of a VM that runs: its cgroup holds a
+// process. An empty leftover cgroup does not keep its uid.
+func TestClaimUIDSkipsCgroupsInUse(t *testing.T) {
+	host.SkipIfShort(t, "root and the host's cgroups")
+	parent := fmt.Sprintf("kairon-test-%d", os.Getpid())
+	cg, err := detectCgroups(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, d := range cg.dirs("") {
+			_ = syscall.Rmdir(d)
+		}
+	})
+	j := &jailConfig{uidBase: 3200000, uidCount: 2, registry: t.TempDir(), cgroups: cg}
+	running, err := cg.create(cgroupName(3200000), cgroupLimits{memoryBytes: 64 << 20, pids: 16, cpuMilli: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, d := range running {
+			_ = removeCgroup(d)
+		}
+	})
+	leftover, err := cg.create(cgroupName(3200001), cgroupLimits{memoryBytes: 64 << 20, pids: 16, cpuMilli: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, d := range leftover {
+			_ = removeCgroup(d)
+		}
+	})
+	sleeper := exec.Command("sleep", "600")
+	if err := cg.spawn(sleeper, "/", running); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() })
+
+	for i := 0; i < 2; i++ {
+		dir := filepath.Join(t.TempDir(), "vm")
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		uid, err := j.claimUID(dir)
+		if i == 0 && (err != nil || uid != 3200001) {
+			t.Fatalf("first claim: %d, %v; want 3200001, the uid whose cgroup is empty", uid, err)
+		}
+		if i == 1 && err == nil {
+			t.Fatalf("second claim: %d; want none left (3200000 runs, 3200001 is claimed)", uid)
+		}
+		if err == nil {
+			if err := writeJSON(filepath.Join(dir, jailFile), jailRecord{UID: uid, GID: uid}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cg.create(cgroupName(uid), cgroupLimits{memoryBytes: 64 << 20, pids: 16, cpuMilli: 500}); err != nil {
+				t.Fatalf("replacing the empty leftover cgroup: %v", err)
+			}
+		}
+	}
+	if procs, _ := cgroupProcs(running[0]); !slices.Contains(procs, sleeper.Process.Pid) {
+		t.Errorf("the running VM's cgroup lost its process: %v", procs)
+	}
+}
