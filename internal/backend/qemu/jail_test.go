@@ -535,3 +535,41 @@ func TestClaimUIDSkipsCgroupsInUse(t *testing.T) {
 		t.Errorf("the running VM's cgroup lost its process: %v", procs)
 	}
 }
+
+// --qemu-no-jail still runs VMs (as the agent's user, with an empty
+// environment), and such a Backend leaves a jailed VM alone rather than
+// stop it half-way, with its cgroups and uid claim orphaned.
+func TestNoJail(t *testing.T) {
+	jailed := newTestBackend(t, Options{Log: testLogger(t)})
+	ctx := context.Background()
+	if _, err := jailed.Start(ctx, backend.Spec{ID: "ns1_jailed", Name: "ns1/jailed", CPU: 1, MemoryMiB: 128}); err != nil {
+		t.Fatal(err)
+	}
+	running := waitPhase(t, jailed, "ns1_jailed", backend.Running, bootTimeout)
+
+	free, err := New(Options{StateDir: jailed.opts.StateDir, GuestDir: jailed.opts.GuestDir, Acceleration: jailed.accel, NoJail: true, Log: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := free.Stop(ctx, "ns1_jailed"); err == nil || !strings.Contains(err.Error(), "--qemu-no-jail") {
+		t.Errorf("unjailed Stop of a jailed VM: %v, want a refusal naming --qemu-no-jail", err)
+	}
+	if inst, err := jailed.Get(ctx, "ns1_jailed"); err != nil || inst.PID != running.PID || inst.Phase != backend.Running {
+		t.Errorf("the jailed VM after the refused Stop: %+v, %v", inst, err)
+	}
+
+	inst, err := free.Start(ctx, backend.Spec{ID: "ns1_free", Name: "ns1/free", CPU: 1, MemoryMiB: 128})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, free, "ns1_free", backend.Running, bootTimeout)
+	if st := procStatus(t, inst.PID); strings.Fields(st["Uid"])[0] != strconv.Itoa(os.Geteuid()) {
+		t.Errorf("unjailed qemu runs as uid %q, want the agent's %d", st["Uid"], os.Geteuid())
+	}
+	if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", inst.PID)); err != nil || len(env) != 0 {
+		t.Errorf("unjailed qemu's environment %q (%v), want empty", env, err)
+	}
+	if err := free.Stop(ctx, "ns1_free"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -392,6 +392,9 @@ func (b *Backend) Stop(ctx context.Context, id string) error {
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
+	if err := b.canRemove(dir); err != nil {
+		return err
+	}
 	m, _ := readMeta(dir)
 	pid := m.PID
 	if pid == 0 {
@@ -434,14 +437,27 @@ func (b *Backend) Stop(ctx context.Context, id string) error {
 // removeVMDir removes a VM's jail (its cgroups, killing what still runs
 // in them, and its uid) and then its directory.
 func (b *Backend) removeVMDir(dir string) error {
+	if err := b.canRemove(dir); err != nil {
+		return err
+	}
 	if b.jail != nil {
 		if err := b.jail.teardown(dir); err != nil {
 			return err
 		}
-	} else if _, err := os.Stat(filepath.Join(dir, jailFile)); err == nil {
-		return fmt.Errorf("qemu: %s holds a jailed VM, which an unjailed backend (--qemu-no-jail) cannot clean up", dir)
 	}
 	return removeAll(dir)
+}
+
+// canRemove refuses, to a Backend without the jail, a directory that holds
+// a jailed VM: it could neither remove its cgroups nor release its uid.
+func (b *Backend) canRemove(dir string) error {
+	if b.jail != nil {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(dir, jailFile)); err == nil {
+		return fmt.Errorf("qemu: %s holds a jailed VM, which an agent run with --qemu-no-jail cannot clean up", dir)
+	}
+	return nil
 }
 
 // waitGone waits up to d for pid to be gone (reaped, when it is our child).
