@@ -42,8 +42,8 @@ import (
 // startSimAgent runs bin/kairon-node for nodeName with the sim backend.
 // Its Machines get addresses from cidr but no bridge or tap (the sim
 // backend's NoLinks), so nothing is created outside the agent's state dir,
-// and its agent endpoint (consoles, saved migration state) listens on
-// loopback. The Node is deleted after the agent is stopped; on failure the
+// and its agent endpoint (consoles) and migration listener (live streams,
+// saved states) listen on loopback. The Node is deleted after the agent is stopped; on failure the
 // agent's log is printed.
 func startSimAgent(t testing.TB, env *testenv.Env, nodeName, cidr string, cpu int, memory string, extraFlags ...string) *agent {
 	t.Helper()
@@ -61,7 +61,9 @@ func startSimAgent(t testing.TB, env *testenv.Env, nodeName, cidr string, cpu in
 		"--backend", "sim", "--sim-boot-delay", "200ms",
 		"--state-dir", stateDir, "--cpu", strconv.Itoa(cpu), "--memory", memory,
 		"--network-cidr", cidr, "--listen", "127.0.0.1:0", "--interval", "2s",
-		"--client-ca-file", filepath.Join(env.DataDir, "pki", "ca.crt")}, extraFlags...)...)
+		"--client-ca-file", filepath.Join(env.DataDir, "pki", "ca.crt"),
+		// Saved states of cold migrations go over the migration listener.
+		"--migration-listen", "127.0.0.1:0"}, extraFlags...)...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

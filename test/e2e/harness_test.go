@@ -101,7 +101,9 @@ func startAgentWithCapacity(t testing.TB, env *testenv.Env, nodeName, stateDir, 
 		"--kubeconfig", env.Kubeconfig, "--node-name", nodeName, "--register",
 		"--state-dir", stateDir, "--guest-dir", filepath.Join(env.BinDir, "guest"),
 		"--cpu", strconv.Itoa(cpu), "--memory", memory, "--netns", ns, "--network-cidr", "10.88.40.0/24",
-		"--listen", "127.0.0.1:0", "--interval", "2s")
+		"--listen", "127.0.0.1:0", "--interval", "2s",
+		// kaironctl logs presents the admin's certificate.
+		"--client-ca-file", filepath.Join(env.DataDir, "pki", "ca.crt"))
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
