@@ -1,0 +1,537 @@
+package egress
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Enforcement is split over two tables of the agent's network namespace,
+// both named Table, next to the guest baseline's (internal/node/network):
+//
+//   - bridge kairon_egress drops the frames a confined guest sends to
+//     another port of the bridge (another guest), but ARP and what a CIDR
+//     of its policy names: everything else it sends goes to the node and
+//     passes the node's IP stack;
+//   - inet kairon_egress decides with conntrack, which the bridge family
+//     cannot do on this kernel ("ct" in a bridge chain needs
+//     nf_conntrack_bridge, which it lacks): its forward chain sends each
+//     confined guest's packets (by source address, which the baseline pins
+//     to the tap) to the Machine's chain, which accepts replies, what the
+//     policy allows and nothing else; its nat prerouting chain sends the
+//     confined guests' DNS, to whatever resolver, to the DNS proxy.
+//
+// Machine objects are named after the tap, unique per node, so agents
+// sharing a namespace (kairon-local) never touch each other's.
+const Table = "kairon_egress"
+
+// AlwaysDenied are destinations a confined guest never reaches unless a
+// CIDR of its policy names them (lies within one of them), besides the
+// node and the guest networks: link-local (the cloud metadata service
+// among them), multicast and broadcast.
+var AlwaysDenied = []netip.Prefix{
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("224.0.0.0/4"),
+	netip.MustParsePrefix("255.255.255.255/32"),
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("fe80::/10"),
+	netip.MustParsePrefix("fd00:ec2::254/128"),
+	netip.MustParsePrefix("ff00::/8"),
+}
+
+// Machine is a confined guest as the enforcer knows it.
+type Machine struct {
+	Namespace, Name string
+	Tap             string
+	IP              netip.Addr
+}
+
+// Enforcer programs the policies of one agent's Machines.
+type Enforcer struct {
+	// NetNS is the namespace of the bridge (empty: the agent's own).
+	NetNS string
+	// Bridge carries the taps.
+	Bridge string
+	// Network is the guests' network and Gateway the bridge's address.
+	Network netip.Prefix
+	Gateway netip.Addr
+	// DNSPort is where the DNS proxy listens on the node; 0 leaves DNS to
+	// the policy like any other traffic.
+	DNSPort uint16
+	// MinTTL, MaxTTL and Grace bound how long a learned address stays
+	// allowed: the answer's TTL clamped to [MinTTL, MaxTTL], plus Grace.
+	MinTTL, MaxTTL, Grace time.Duration
+
+	mu       sync.Mutex
+	machines map[string]*applied // by tap
+	byIP     map[netip.Addr]string
+}
+
+type applied struct {
+	m      Machine
+	policy *Policy
+	script string
+}
+
+var (
+	ifnamePattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,15}$`)
+	learnedSet    = regexp.MustCompile(`(?m)^\s*set (l4_([A-Za-z0-9_.-]+)_[0-9a-f]{10}) \{`)
+	machineChain  = regexp.MustCompile(`(?m)^\s*chain e_([A-Za-z0-9_.-]+) \{`)
+)
+
+func (m Machine) validate() error {
+	if !ifnamePattern.MatchString(m.Tap) {
+		return fmt.Errorf("egress: tap name %q of Machine %s/%s is not an interface name", m.Tap, m.Namespace, m.Name)
+	}
+	if !m.IP.Is4() {
+		return fmt.Errorf("egress: address %v of Machine %s/%s is not IPv4", m.IP, m.Namespace, m.Name)
+	}
+	return nil
+}
+
+func (e *Enforcer) defaults() {
+	if e.MinTTL == 0 {
+		e.MinTTL = 30 * time.Second
+	}
+	if e.MaxTTL == 0 {
+		e.MaxTTL = time.Hour
+	}
+	if e.Grace == 0 {
+		e.Grace = 5 * time.Second
+	}
+}
+
+// Setup creates the shared tables and base chains (again: idempotent,
+// in one transaction) and learns which Machines already have a chain, so
+// that their enforcement stays in force until Apply rewrites it: an agent
+// that was killed leaves its rules behind, and a restarted one converges
+// without opening them.
+func (e *Enforcer) Setup() error {
+	e.defaults()
+	if !ifnamePattern.MatchString(e.Bridge) {
+		return fmt.Errorf("egress: bridge name %q is not an interface name", e.Bridge)
+	}
+	if !e.Network.Addr().Is4() || !e.Network.Contains(e.Gateway) {
+		return fmt.Errorf("egress: gateway %v is not in the IPv4 network %v", e.Gateway, e.Network)
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		return errors.New("egress: the nft command is missing: install the Debian package nftables (hack/install-deps.sh)")
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := e.nft(e.setupScript()); err != nil {
+		return err
+	}
+	if e.machines == nil {
+		e.machines = map[string]*applied{}
+		e.byIP = map[netip.Addr]string{}
+	}
+	return nil
+}
+
+func (e *Enforcer) setupScript() string {
+	var s strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&s, format+"\n", args...) }
+	b := "bridge " + Table
+	w("add table %s", b)
+	w("add map %s egress_vmap { type ifname : verdict; }", b)
+	// The forward hook sees the frames the bridge passes from one port to
+	// another, not those for the node: after the baseline's (priority 0),
+	// and a drop in either table is final.
+	w("add chain %s forward { type filter hook forward priority 10; policy accept; }", b)
+	w("flush chain %s forward", b)
+	w("add rule %s forward iifname vmap @egress_vmap", b)
+
+	i := "inet " + Table
+	w("add table %s", i)
+	w("add map %s egress4 { type ipv4_addr : verdict; }", i)
+	w("add map %s dns4 { type ipv4_addr : inet_service; }", i)
+	w("add set %s denied4 { type ipv4_addr; flags interval; auto-merge; }", i)
+	w("add chain %s forward { type filter hook forward priority 10; policy accept; }", i)
+	w("flush chain %s forward", i)
+	w("add rule %s forward ip saddr vmap @egress4", i)
+	// Before the usual dstnat (-100), so that no other DNAT of the node
+	// (kube-proxy) takes a confined guest's DNS elsewhere first.
+	w("add chain %s dns { type nat hook prerouting priority -110; policy accept; }", i)
+	w("flush chain %s dns", i)
+	w("add rule %s dns meta l4proto { tcp, udp } th dport 53 redirect to : ip saddr map @dns4", i)
+	var denied []string
+	for _, p := range append([]netip.Prefix{e.Network.Masked()}, AlwaysDenied...) {
+		if p.Addr().Is4() {
+			denied = append(denied, p.String())
+		}
+	}
+	w("add element %s denied4 { %s }", i, strings.Join(denied, ", "))
+	return s.String()
+}
+
+// explicit tells whether a policy CIDR lies within an always-denied range
+// (or the guest network): naming such a range is the only way in.
+func (e *Enforcer) explicit(p netip.Prefix) bool {
+	for _, d := range append([]netip.Prefix{e.Network.Masked()}, AlwaysDenied...) {
+		if d.Addr().Is4() == p.Addr().Is4() && d.Bits() <= p.Bits() && d.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+func learnedSetName(tap, grantID string) string { return "l4_" + tap + "_" + grantID }
+
+// l4 is the transport match of a grant: its ports for TCP and UDP, or
+// every protocol but ICMP. Until the SNI proxy exists, a grant restricted
+// by SNI allows no TCP at all (closed rather than unchecked).
+func l4(g Grant) string {
+	protos := "{ tcp, udp }"
+	if len(g.SNI) > 0 {
+		protos = "udp"
+	}
+	if len(g.Ports) == 0 {
+		if len(g.SNI) > 0 {
+			return "meta l4proto udp"
+		}
+		return "meta l4proto != { icmp, ipv6-icmp }"
+	}
+	ports := make([]string, len(g.Ports))
+	for i, p := range g.Ports {
+		ports[i] = p.String()
+	}
+	return fmt.Sprintf("meta l4proto %s th dport { %s }", protos, strings.Join(ports, ", "))
+}
+
+func nets4(nets []netip.Prefix, explicit func(netip.Prefix) bool, want bool) string {
+	var out []string
+	for _, n := range nets {
+		if n.Addr().Is4() && explicit(n) == want {
+			out = append(out, n.String())
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return "{ " + strings.Join(out, ", ") + " }"
+}
+
+// machineScript writes m's chains, its learned sets (kept if they exist:
+// an unchanged grant keeps what its guest resolved) and its map entries,
+// and deletes the learned sets of grants it no longer has.
+func (e *Enforcer) machineScript(m Machine, p *Policy, staleSets []string) string {
+	var s strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&s, format+"\n", args...) }
+	b := "bridge " + Table
+	i := "inet " + Table
+	tap := m.Tap
+
+	w("add chain %s e_%s", b, tap)
+	w("flush chain %s e_%s", b, tap)
+	for _, g := range p.Grants {
+		if set := nets4(g.Nets, e.explicit, true); set != "" {
+			w("add rule %s e_%s ip daddr %s accept", b, tap, set)
+		}
+	}
+	w("add rule %s e_%s ether type arp accept", b, tap)
+	w("add rule %s e_%s drop", b, tap)
+
+	w("add chain %s e_%s", i, tap)
+	w("flush chain %s e_%s", i, tap)
+	for _, set := range staleSets {
+		w("delete set %s %s", i, set)
+	}
+	for _, g := range p.Grants {
+		if len(g.FQDNs) > 0 {
+			w("add set %s %s { type ipv4_addr; flags timeout; }", i, learnedSetName(tap, g.ID()))
+		}
+	}
+	w("add rule %s e_%s ct state established,related accept", i, tap)
+	rules := func(explicit bool) {
+		for _, g := range p.Grants {
+			var dests []string
+			if set := nets4(g.Nets, e.explicit, explicit); set != "" {
+				dests = append(dests, set)
+			}
+			if !explicit && len(g.FQDNs) > 0 {
+				dests = append(dests, "@"+learnedSetName(tap, g.ID()))
+			}
+			for _, d := range dests {
+				w("add rule %s e_%s ip daddr %s %s accept", i, tap, d, l4(g))
+				if g.ICMP {
+					w("add rule %s e_%s ip daddr %s icmp type echo-request accept", i, tap, d)
+				}
+			}
+		}
+	}
+	rules(true)
+	w("add rule %s e_%s ip daddr @denied4 drop", i, tap)
+	rules(false)
+	w("add rule %s e_%s drop", i, tap)
+
+	w("add element %s egress_vmap { %q : goto e_%s }", b, tap, tap)
+	w("add element %s egress4 { %s : goto e_%s }", i, m.IP, tap)
+	if e.DNSPort != 0 {
+		// Re-added, not only added: a changed port must replace the old.
+		w("add element %s dns4 { %s : %d }", i, m.IP, e.DNSPort)
+		w("delete element %s dns4 { %s }", i, m.IP)
+		w("add element %s dns4 { %s : %d }", i, m.IP, e.DNSPort)
+	}
+	return s.String()
+}
+
+// removeScript takes out everything of tap and address ip. Each object is
+// added before it is deleted (nft 1.0.6 has no "destroy"), so the script
+// succeeds whatever is left.
+func removeScript(tap string, ip netip.Addr, sets []string) string {
+	var s strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&s, format+"\n", args...) }
+	b := "bridge " + Table
+	i := "inet " + Table
+	w("add chain %s e_%s", b, tap)
+	w("add element %s egress_vmap { %q : goto e_%s }", b, tap, tap)
+	w("delete element %s egress_vmap { %q }", b, tap)
+	w("flush chain %s e_%s", b, tap)
+	w("delete chain %s e_%s", b, tap)
+	w("add chain %s e_%s", i, tap)
+	if ip.IsValid() {
+		w("add element %s egress4 { %s : goto e_%s }", i, ip, tap)
+		w("delete element %s egress4 { %s }", i, ip)
+		w("add element %s dns4 { %s : 53 }", i, ip)
+		w("delete element %s dns4 { %s }", i, ip)
+	}
+	w("flush chain %s e_%s", i, tap)
+	w("delete chain %s e_%s", i, tap)
+	for _, set := range sets {
+		w("delete set %s %s", i, set)
+	}
+	return s.String()
+}
+
+// setsOf lists tap's learned sets in the kernel.
+func (e *Enforcer) setsOf(tap string) ([]string, error) {
+	out, err := e.run("nft", "list", "table", "inet", Table)
+	if err != nil {
+		return nil, err
+	}
+	var sets []string
+	for _, m := range learnedSet.FindAllStringSubmatch(out, -1) {
+		if m[2] == tap {
+			sets = append(sets, m[1])
+		}
+	}
+	return sets, nil
+}
+
+// Apply confines m to p, or lifts its confinement when p is nil. It
+// rewrites m's rules in one transaction: there is no moment without them.
+func (e *Enforcer) Apply(m Machine, p *Policy) error {
+	if err := m.validate(); err != nil {
+		return err
+	}
+	if p == nil {
+		return e.Remove(m.Tap)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.machines == nil {
+		return errors.New("egress: Setup was not called")
+	}
+	if old := e.machines[m.Tap]; old != nil && old.m.IP != m.IP {
+		// The address changed: the old one's entries must not keep
+		// pointing to this chain.
+		if err := e.nft(removeScript(m.Tap, old.m.IP, nil)); err != nil {
+			return err
+		}
+		delete(e.byIP, old.m.IP)
+	}
+	existing, err := e.setsOf(m.Tap)
+	if err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	for _, g := range p.Grants {
+		if len(g.FQDNs) > 0 {
+			keep[learnedSetName(m.Tap, g.ID())] = true
+		}
+	}
+	var stale []string
+	for _, s := range existing {
+		if !keep[s] {
+			stale = append(stale, s)
+		}
+	}
+	script := e.machineScript(m, p, stale)
+	if old := e.machines[m.Tap]; old != nil && old.script == script {
+		return nil
+	}
+	if err := e.nft(script); err != nil {
+		return err
+	}
+	e.machines[m.Tap] = &applied{m: m, policy: p, script: e.machineScript(m, p, nil)}
+	e.byIP[m.IP] = m.Tap
+	return nil
+}
+
+// Remove takes out every object of tap: chains, map entries, learned sets.
+func (e *Enforcer) Remove(tap string) error {
+	if !ifnamePattern.MatchString(tap) {
+		return fmt.Errorf("egress: tap name %q is not an interface name", tap)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var ip netip.Addr
+	if a := e.machines[tap]; a != nil {
+		ip = a.m.IP
+	} else if ip, _ = e.addressInKernel(tap); !ip.IsValid() {
+		// Nothing of it in the maps; its chains may still be left.
+		out, err := e.run("nft", "list", "table", "inet", Table)
+		if err != nil || !strings.Contains(out, "chain e_"+tap+" {") {
+			return err
+		}
+	}
+	sets, err := e.setsOf(tap)
+	if err != nil {
+		return err
+	}
+	if err := e.nft(removeScript(tap, ip, sets)); err != nil {
+		return err
+	}
+	delete(e.machines, tap)
+	delete(e.byIP, ip)
+	return nil
+}
+
+var egressEntry = regexp.MustCompile(`([0-9.]+) : goto e_([A-Za-z0-9_.-]+)`)
+
+// addressInKernel finds the address whose map entry points to tap's chain:
+// a restarted agent removes what its predecessor left.
+func (e *Enforcer) addressInKernel(tap string) (netip.Addr, error) {
+	out, err := e.run("nft", "list", "map", "inet", Table, "egress4")
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	for _, m := range egressEntry.FindAllStringSubmatch(out, -1) {
+		if m[2] == tap {
+			return netip.ParseAddr(m[1])
+		}
+	}
+	return netip.Addr{}, nil
+}
+
+// Confined lists the taps with an egress chain in the namespace, any
+// agent's, sorted.
+func (e *Enforcer) Confined() ([]string, error) {
+	out, err := e.run("nft", "list", "table", "inet", Table)
+	if err != nil {
+		return nil, err
+	}
+	var taps []string
+	for _, m := range machineChain.FindAllStringSubmatch(out, -1) {
+		taps = append(taps, m[1])
+	}
+	sort.Strings(taps)
+	return taps, nil
+}
+
+// Lookup finds the confined Machine that has address ip, and its policy.
+func (e *Enforcer) Lookup(ip netip.Addr) (Machine, *Policy, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	tap, ok := e.byIP[ip.Unmap()]
+	if !ok {
+		return Machine{}, nil, false
+	}
+	a := e.machines[tap]
+	return a.m, a.policy, true
+}
+
+// TTL is how long an address learned from an answer with ttl stays
+// allowed.
+func (e *Enforcer) TTL(ttl time.Duration) time.Duration {
+	return min(max(ttl, e.MinTTL), e.MaxTTL) + e.Grace
+}
+
+// Learn allows the guest at ip to reach addrs for ttl (clamped, see TTL)
+// through every grant whose allowFqdns covers name. It returns once the
+// kernel has them, so that the answer can go back to the guest.
+func (e *Enforcer) Learn(ip netip.Addr, name string, addrs []netip.Addr, ttl time.Duration) error {
+	e.mu.Lock()
+	tap, ok := e.byIP[ip.Unmap()]
+	var p *Policy
+	if ok {
+		p = e.machines[tap].policy
+	}
+	e.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("egress: no confined Machine has address %v", ip)
+	}
+	var v4 []string
+	for _, a := range addrs {
+		if a = a.Unmap(); a.Is4() {
+			v4 = append(v4, a.String())
+		}
+	}
+	ids := p.LearnFor(name)
+	if len(ids) == 0 || len(v4) == 0 {
+		return nil
+	}
+	secs := int(e.TTL(ttl).Round(time.Second) / time.Second)
+	var s strings.Builder
+	for _, id := range ids {
+		set := fmt.Sprintf("inet %s %s", Table, learnedSetName(tap, id))
+		elems := strings.Join(v4, ", ")
+		var timed []string
+		for _, a := range v4 {
+			timed = append(timed, fmt.Sprintf("%s timeout %ds", a, secs))
+		}
+		// An element's timeout is not renewed by adding it again: add
+		// (so that the delete cannot fail), delete, add with the new one.
+		fmt.Fprintf(&s, "add element %s { %s }\n", set, elems)
+		fmt.Fprintf(&s, "delete element %s { %s }\n", set, elems)
+		fmt.Fprintf(&s, "add element %s { %s }\n", set, strings.Join(timed, ", "))
+	}
+	return e.nft(s.String())
+}
+
+// RemoveTables deletes both egress tables of netns (empty: the caller's),
+// for when the node network is torn down. Missing tables are not an
+// error.
+func RemoveTables(netns string) error {
+	e := &Enforcer{NetNS: netns}
+	var script strings.Builder
+	for _, family := range []string{"bridge", "inet"} {
+		fmt.Fprintf(&script, "add table %s %s\ndelete table %s %s\n", family, Table, family, Table)
+	}
+	return e.nft(script.String())
+}
+
+func (e *Enforcer) command(args ...string) *exec.Cmd {
+	if e.NetNS != "" {
+		return exec.Command("ip", append([]string{"netns", "exec", e.NetNS}, args...)...)
+	}
+	return exec.Command(args[0], args[1:]...)
+}
+
+// nft runs script as one transaction: all of it or nothing.
+func (e *Enforcer) nft(script string) error {
+	cmd := e.command("nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("egress: nft -f (netns %q): %v: %s", e.NetNS, err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+func (e *Enforcer) run(args ...string) (string, error) {
+	out, err := e.command(args...).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("egress: %s (netns %q): %v: %s", strings.Join(args, " "), e.NetNS, err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}

@@ -1,0 +1,200 @@
+package egress
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+)
+
+func mustCompile(t *testing.T, rules ...kaironv1.EgressRules) *Policy {
+	t.Helper()
+	var nps []NamedPolicy
+	for i, r := range rules {
+		nps = append(nps, NamedPolicy{Name: string(rune('a' + i)), Egress: r})
+	}
+	p, err := Compile(nps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestMachineScript(t *testing.T) {
+	e := &Enforcer{Network: netip.MustParsePrefix("10.88.0.0/16"), Gateway: netip.MustParseAddr("10.88.0.1"), DNSPort: 5353}
+	m := Machine{Namespace: "team-a", Name: "vm", Tap: "kt0123456789", IP: netip.MustParseAddr("10.88.1.2")}
+	p := mustCompile(t,
+		kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24", "169.254.169.254/32", "10.88.1.3/32"}, AllowPorts: []kaironv1.PortRange{"8000-8100", "443"}, AllowIcmp: true},
+		kaironv1.EgressRules{AllowFqdns: []kaironv1.Hostname{"pkg.test"}},
+		kaironv1.EgressRules{AllowFqdns: []kaironv1.Hostname{"tls.test"}, AllowSNI: []kaironv1.ServerName{"tls.test"}, AllowPorts: []kaironv1.PortRange{"443"}},
+	)
+	s := e.machineScript(m, p, []string{"l4_kt0123456789_0000000000"})
+	fqdn := learnedSetName(m.Tap, p.Grants[1].ID())
+	sni := learnedSetName(m.Tap, p.Grants[2].ID())
+	for _, want := range []string{
+		// Bridge: only explicit guest-network CIDRs go anywhere but the node.
+		"add rule bridge kairon_egress e_kt0123456789 ip daddr { 10.88.1.3/32, 169.254.169.254/32 } accept\n" +
+			"add rule bridge kairon_egress e_kt0123456789 ether type arp accept\n" +
+			"add rule bridge kairon_egress e_kt0123456789 drop\n",
+		"delete set inet kairon_egress l4_kt0123456789_0000000000\n",
+		"add set inet kairon_egress " + fqdn + " { type ipv4_addr; flags timeout; }\n",
+		// Replies first; explicit CIDRs before the always-denied drop, the
+		// rest after it; the default drop last.
+		"add rule inet kairon_egress e_kt0123456789 ct state established,related accept\n" +
+			"add rule inet kairon_egress e_kt0123456789 ip daddr { 10.88.1.3/32, 169.254.169.254/32 } meta l4proto { tcp, udp } th dport { 443, 8000-8100 } accept\n" +
+			"add rule inet kairon_egress e_kt0123456789 ip daddr { 10.88.1.3/32, 169.254.169.254/32 } icmp type echo-request accept\n" +
+			"add rule inet kairon_egress e_kt0123456789 ip daddr @denied4 drop\n" +
+			"add rule inet kairon_egress e_kt0123456789 ip daddr { 203.0.113.0/24 } meta l4proto { tcp, udp } th dport { 443, 8000-8100 } accept\n" +
+			"add rule inet kairon_egress e_kt0123456789 ip daddr { 203.0.113.0/24 } icmp type echo-request accept\n",
+		"add rule inet kairon_egress e_kt0123456789 ip daddr @" + fqdn + " meta l4proto != { icmp, ipv6-icmp } accept\n",
+		// SNI without the proxy: no TCP at all.
+		"add rule inet kairon_egress e_kt0123456789 ip daddr @" + sni + " meta l4proto udp th dport { 443 } accept\n",
+		"add rule inet kairon_egress e_kt0123456789 drop\n",
+		"add element bridge kairon_egress egress_vmap { \"kt0123456789\" : goto e_kt0123456789 }\n",
+		"add element inet kairon_egress egress4 { 10.88.1.2 : goto e_kt0123456789 }\n",
+		"add element inet kairon_egress dns4 { 10.88.1.2 : 5353 }\n",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("script lacks\n%s\nscript:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "ip daddr @"+fqdn+" icmp") {
+		t.Error("a grant without allowIcmp allows ICMP")
+	}
+	rm := removeScript(m.Tap, m.IP, []string{fqdn})
+	for _, want := range []string{
+		"delete element bridge kairon_egress egress_vmap { \"kt0123456789\" }\n",
+		"delete chain bridge kairon_egress e_kt0123456789\n",
+		"delete element inet kairon_egress egress4 { 10.88.1.2 }\n",
+		"delete element inet kairon_egress dns4 { 10.88.1.2 }\n",
+		"delete chain inet kairon_egress e_kt0123456789\n",
+		"delete set inet kairon_egress " + fqdn + "\n",
+	} {
+		if !strings.Contains(rm, want) {
+			t.Errorf("remove script lacks\n%s\nscript:\n%s", want, rm)
+		}
+	}
+}
+
+func TestEnforcerRefusesWhatIsNotAName(t *testing.T) {
+	e := &Enforcer{machines: map[string]*applied{}}
+	for _, m := range []Machine{
+		{Tap: `kt0" accept`, IP: netip.MustParseAddr("10.88.1.2")},
+		{Tap: "kt0123456789abcd", IP: netip.MustParseAddr("10.88.1.2")},
+		{Tap: "kt0123456789", IP: netip.MustParseAddr("fe80::1")},
+		{Tap: "kt0123456789"},
+	} {
+		if err := e.Apply(m, &Policy{}); err == nil {
+			t.Errorf("Apply(%+v) accepted it", m)
+		}
+	}
+}
+
+func TestTTLClamp(t *testing.T) {
+	e := &Enforcer{}
+	e.defaults()
+	for ttl, want := range map[int]int{0: 35, 29: 35, 300: 305, 7200: 3605} {
+		if got := e.TTL(secs(ttl)); got != secs(want) {
+			t.Errorf("TTL(%ds) = %v, want %ds", ttl, got, want)
+		}
+	}
+}
+
+// TestEnforcement sends real packets from veth guests through a node
+// namespace with the baseline and the egress tables to an outside
+// namespace.
+func TestEnforcement(t *testing.T) {
+	n := newTestNode(t)
+	confined := n.guest(t, "team-a", "confined", "10.88.1.2")
+	free := n.guest(t, "team-a", "free", "10.88.1.3")
+	for _, a := range []string{pkgAddr + ":8050", pkgAddr + ":9000", otherAddr + ":8050", metadataAddr + ":80"} {
+		serveTCP(t, n.outside, a)
+	}
+	serveTCP(t, free.netns, "10.88.1.3:7000")
+	serveTCP(t, n.host, uplinkNode+":7100")
+
+	// Unconfined, the guest reaches everything the node routes for it,
+	// and its namespace's peer.
+	mustReach(t, confined, otherAddr+":8050")
+	mustReach(t, confined, "10.88.1.3:7000")
+	mustReach(t, confined, metadataAddr+":80")
+	if err := ping(confined.netns, pkgAddr); err != nil {
+		t.Fatalf("unconfined ping: %v", err)
+	}
+
+	policy := kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{pkgAddr + "/32"}, AllowPorts: []kaironv1.PortRange{"8000-8100"}}
+	if err := n.enforcer.Apply(confined.Machine, mustCompile(t, policy)); err != nil {
+		t.Fatal(err)
+	}
+	mustReach(t, confined, pkgAddr+":8050")
+	t.Run("port outside the range", func(t *testing.T) { mustNotReach(t, confined, pkgAddr+":9000") })
+	t.Run("address outside the CIDRs", func(t *testing.T) { mustNotReach(t, confined, otherAddr+":8050") })
+	t.Run("metadata", func(t *testing.T) { mustNotReach(t, confined, metadataAddr+":80") })
+	t.Run("another guest", func(t *testing.T) { mustNotReach(t, confined, "10.88.1.3:7000") })
+	t.Run("the node's uplink address", func(t *testing.T) { mustNotReach(t, confined, uplinkNode+":7100") })
+	t.Run("ICMP off", func(t *testing.T) {
+		if err := ping(confined.netns, pkgAddr); err == nil {
+			t.Fatal("ping passed without allowIcmp")
+		}
+	})
+	t.Run("unconfined guest", func(t *testing.T) {
+		mustReach(t, free, otherAddr+":8050")
+		mustReach(t, free, pkgAddr+":9000")
+	})
+
+	t.Run("ICMP on, metadata named explicitly", func(t *testing.T) {
+		on := policy
+		on.AllowIcmp = true
+		meta := kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{metadataAddr + "/32"}, AllowPorts: []kaironv1.PortRange{"80"}}
+		if err := n.enforcer.Apply(confined.Machine, mustCompile(t, on, meta)); err != nil {
+			t.Fatal(err)
+		}
+		if err := ping(confined.netns, pkgAddr); err != nil {
+			t.Fatalf("ping with allowIcmp: %v", err)
+		}
+		mustReach(t, confined, metadataAddr+":80")
+		if err := ping(confined.netns, otherAddr); err == nil {
+			t.Fatal("ping to an address no policy allows passed")
+		}
+		if err := n.enforcer.Apply(confined.Machine, mustCompile(t, policy)); err != nil {
+			t.Fatal(err)
+		}
+		mustNotReach(t, confined, metadataAddr+":80")
+	})
+
+	t.Run("agent restart", func(t *testing.T) {
+		before := n.ruleset(t)
+		// The old agent is gone (its Enforcer dropped), its rules are not.
+		mustNotReach(t, confined, otherAddr+":8050")
+		restarted := n.newEnforcer(t)
+		mustNotReach(t, confined, otherAddr+":8050")
+		if err := restarted.Apply(confined.Machine, mustCompile(t, policy)); err != nil {
+			t.Fatal(err)
+		}
+		if after := n.ruleset(t); after != before {
+			t.Fatalf("rebuilding changed the ruleset:\nbefore\n%s\nafter\n%s", before, after)
+		}
+		mustReach(t, confined, pkgAddr+":8050")
+		mustNotReach(t, confined, otherAddr+":8050")
+		n.enforcer = restarted
+	})
+
+	t.Run("removal", func(t *testing.T) {
+		// A fresh agent that never applied it removes what is left.
+		fresh := n.newEnforcer(t)
+		if err := fresh.Remove(confined.Tap); err != nil {
+			t.Fatal(err)
+		}
+		if rs := n.ruleset(t); strings.Contains(rs, confined.Tap) || strings.Contains(rs, confined.IP.String()) {
+			t.Fatalf("objects of the removed Machine are left:\n%s", rs)
+		}
+		if taps, err := fresh.Confined(); err != nil || len(taps) != 0 {
+			t.Fatalf("Confined() = %v, %v", taps, err)
+		}
+		mustReach(t, confined, otherAddr+":8050")
+	})
+}
+
+func secs(n int) time.Duration { return time.Duration(n) * time.Second }
