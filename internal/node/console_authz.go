@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -183,27 +185,33 @@ func (c *consoleAuth) authorize(w http.ResponseWriter, r *http.Request, user con
 	return true
 }
 
-// decisionKey identifies one SubjectAccessReview; NUL cannot occur in the
-// names, so no two different reviews share a key.
+// decisionKey identifies one SubjectAccessReview. Every part is written
+// with its length first, so no two different reviews share a key whatever
+// bytes the names hold; groups and the extra's keys are sorted, their
+// order means nothing.
 func decisionKey(user consoleUser, namespace, name string) string {
-	var b strings.Builder
-	for _, s := range []string{user.name, user.uid, namespace, name} {
-		b.WriteString(s)
-		b.WriteByte(0)
-	}
+	h := sha256.New()
+	put := func(s string) { fmt.Fprintf(h, "%d:%s", len(s), s) }
+	put(user.name)
+	put(user.uid)
+	put(namespace)
+	put(name)
 	groups := slices.Clone(user.groups)
 	slices.Sort(groups)
-	b.WriteString(strings.Join(groups, "\x00"))
-	keys := make([]string, 0, len(user.extra))
-	for k := range user.extra {
-		keys = append(keys, k)
+	fmt.Fprintf(h, "g%d", len(groups))
+	for _, g := range groups {
+		put(g)
 	}
-	slices.Sort(keys)
+	keys := slices.Sorted(maps.Keys(user.extra))
+	fmt.Fprintf(h, "e%d", len(keys))
 	for _, k := range keys {
-		b.WriteString("\x01" + k + "\x00" + strings.Join(user.extra[k], "\x00"))
+		put(k)
+		fmt.Fprintf(h, "v%d", len(user.extra[k]))
+		for _, v := range user.extra[k] {
+			put(v)
+		}
 	}
-	sum := sha256.Sum256([]byte(b.String()))
-	return hex.EncodeToString(sum[:])
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 type expiring interface{ expiry() time.Time }
