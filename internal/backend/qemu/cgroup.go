@@ -184,6 +184,8 @@ func (s *cgroupSetup) create(name string, l cgroupLimits) ([]string, error) {
 	} else {
 		files = [][2]string{
 			{filepath.Join(dirs[0], "memory.limit_in_bytes"), strconv.FormatInt(l.memoryBytes, 10)},
+			// Memory plus swap: no swapping past the cap.
+			{filepath.Join(dirs[0], "memory.memsw.limit_in_bytes"), strconv.FormatInt(l.memoryBytes, 10)},
 			{filepath.Join(dirs[1], "pids.max"), strconv.FormatInt(l.pids, 10)},
 			{filepath.Join(dirs[2], "cpu.cfs_period_us"), strconv.Itoa(cpuPeriodUS)},
 			{filepath.Join(dirs[2], "cpu.cfs_quota_us"), strconv.FormatInt(quota, 10)},
@@ -191,7 +193,7 @@ func (s *cgroupSetup) create(name string, l cgroupLimits) ([]string, error) {
 	}
 	for _, f := range files {
 		if err := os.WriteFile(f[0], []byte(f[1]), 0); err != nil {
-			if errors.Is(err, os.ErrNotExist) && strings.HasSuffix(f[0], "memory.swap.max") {
+			if errors.Is(err, os.ErrNotExist) && (strings.HasSuffix(f[0], "memory.swap.max") || strings.HasSuffix(f[0], "memory.memsw.limit_in_bytes")) {
 				continue // no swap accounting on this host: nothing to cap
 			}
 			return dirs, fmt.Errorf("qemu: cgroup limit %s: %w", f[0], err)

@@ -210,6 +210,9 @@ func checkJailed(t *testing.T, b *Backend, s backend.Spec, pid int) jailRecord {
 		limits["cpu.max"] = fmt.Sprintf("%d %d", (int64(s.CPU)*1000+500)*cpuPeriodUS/1000, cpuPeriodUS)
 	} else {
 		limits["memory.limit_in_bytes"] = strconv.FormatInt(memMax, 10)
+		if _, err := os.Stat(filepath.Join(rec.Cgroups[0], "memory.memsw.limit_in_bytes")); err == nil {
+			limits["memory.memsw.limit_in_bytes"] = strconv.FormatInt(memMax, 10)
+		}
 		limits["pids.max"] = strconv.Itoa(cgroupPids)
 		limits["cpu.cfs_quota_us"] = strconv.FormatInt((int64(s.CPU)*1000+500)*cpuPeriodUS/1000, 10)
 	}
@@ -333,6 +336,9 @@ func TestClaimUID(t *testing.T) {
 }
 
 func TestKVMGroupFor(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("giving the test files root's ownership and another group needs root")
+	}
 	dir := t.TempDir()
 	for _, tc := range []struct {
 		name  string
