@@ -185,7 +185,14 @@ func (o *Options) openConsoleDirect(ctx context.Context, address, ns, name strin
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return nil, fmt.Errorf("node agent answered %d: %s", resp.StatusCode, strings.TrimSpace(string(msg)))
+		err := fmt.Errorf("node agent answered %d: %s", resp.StatusCode, strings.TrimSpace(string(msg)))
+		switch resp.StatusCode {
+		case http.StatusUnauthorized:
+			err = fmt.Errorf("%w (the agent accepts a client certificate of its --client-ca-file or a bearer token)", err)
+		case http.StatusForbidden:
+			err = fmt.Errorf("%w (reading a console needs get on machines/console in namespace %s)", err, ns)
+		}
+		return nil, err
 	}
 	return resp.Body, nil
 }

@@ -52,6 +52,10 @@ func (a *fakeAgent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no console for machine "+parts[2]+"/"+parts[3], http.StatusNotFound)
 		return
 	}
+	if parts[3] == "secret" { // as the agent answers a caller RBAC does not let read it
+		http.Error(w, "Forbidden", http.StatusForbidden)
+		return
+	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	if r.URL.Query().Get("follow") == "true" {
 		fmt.Fprint(w, "first\n")
@@ -121,6 +125,7 @@ func TestLogs(t *testing.T) {
 	agent := startAgent(t, env, nodeName)
 	machine(t, env, ns, "vm", nodeName, 1, "256Mi", kaironv1.MachineRunning)
 	machine(t, env, ns, "unknown", nodeName, 1, "256Mi", kaironv1.MachineRunning)
+	machine(t, env, ns, "secret", nodeName, 1, "256Mi", kaironv1.MachineRunning)
 	machine(t, env, ns, "waiting", "", 1, "256Mi", kaironv1.MachinePending)
 	machine(t, env, ns, "fresh", "", 1, "256Mi", "")
 	consolePath := "/v1/machines/" + ns + "/vm/console"
@@ -179,5 +184,6 @@ func TestLogs(t *testing.T) {
 		kctl(t, env, "logs", "machine", "fresh", "-n", ns).failed(t, "machine "+ns+"/fresh has no node yet (phase Pending)")
 		r := kctl(t, env, "logs", "machine", "unknown", "-n", ns)
 		r.failed(t, "machine "+ns+"/unknown", nodeName, "node agent answered 404: no console for machine "+ns+"/unknown")
+		kctl(t, env, "logs", "machine", "secret", "-n", ns).failed(t, "node agent answered 403: Forbidden", "needs get on machines/console in namespace "+ns)
 	})
 }
