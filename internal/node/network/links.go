@@ -26,7 +26,7 @@ type Links struct {
 // stable, so a restarted agent finds the taps it made.
 func TapName(node, id string) string {
 	sum := sha256.Sum256([]byte(node + "/" + id))
-	return "kt" + hex.EncodeToString(sum[:])[:10]
+	return TapPrefix + hex.EncodeToString(sum[:])[:10]
 }
 
 // MAC is a stable, locally administered address for a Machine ID.
@@ -92,7 +92,7 @@ func (l *Links) Taps() ([]string, error) {
 			continue
 		}
 		name := strings.TrimSuffix(strings.SplitN(fields[1], "@", 2)[0], ":")
-		if strings.HasPrefix(name, "kt") {
+		if strings.HasPrefix(name, TapPrefix) {
 			taps = append(taps, name)
 		}
 	}
