@@ -3,8 +3,8 @@ package egress
 import (
 	"crypto/rand"
 	"encoding/hex"
-	mathrand "math/rand/v2"
 	"fmt"
+	mathrand "math/rand/v2"
 	"net"
 	"net/netip"
 	"os"

@@ -1,0 +1,352 @@
+package egress
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"golang.org/x/net/dns/dnsmessage"
+)
+
+// maxDNSMessage bounds what the proxy reads from a guest or the upstream:
+// the largest message TCP can frame. A UDP query above 4096 bytes (EDNS's
+// usual ceiling) is not a query a resolver sends.
+const (
+	maxUDPQuery   = 4096
+	maxDNSMessage = 65535
+	// upstreamTimeout bounds one forwarded query; the guest's resolver
+	// retries on its own.
+	upstreamTimeout = 3 * time.Second
+	// tcpIdle closes a guest's TCP DNS connection that sends nothing.
+	tcpIdle = 10 * time.Second
+)
+
+// DNSProxy answers the DNS of confined guests, which the enforcer's nat
+// chain redirects to it whatever resolver they asked. A name their policy
+// does not allow gets REFUSED; an allowed one is forwarded to Upstream, and
+// the addresses of the answer are installed for the guest before the
+// answer goes back to it.
+type DNSProxy struct {
+	Enforcer *Enforcer
+	// Upstream is the node's resolver, host:port.
+	Upstream string
+	// Dial reaches the upstream (tests dial from a network namespace);
+	// nil: a net.Dialer.
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
+	// Denied is told about every refused query, for metrics and events.
+	Denied func(m Machine, name string)
+}
+
+// Query is a parsed DNS question.
+type Query struct {
+	ID   uint16
+	Name string // canonical: lower case, no trailing dot
+	Type dnsmessage.Type
+}
+
+// ParseQuery reads a guest's query defensively: one question of class IN,
+// no answers, nothing after the message. Anything else is refused.
+func ParseQuery(msg []byte) (Query, error) {
+	if len(msg) > maxDNSMessage {
+		return Query{}, errors.New("query too long")
+	}
+	var p dnsmessage.Parser
+	h, err := p.Start(msg)
+	if err != nil {
+		return Query{}, err
+	}
+	if h.Response || h.OpCode != 0 {
+		return Query{}, errors.New("not a standard query")
+	}
+	qs, err := p.AllQuestions()
+	if err != nil {
+		return Query{}, err
+	}
+	if len(qs) != 1 {
+		return Query{}, fmt.Errorf("%d questions, want 1", len(qs))
+	}
+	if qs[0].Class != dnsmessage.ClassINET {
+		return Query{}, errors.New("not class IN")
+	}
+	if err := p.SkipAllAnswers(); err != nil {
+		return Query{}, err
+	}
+	return Query{ID: h.ID, Name: canonicalName(qs[0].Name.String()), Type: qs[0].Type}, nil
+}
+
+// refusal is the REFUSED (or rcode) answer to a query with id; question is
+// echoed when known.
+func refusal(id uint16, q *Query, rcode dnsmessage.RCode) []byte {
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: id, Response: true, RCode: rcode})
+	if q != nil {
+		if name, err := dnsmessage.NewName(q.Name + "."); err == nil {
+			_ = b.StartQuestions()
+			_ = b.Question(dnsmessage.Question{Name: name, Type: q.Type, Class: dnsmessage.ClassINET})
+		}
+	}
+	out, err := b.Finish()
+	if err != nil {
+		return nil
+	}
+	return out
+}
+
+// Answer is what an upstream response teaches: the addresses of the
+// question's name (following CNAMEs in the answer) and their shortest TTL.
+type Answer struct {
+	RCode dnsmessage.RCode
+	Addrs []netip.Addr
+	TTL   time.Duration
+}
+
+// ParseAnswer reads the upstream's response to q defensively: it must
+// answer q's ID and question; only records on the question's CNAME chain
+// count.
+func ParseAnswer(q Query, msg []byte) (Answer, error) {
+	var p dnsmessage.Parser
+	h, err := p.Start(msg)
+	if err != nil {
+		return Answer{}, err
+	}
+	if !h.Response || h.ID != q.ID {
+		return Answer{}, errors.New("not the response to the query")
+	}
+	qs, err := p.AllQuestions()
+	if err != nil {
+		return Answer{}, err
+	}
+	if len(qs) != 1 || canonicalName(qs[0].Name.String()) != q.Name || qs[0].Type != q.Type {
+		return Answer{}, errors.New("the response answers another question")
+	}
+	a := Answer{RCode: h.RCode}
+	chain := map[string]bool{q.Name: true}
+	var ttl uint32
+	first := true
+	for {
+		rh, err := p.AnswerHeader()
+		if errors.Is(err, dnsmessage.ErrSectionDone) {
+			break
+		}
+		if err != nil {
+			return Answer{}, err
+		}
+		owner := canonicalName(rh.Name.String())
+		if rh.Class != dnsmessage.ClassINET || !chain[owner] {
+			if err := p.SkipAnswer(); err != nil {
+				return Answer{}, err
+			}
+			continue
+		}
+		switch rh.Type {
+		case dnsmessage.TypeA:
+			r, err := p.AResource()
+			if err != nil {
+				return Answer{}, err
+			}
+			a.Addrs = append(a.Addrs, netip.AddrFrom4(r.A))
+		case dnsmessage.TypeAAAA:
+			r, err := p.AAAAResource()
+			if err != nil {
+				return Answer{}, err
+			}
+			a.Addrs = append(a.Addrs, netip.AddrFrom16(r.AAAA))
+		case dnsmessage.TypeCNAME:
+			r, err := p.CNAMEResource()
+			if err != nil {
+				return Answer{}, err
+			}
+			chain[canonicalName(r.CNAME.String())] = true
+		default:
+			if err := p.SkipAnswer(); err != nil {
+				return Answer{}, err
+			}
+			continue
+		}
+		if first || rh.TTL < ttl {
+			ttl, first = rh.TTL, false
+		}
+	}
+	a.TTL = time.Duration(ttl) * time.Second
+	return a, nil
+}
+
+// Handle answers one query from the guest at from. It never returns an
+// answer whose addresses are not installed.
+func (d *DNSProxy) Handle(ctx context.Context, from netip.Addr, msg []byte, network string) []byte {
+	var id uint16
+	if len(msg) >= 2 {
+		id = binary.BigEndian.Uint16(msg)
+	}
+	m, policy, ok := d.Enforcer.Lookup(from)
+	if !ok {
+		return refusal(id, nil, dnsmessage.RCodeRefused)
+	}
+	q, err := ParseQuery(msg)
+	if err != nil {
+		return refusal(id, nil, dnsmessage.RCodeFormatError)
+	}
+	if !policy.AllowsQuery(q.Name) {
+		if d.Denied != nil {
+			d.Denied(m, q.Name)
+		}
+		return refusal(id, &q, dnsmessage.RCodeRefused)
+	}
+	resp, err := d.forward(ctx, network, msg)
+	if err != nil {
+		return refusal(id, &q, dnsmessage.RCodeServerFailure)
+	}
+	a, err := ParseAnswer(q, resp)
+	if err != nil {
+		return refusal(id, &q, dnsmessage.RCodeServerFailure)
+	}
+	if len(a.Addrs) > 0 {
+		if err := d.Enforcer.Learn(from, q.Name, a.Addrs, a.TTL); err != nil {
+			return refusal(id, &q, dnsmessage.RCodeServerFailure)
+		}
+	}
+	return resp
+}
+
+func (d *DNSProxy) forward(ctx context.Context, network string, msg []byte) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, upstreamTimeout)
+	defer cancel()
+	dial := d.Dial
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	c, err := dial(ctx, network, d.Upstream)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	deadline, _ := ctx.Deadline()
+	_ = c.SetDeadline(deadline)
+	if network == "udp" {
+		if _, err := c.Write(msg); err != nil {
+			return nil, err
+		}
+		buf := make([]byte, maxUDPQuery)
+		n, err := c.Read(buf)
+		if err != nil {
+			return nil, err
+		}
+		return buf[:n], nil
+	}
+	if err := writeTCPMessage(c, msg); err != nil {
+		return nil, err
+	}
+	return readTCPMessage(c)
+}
+
+func writeTCPMessage(w io.Writer, msg []byte) error {
+	if len(msg) > maxDNSMessage {
+		return errors.New("message too long")
+	}
+	buf := make([]byte, 2+len(msg))
+	binary.BigEndian.PutUint16(buf, uint16(len(msg)))
+	copy(buf[2:], msg)
+	_, err := w.Write(buf)
+	return err
+}
+
+func readTCPMessage(r io.Reader) ([]byte, error) {
+	var l [2]byte
+	if _, err := io.ReadFull(r, l[:]); err != nil {
+		return nil, err
+	}
+	msg := make([]byte, binary.BigEndian.Uint16(l[:]))
+	if _, err := io.ReadFull(r, msg); err != nil {
+		return nil, err
+	}
+	return msg, nil
+}
+
+// ServeUDP answers the queries arriving on c until it is closed.
+func (d *DNSProxy) ServeUDP(ctx context.Context, c *net.UDPConn) error {
+	buf := make([]byte, maxUDPQuery+1)
+	for {
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		if n > maxUDPQuery {
+			continue
+		}
+		msg := append([]byte(nil), buf[:n]...)
+		go func() {
+			if resp := d.Handle(ctx, from.Addr().Unmap(), msg, "udp"); resp != nil {
+				_, _ = c.WriteToUDPAddrPort(resp, from)
+			}
+		}()
+	}
+}
+
+// ServeTCP answers the queries of the connections ln accepts until it is
+// closed.
+func (d *DNSProxy) ServeTCP(ctx context.Context, ln net.Listener) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer c.Close()
+			from, err := netip.ParseAddrPort(c.RemoteAddr().String())
+			if err != nil {
+				return
+			}
+			for {
+				_ = c.SetDeadline(time.Now().Add(tcpIdle))
+				msg, err := readTCPMessage(c)
+				if err != nil {
+					return
+				}
+				resp := d.Handle(ctx, from.Addr().Unmap(), msg, "tcp")
+				if resp == nil || writeTCPMessage(c, resp) != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// ListenAndServe serves DNS on addr over UDP and TCP until ctx ends.
+func (d *DNSProxy) ListenAndServe(ctx context.Context, addr string) error {
+	uc, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return fmt.Errorf("egress: DNS proxy: %w", err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		_ = uc.Close()
+		return fmt.Errorf("egress: DNS proxy: %w", err)
+	}
+	return d.Serve(ctx, uc.(*net.UDPConn), ln)
+}
+
+// Serve serves DNS on c and ln until ctx ends, then closes them.
+func (d *DNSProxy) Serve(ctx context.Context, c *net.UDPConn, ln net.Listener) error {
+	errc := make(chan error, 2)
+	go func() { errc <- d.ServeUDP(ctx, c) }()
+	go func() { errc <- d.ServeTCP(ctx, ln) }()
+	<-ctx.Done()
+	_ = c.Close()
+	_ = ln.Close()
+	return errors.Join(<-errc, <-errc)
+}
