@@ -49,7 +49,7 @@ const cpuPeriodUS = 100000
 // detectCgroups finds out which cgroup version manages the controllers.
 func detectCgroups(parent string) (*cgroupSetup, error) {
 	if strings.Contains(parent, "..") || filepath.IsAbs(parent) {
-		return nil, fmt.Errorf("qemu: --cgroup-parent %q: must be a relative path without ..", parent)
+		return nil, fmt.Errorf("qemu: --cgroup-parent %q: must be a relative path without \"..\"", parent)
 	}
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(cgroupRoot, &st); err != nil {
