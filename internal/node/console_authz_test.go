@@ -158,3 +158,48 @@ func TestConsoleAuthorizesEachRequest(t *testing.T) {
 		t.Errorf("alice's name on another CA's certificate: %d %q, want the handshake refused or 401", code, body)
 	}
 }
+
+// TestConsoleServesTheNodeProxyIdentity: the API server's node proxy
+// presents its kubelet-client certificate (kube-apiserver
+// --kubelet-client-certificate). The test presents that certificate itself
+// (the API server will not proxy to a loopback node): the console is
+// refused until RBAC grants that user get machines/console, as the chart
+// and kairon-local do, and served afterwards.
+func TestConsoleServesTheNodeProxyIdentity(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	proxyCert, err := tls.LoadX509KeyPair(filepath.Join(env.DataDir, "pki", "apiserver-kubelet-client.crt"), filepath.Join(env.DataDir, "pki", "apiserver-kubelet-client.key"))
+	if err != nil {
+		t.Skipf("the test API server has no kubelet-client certificate: %v", err)
+	}
+	runSimAgent(t, env, "con-proxy", t.TempDir(), nil) // --client-ca-file: the cluster CA
+	m := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm"}, Spec: kaironv1.MachineSpec{NodeName: "con-proxy"}}
+	if err := env.Client.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
+	url := "https://" + consoleAddress(t, env, "con-proxy") + fmt.Sprintf("/v1/machines/%s/vm/console?tail=1", ns)
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{proxyCert}},
+	}}
+	get := func() (int, string) {
+		t.Helper()
+		resp, err := c.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return resp.StatusCode, string(body)
+	}
+	if code, body := get(); code != http.StatusForbidden {
+		t.Errorf("the node proxy's identity without RBAC: %d %q, want 403", code, body)
+	}
+	grantConsole(t, env, ns, rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "kube-apiserver-kubelet-client"})
+	// The agent reuses its denial for a few seconds.
+	testenv.Eventually(t, waitTimeout, "the node proxy's identity let in", func() (bool, string) {
+		code, body := get()
+		return code == http.StatusOK && body == "KAIRON-READY\n", fmt.Sprintf("%d %q", code, body)
+	})
+}
