@@ -526,6 +526,12 @@ func TestBaselineKeepsGuestsOffTheNode(t *testing.T) {
 		err := dialTCP(n.host, "10.88.1.2:8080", time.Second)
 		return err == nil, fmt.Sprint(err)
 	})
+	// And it pings the gateway: the path to the node works, only the
+	// node's services are closed to it.
+	testenv.Eventually(t, waitTimeout, "the guest's ping of the gateway answered", func() (bool, string) {
+		err := ping(g.netns, n.gateway)
+		return err == nil, fmt.Sprint(err)
+	})
 	for _, s := range services {
 		err := dialTCP(g.netns, s, waitTimeout)
 		if err == nil {
@@ -781,4 +787,40 @@ func sniff(t *testing.T, ns string) <-chan []byte {
 	}()
 	t.Cleanup(func() { close(stop); <-done; unix.Close(fd) })
 	return frames
+}
+
+// ping sends one ICMP echo request from ns to addr and waits a second for
+// the reply.
+func ping(ns string, addr netip.Addr) error {
+	return inNetNS(ns, func() error {
+		c, err := net.ListenPacket("ip4:icmp", "0.0.0.0")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		msg := []byte{8, 0, 0, 0, 0x4b, 0x41, 0, 1, 'k', 'a', 'i', 'r', 'o', 'n'}
+		var sum uint32
+		for i := 0; i+1 < len(msg); i += 2 {
+			sum += uint32(binary.BigEndian.Uint16(msg[i:]))
+		}
+		for sum > 0xffff {
+			sum = sum&0xffff + sum>>16
+		}
+		binary.BigEndian.PutUint16(msg[2:], ^uint16(sum))
+		if _, err := c.WriteTo(msg, &net.IPAddr{IP: addr.AsSlice()}); err != nil {
+			return err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := c.ReadFrom(buf)
+			if err != nil {
+				return err
+			}
+			// An echo reply (type 0) to this request, from addr.
+			if from.String() == addr.String() && n >= 8 && buf[0] == 0 && bytes.Equal(buf[4:8], msg[4:8]) {
+				return nil
+			}
+		}
+	})
 }
