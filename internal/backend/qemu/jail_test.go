@@ -180,6 +180,19 @@ func checkJailed(t *testing.T, b *Backend, s backend.Spec, pid int) jailRecord {
 	if ents, err := os.ReadDir(seen); err != nil || len(ents) != 0 {
 		t.Errorf("%s: the jail holds %v (%v), want nothing", s.ID, ents, err)
 	}
+	// CAP_SYS_CHROOT plus a directory descriptor would lead out of the
+	// chroot (fchdir, then ..): QEMU must hold none.
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil || len(fds) == 0 {
+		t.Errorf("%s: descriptors of qemu %d: %v (%d)", s.ID, pid, err, len(fds))
+	}
+	for _, fd := range fds {
+		p := fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())
+		if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+			target, _ := os.Readlink(p)
+			t.Errorf("%s: qemu holds directory descriptor %s -> %s", s.ID, fd.Name(), target)
+		}
+	}
 	if fi, err := os.Stat(jailRoot); err != nil || fi.Mode().Perm()&0o222 != 0 || fi.Sys().(*syscall.Stat_t).Uid != 0 {
 		t.Errorf("%s: jail root %v (%v), want root's and not writable", s.ID, fi.Mode(), err)
 	}
