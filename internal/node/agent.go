@@ -48,8 +48,7 @@ type Agent struct {
 	// instanceEvents wakes the Machine reconciler when the backend reports a
 	// change (guest ready, VM died) so status follows within a poll interval.
 	instanceEvents chan event.TypedGenericEvent[*kaironv1.Machine]
-	// restConfig is the agent's own credentials, also its client certificate
-	// towards other agents (migration state transfer).
+	// restConfig is the agent's own credentials.
 	restConfig *rest.Config
 	// lifecycle is read-held by every Machine reconcile; suspendAll takes it
 	// to wait for those in flight. stopping, set first, makes later ones

@@ -84,17 +84,6 @@ func do(t *testing.T, h http.Handler, target string) *httptest.ResponseRecorder 
 	return rec
 }
 
-// countingWriter is a ResponseWriter that only counts the body.
-type countingWriter struct {
-	header http.Header
-	code   int
-	n      int64
-}
-
-func (c *countingWriter) Header() http.Header         { return c.header }
-func (c *countingWriter) WriteHeader(code int)        { c.code = code }
-func (c *countingWriter) Write(p []byte) (int, error) { c.n += int64(len(p)); return len(p), nil }
-
 func TestServerRefusesPathTraversal(t *testing.T) {
 	h, _ := serverUnderAttack(t)
 	for _, target := range []string{
