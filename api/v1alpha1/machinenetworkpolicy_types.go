@@ -5,7 +5,8 @@ import (
 )
 
 // MachineNetworkPolicySpec is a default-deny egress policy: the selected
-// Machines may reach only what spec.egress allows.
+// Machines may reach only what spec.egress of one of their policies allows;
+// a Machine no policy selects is unrestricted.
 // +kubebuilder:validation:XValidation:rule="has(self.machineName) != has(self.machineSelector)",message="exactly one of spec.machineName or spec.machineSelector must be set"
 type MachineNetworkPolicySpec struct {
 	// MachineName selects one Machine, in the policy's namespace, by name.
@@ -29,6 +30,14 @@ type MachineNetworkPolicyStatus struct {
 	// Machines is how many Machines the policy currently selects.
 	// +optional
 	Machines int32 `json:"machines"`
+	// Nodes reports enforcement: one entry per node that runs a selected
+	// Machine, written by that node's agent (server-side apply, one field
+	// manager per node) once the node's nftables rules for the policy's
+	// generation are in place.
+	// +optional
+	// +listType=map
+	// +listMapKey=node
+	Nodes []PolicyEnforcement `json:"nodes,omitempty"`
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// +optional
@@ -37,7 +46,30 @@ type MachineNetworkPolicyStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
+// PolicyEnforcement is one node's report on a MachineNetworkPolicy.
+type PolicyEnforcement struct {
+	// Node is the node whose agent wrote this entry.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Node string `json:"node"`
+	// Machines are the selected Machines the node enforces the policy for,
+	// by name, sorted.
+	// +optional
+	// +listType=set
+	Machines []string `json:"machines,omitempty"`
+	// ObservedGeneration is the policy generation those rules implement.
+	ObservedGeneration int64 `json:"observedGeneration"`
+	// Error, when set, says why the node could not enforce the policy for
+	// some Machine; the Machine stays under its previous rules (or, new,
+	// sends nothing it would not be allowed).
+	// +optional
+	Error string `json:"error,omitempty"`
+}
+
 // MachineNetworkPolicy confines the egress of Machines to an allowlist.
+// Each node agent (kairon-node) enforces it with nftables at the selected
+// Machines' taps: a selected Machine may send only what one of its policies
+// allows (docs/guides/egress.md).
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
