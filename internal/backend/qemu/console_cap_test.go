@@ -3,12 +3,15 @@ package qemu
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/testenv"
@@ -160,4 +163,73 @@ func TestConsoleLogCappedRealGuest(t *testing.T) {
 		t.Fatalf("adopted: %+v, %v", inst, err)
 	}
 	flood(con, "b")
+}
+
+// While the guard cuts, a writer appending as QEMU does loses nothing: the
+// log's lines stay consecutive, only its head is dropped (a ring). This
+// needs a file system that collapses ranges (ext4, xfs), as the state dir
+// is on.
+func TestConsoleLogCutLosesNothingWhileAppending(t *testing.T) {
+	const limit = 64 << 10
+	path := filepath.Join(t.TempDir(), consoleLogFile)
+	w, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := unix.Fallocate(int(w.Fd()), unix.FALLOC_FL_COLLAPSE_RANGE, 0, 0); errors.Is(err, unix.EOPNOTSUPP) {
+		t.Skipf("the file system of %s cannot collapse ranges", path)
+	}
+	stop := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		i := 0
+		for ; ; i++ {
+			select {
+			case <-stop:
+				done <- i
+				return
+			default:
+			}
+			if _, err := fmt.Fprintf(w, "line %08d\n", i); err != nil {
+				t.Error(err)
+				done <- i
+				return
+			}
+		}
+	}()
+	cuts := 0
+	for cuts < 50 {
+		cut, err := capConsoleLog(path, limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cut {
+			cuts++
+		}
+	}
+	close(stop)
+	written := <-done
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(got), "\n"), "\n")
+	if !strings.HasPrefix(lines[0], "[kairon: console log exceeded") {
+		t.Errorf("cut log begins %q", lines[0])
+	}
+	var prev int
+	for k, line := range lines[1:] {
+		var n int
+		if _, err := fmt.Sscanf(line, "line %08d", &n); err != nil {
+			t.Fatalf("line %d after the note is %q, not a whole line", k+1, line)
+		}
+		if k > 0 && n != prev+1 {
+			t.Fatalf("after %d cuts the log skips from line %d to %d: output was lost", cuts, prev, n)
+		}
+		prev = n
+	}
+	if prev != written-1 {
+		t.Errorf("the log ends at line %d, the writer wrote up to %d", prev, written-1)
+	}
 }

@@ -7,9 +7,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Readiness: a guest is ready once it printed readyMarker on its serial
@@ -113,10 +117,11 @@ func fileContains(path, s string) (bool, error) {
 // prints to console.log (the console chardev's logfile, opened with
 // logappend=on, i.e. O_APPEND), so a guest printing without end would fill
 // the node's disk. A console guard per running VM (guardConsole) stats the
-// log every consoleGuardInterval and, past consoleLogCap, cuts it down to
-// its last consoleLogKeep bytes in place (capConsoleLog). Because QEMU's
-// descriptor is O_APPEND, its next write lands at the new end of the file;
-// nothing has to be reopened, and a QEMU adopted by a new agent after a
+// log every consoleGuardInterval and, past consoleLogCap, drops its head in
+// place so that about consoleLogKeep bytes remain (capConsoleLog: a ring,
+// losing nothing of what the guest prints meanwhile, where the file system
+// collapses ranges). Because QEMU's descriptor is O_APPEND, its next write
+// lands at the new end of the file; nothing has to be reopened, and a QEMU adopted by a new agent after a
 // restart is capped the same way (its guard starts at the first readMeta of
 // its directory, which every Get and List does). Between two looks the log
 // can outgrow the cap by what the guest prints in one interval.
@@ -179,11 +184,16 @@ func guardedVMRuns(dir string) bool {
 	return processAlive(pid, dir)
 }
 
-// capConsoleLog cuts the log at path down to its last consoleLogKeep(limit)
-// bytes (from a line start where there is one), behind a note, if it holds
-// more than limit bytes. It reports whether it cut. What the writer appends
-// between the read of the end and the truncation is lost; what it appends
-// between the truncation and the rewrite lands before the kept end.
+// capConsoleLog cuts the log at path down to about its last
+// consoleLogKeep(limit) bytes, behind a note, if it holds more than limit
+// bytes. It reports whether it cut.
+//
+// Where the file system can (ext4, xfs), the cut drops the log's head in
+// place with fallocate(FALLOC_FL_COLLAPSE_RANGE): the kernel serialises it
+// with QEMU's appends, so nothing the guest prints meanwhile is lost, and
+// the log behaves as a ring. Elsewhere it rewrites the end behind a
+// truncation, and what the writer appends between the read of the end and
+// the truncation is lost.
 func capConsoleLog(path string, limit int64) (bool, error) {
 	if limit <= 0 {
 		return false, nil
@@ -192,20 +202,78 @@ func capConsoleLog(path string, limit int64) (bool, error) {
 	if err != nil || fi.Size() <= limit {
 		return false, err
 	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	// Two guards of one log (an old Backend's and the adopting one's) take
+	// turns, each judging the size it sees under the lock.
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		return false, err
+	}
+	if fi, err = f.Stat(); err != nil || fi.Size() <= limit {
+		return false, err
+	}
+	if cut, err := collapseConsoleLog(f, fi, limit); cut || err != nil {
+		return cut, err
+	}
+	return rewriteConsoleLog(path, fi.Size(), limit)
+}
+
+// collapseConsoleLog drops the head of the log open in f so that about
+// consoleLogKeep(limit) bytes remain, then writes the note over the first
+// (partial) lines. It reports false, nil when the file system cannot
+// collapse a range.
+func collapseConsoleLog(f *os.File, fi os.FileInfo, limit int64) (bool, error) {
+	block := int64(4096)
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Blksize > 0 {
+		block = int64(st.Blksize)
+	}
+	cut := (fi.Size() - consoleLogKeep(limit)) / block * block
+	if cut <= 0 {
+		return false, nil
+	}
+	switch err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_COLLAPSE_RANGE, 0, cut); {
+	case errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTSUP) || errors.Is(err, unix.ENOSYS):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("collapsing the console log: %w", err)
+	}
+	// The log now begins mid-line. The note goes over the head up to a line
+	// end far enough in, so every line after it is whole; the writer only
+	// appends, so these old bytes are not being written.
+	note := fmt.Sprintf(strings.TrimSuffix(consoleTruncatedNote, "\n"), limit)
+	head := make([]byte, 64<<10)
+	n, err := f.ReadAt(head, 0)
+	if err != nil && err != io.EOF {
+		return true, err
+	}
+	head = head[:n]
+	over := []byte(note + "\n")
+	if i := bytes.IndexByte(head[min(len(note), len(head)):], '\n'); i >= 0 {
+		end := len(note) + i // the line end the note stops at
+		over = append([]byte(note), bytes.Repeat([]byte(" "), end-len(note))...)
+	}
+	if _, err := f.WriteAt(over, 0); err != nil {
+		return true, err
+	}
+	return true, nil
+}
+
+// rewriteConsoleLog is capConsoleLog where ranges cannot be collapsed.
+func rewriteConsoleLog(path string, size, limit int64) (bool, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0)
 	if err != nil {
 		return false, err
 	}
 	defer f.Close()
-	if fi, err = f.Stat(); err != nil || fi.Size() <= limit {
-		return false, err
-	}
 	keep := consoleLogKeep(limit) - int64(len(consoleTruncatedNote)) - 24
 	if keep < 0 {
 		keep = 0
 	}
 	buf := make([]byte, keep)
-	n, err := f.ReadAt(buf, fi.Size()-keep)
+	n, err := f.ReadAt(buf, size-keep)
 	if err != nil && err != io.EOF {
 		return false, err
 	}
