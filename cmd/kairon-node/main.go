@@ -41,6 +41,8 @@ type flags struct {
 	addressPool  string
 	bridge       string
 	netns        string
+	egressDNS    uint
+	egressUp     string
 	noNetwork    bool
 	listen       string
 	healthProbe  string
@@ -82,6 +84,8 @@ func run(args []string) error {
 	fs.StringVar(&f.bridge, "bridge", "kairon0", "name of the node's bridge")
 	fs.StringVar(&f.netns, "netns", "", "keep the bridge, taps and VMs in this existing network namespace")
 	fs.BoolVar(&f.noNetwork, "no-network", false, "run VMs without a network interface")
+	fs.UintVar(&f.egressDNS, "egress-dns-port", 0, "port of the DNS proxy for guests confined by a MachineNetworkPolicy, in the bridge's namespace; their DNS is redirected to it (0: no proxy, allowFqdns learns nothing; docs/guides/egress.md)")
+	fs.StringVar(&f.egressUp, "egress-dns-upstream", "", "resolver (host:port) the egress DNS proxy forwards allowed queries to; required with --egress-dns-port")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:10250", "address serving consoles to the API server's node proxy")
 	fs.StringVar(&f.healthProbe, "health-probe-bind-address", "", "address serving /healthz and /readyz for liveness and readiness probes (empty: off); bind it to the node's own address, not the guests' gateway")
 	fs.StringVar(&f.clientCA, "client-ca-file", "", "accept console requests only with a client certificate signed by this CA")
@@ -132,6 +136,13 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	if f.egressDNS > 65535 {
+		return fmt.Errorf("--egress-dns-port %d: must be a port, 1-65535 (0: no proxy)", f.egressDNS)
+	}
+	if f.egressDNS != 0 && f.egressUp == "" {
+		return errors.New("--egress-dns-upstream is required with --egress-dns-port")
+	}
+	egressOpts := &node.EgressOptions{DNSPort: uint16(f.egressDNS), DNSUpstream: f.egressUp}
 	cfg, err := clientcmd.BuildConfigFromFlags("", f.kubeconfig)
 	if err != nil {
 		return fmt.Errorf("--kubeconfig: %w", err)
@@ -145,7 +156,7 @@ func run(args []string) error {
 	}
 	agent, err := node.New(cfg, node.Options{
 		NodeName: f.nodeName, Register: f.register, Backend: b, GuestDir: f.guestDir,
-		StateDir: f.stateDir, CPU: f.cpu, Memory: memory, Network: network,
+		StateDir: f.stateDir, CPU: f.cpu, Memory: memory, Network: network, Egress: egressOpts,
 		ListenAddress: f.listen, ClientCAFile: f.clientCA, Interval: f.interval, HealthProbeAddress: f.healthProbe,
 		MigrationListenAddress: f.migListen, MigrationTLSDir: f.migTLSDir, MigrationInsecure: f.migInsecure, NodeIP: f.nodeIP,
 		OnShutdown: node.ShutdownAction(f.onShutdown), SuspendTimeout: f.suspendLimit,

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/node/egress"
 	"github.com/zyvor/kairon/internal/node/network"
 )
 
@@ -42,6 +43,10 @@ type Agent struct {
 	consoleAuth *consoleAuth
 	// baseline is the guests' firewall on the bridge (nil without links).
 	baseline *network.Baseline
+	// egress enforces MachineNetworkPolicies (egress_controller.go); nil
+	// without a node network. dnsProxy answers confined guests' DNS.
+	egress   EgressEnforcer
+	dnsProxy *egress.DNSProxy
 	// receiving holds the migrations (client.ObjectKey) whose stream this
 	// agent is taking in, so that a second connection cannot race the first.
 	receiving sync.Map
@@ -84,6 +89,14 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 			if err := a.baseline.Setup(); err != nil {
 				return nil, fmt.Errorf("node network: %w", err)
 			}
+			if err := a.setupEgress(); err != nil {
+				return nil, err
+			}
+		} else {
+			a.egress = simEnforcer{}
+		}
+		if eo := opts.Egress; eo != nil && eo.Enforcer != nil {
+			a.egress = eo.Enforcer
 		}
 	}
 
@@ -150,6 +163,12 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 		a.close()
 		return nil, err
 	}
+	if a.egress != nil {
+		if err := a.setupEgressController(); err != nil {
+			a.close()
+			return nil, err
+		}
+	}
 	return a, nil
 }
 
@@ -182,6 +201,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.migrationListener != nil {
 		runnables = append(runnables, a.serveLiveMigrations)
+	}
+	if a.dnsProxy != nil {
+		runnables = append(runnables, a.serveEgressDNS)
 	}
 	if a.baseline != nil {
 		runnables = append(runnables, func(ctx context.Context) error {

@@ -344,6 +344,9 @@ func (a *Agent) teardown(ctx context.Context, id string) error {
 			errs = append(errs, err)
 		}
 	}
+	if err := a.removeEgress(id); err != nil {
+		errs = append(errs, err)
+	}
 	if a.baseline != nil {
 		namespace, _, _ := strings.Cut(id, "_") // instanceID: namespaces have no "_"
 		if err := a.baseline.Remove(network.TapName(a.opts.NodeName, id), namespace); err != nil {

@@ -33,6 +33,8 @@ type Options struct {
 	Memory resource.Quantity
 	// Network attaches Machines to a bridge; nil runs them without a NIC.
 	Network *NetworkOptions
+	// Egress tunes MachineNetworkPolicy enforcement (nil: defaults).
+	Egress *EgressOptions
 	// ListenAddress serves consoles to the API server's node proxy (host:port).
 	ListenAddress string
 	// MigrationListenAddress accepts live migrations from other agents
@@ -107,6 +109,22 @@ type NetworkOptions struct {
 	NetNS string
 	// NoLinks allocates addresses without creating bridge or taps (sim backend).
 	NoLinks bool
+}
+
+// EgressOptions configure MachineNetworkPolicy enforcement
+// (docs/guides/egress.md). Enforcement is on wherever the agent has a node
+// network with links; these only tune it.
+type EgressOptions struct {
+	// DNSPort is where the DNS proxy listens in the bridge's namespace;
+	// confined guests' DNS is redirected there. 0: no proxy, and a
+	// confined guest's DNS is traffic like any other (allowFqdns then
+	// never learns an address).
+	DNSPort uint16
+	// DNSUpstream is the resolver the proxy forwards allowed queries to
+	// (host:port).
+	DNSUpstream string
+	// Enforcer replaces nftables (tests).
+	Enforcer EgressEnforcer
 }
 
 func (o *Options) defaults() error {

@@ -179,6 +179,9 @@ func TestDNSProxy(t *testing.T) {
 	n.enforcer.DNSPort = dnsProxyPort
 	// A short TTL floor, so that expiry happens within the test.
 	n.enforcer.MinTTL, n.enforcer.Grace = 2*time.Second, time.Second
+	if err := n.enforcer.Setup(); err != nil { // again, with the proxy's chain
+		t.Fatal(err)
+	}
 	upstreamDNS(t, n.outside, uplinkOutside+":53", 1, map[string]string{"pkg.test": pkgAddr, "other.test": otherAddr, "a.cdn.test": otherAddr})
 	var mu sync.Mutex
 	var denied []string
@@ -235,6 +238,21 @@ func TestDNSProxy(t *testing.T) {
 		mustNotReach(t, vm, pkgAddr+":8050")
 		mustResolve(t, vm, "udp", resolver, "pkg.test", pkgAddr)
 		mustReach(t, vm, pkgAddr+":8050")
+	})
+	t.Run("removal leaves no proxy state", func(t *testing.T) {
+		for _, g := range []*testGuest{vm, late} {
+			if err := n.enforcer.Remove(g.Tap); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if rs := n.ruleset(t); strings.Contains(rs, "10.88.1.") || strings.Contains(rs, "kt") {
+			t.Fatalf("objects of removed Machines are left:\n%s", rs)
+		}
+		if _, _, ok := n.enforcer.Lookup(vm.IP); ok {
+			t.Fatal("the proxy still knows the removed Machine")
+		}
+		// Its DNS is its own again: the outside's resolver answers.
+		mustResolve(t, vm, "udp", uplinkOutside+":53", "other.test", otherAddr)
 	})
 	t.Run("unconfined guest is not proxied", func(t *testing.T) {
 		free := n.guest(t, "team-b", "free", "10.88.2.2")

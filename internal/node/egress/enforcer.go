@@ -133,6 +133,18 @@ func (e *Enforcer) Setup() error {
 		e.machines = map[string]*applied{}
 		e.byIP = map[netip.Addr]string{}
 	}
+	// Taps confined by an earlier agent stay confined as they are until
+	// Apply or Remove: their entry has no policy, so the first Apply
+	// rewrites them and Remove knows to look.
+	out, err := e.run("nft", "list", "table", "inet", Table)
+	if err != nil {
+		return err
+	}
+	for _, m := range machineChain.FindAllStringSubmatch(out, -1) {
+		if e.machines[m[1]] == nil {
+			e.machines[m[1]] = &applied{}
+		}
+	}
 	return nil
 }
 
@@ -152,16 +164,20 @@ func (e *Enforcer) setupScript() string {
 	i := "inet " + Table
 	w("add table %s", i)
 	w("add map %s egress4 { type ipv4_addr : verdict; }", i)
-	w("add map %s dns4 { type ipv4_addr : inet_service; }", i)
 	w("add set %s denied4 { type ipv4_addr; flags interval; auto-merge; }", i)
 	w("add chain %s forward { type filter hook forward priority 10; policy accept; }", i)
 	w("flush chain %s forward", i)
 	w("add rule %s forward ip saddr vmap @egress4", i)
-	// Before the usual dstnat (-100), so that no other DNAT of the node
-	// (kube-proxy) takes a confined guest's DNS elsewhere first.
-	w("add chain %s dns { type nat hook prerouting priority -110; policy accept; }", i)
-	w("flush chain %s dns", i)
-	w("add rule %s dns meta l4proto { tcp, udp } th dport 53 redirect to : ip saddr map @dns4", i)
+	if e.DNSPort != 0 {
+		// One chain and set per proxy port: agents sharing the namespace
+		// (kairon-local) each have their own proxy. Before the usual dstnat
+		// (-100), so that no other DNAT of the node (kube-proxy) takes a
+		// confined guest's DNS elsewhere first.
+		w("add set %s %s { type ipv4_addr; }", i, e.dnsSet())
+		w("add chain %s %s { type nat hook prerouting priority -110; policy accept; }", i, e.dnsSet())
+		w("flush chain %s %s", i, e.dnsSet())
+		w("add rule %s %s ip saddr @%s meta l4proto { tcp, udp } th dport 53 redirect to :%d", i, e.dnsSet(), e.dnsSet(), e.DNSPort)
+	}
 	var denied []string
 	for _, p := range append([]netip.Prefix{e.Network.Masked()}, AlwaysDenied...) {
 		if p.Addr().Is4() {
@@ -275,18 +291,29 @@ func (e *Enforcer) machineScript(m Machine, p *Policy, staleSets []string) strin
 	w("add element %s egress_vmap { %q : goto e_%s }", b, tap, tap)
 	w("add element %s egress4 { %s : goto e_%s }", i, m.IP, tap)
 	if e.DNSPort != 0 {
-		// Re-added, not only added: a changed port must replace the old.
-		w("add element %s dns4 { %s : %d }", i, m.IP, e.DNSPort)
-		w("delete element %s dns4 { %s }", i, m.IP)
-		w("add element %s dns4 { %s : %d }", i, m.IP, e.DNSPort)
+		w("add element %s %s { %s }", i, e.dnsSet(), m.IP)
 	}
 	return s.String()
+}
+
+// dnsSet holds the confined guests whose DNS goes to this agent's proxy;
+// the chain redirecting it has the same name.
+func (e *Enforcer) dnsSet() string { return fmt.Sprintf("dns_%d", e.DNSPort) }
+
+// forgetAddress takes ip's entries out, pointing at tap's chain.
+func (e *Enforcer) forgetAddress(tap string, ip netip.Addr) string {
+	i := "inet " + Table
+	s := fmt.Sprintf("add element %[1]s egress4 { %[2]s : goto e_%[3]s }\ndelete element %[1]s egress4 { %[2]s }\n", i, ip, tap)
+	if e.DNSPort != 0 {
+		s += fmt.Sprintf("add element %[1]s %[2]s { %[3]s }\ndelete element %[1]s %[2]s { %[3]s }\n", i, e.dnsSet(), ip)
+	}
+	return s
 }
 
 // removeScript takes out everything of tap and address ip. Each object is
 // added before it is deleted (nft 1.0.6 has no "destroy"), so the script
 // succeeds whatever is left.
-func removeScript(tap string, ip netip.Addr, sets []string) string {
+func (e *Enforcer) removeScript(tap string, ip netip.Addr, sets []string) string {
 	var s strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&s, format+"\n", args...) }
 	b := "bridge " + Table
@@ -298,10 +325,7 @@ func removeScript(tap string, ip netip.Addr, sets []string) string {
 	w("delete chain %s e_%s", b, tap)
 	w("add chain %s e_%s", i, tap)
 	if ip.IsValid() {
-		w("add element %s egress4 { %s : goto e_%s }", i, ip, tap)
-		w("delete element %s egress4 { %s }", i, ip)
-		w("add element %s dns4 { %s : 53 }", i, ip)
-		w("delete element %s dns4 { %s }", i, ip)
+		s.WriteString(e.forgetAddress(tap, ip))
 	}
 	w("flush chain %s e_%s", i, tap)
 	w("delete chain %s e_%s", i, tap)
@@ -340,13 +364,15 @@ func (e *Enforcer) Apply(m Machine, p *Policy) error {
 	if e.machines == nil {
 		return errors.New("egress: Setup was not called")
 	}
-	if old := e.machines[m.Tap]; old != nil && old.m.IP != m.IP {
-		// The address changed: the old one's entries must not keep
-		// pointing to this chain.
-		if err := e.nft(removeScript(m.Tap, old.m.IP, nil)); err != nil {
-			return err
-		}
+	var moved string
+	if old := e.machines[m.Tap]; old != nil && old.m.IP.IsValid() && old.m.IP != m.IP {
+		// The address changed: the old one's entries go in the same
+		// transaction as the new ones come, so the tap is never open.
+		moved = e.forgetAddress(m.Tap, old.m.IP)
 		delete(e.byIP, old.m.IP)
+	}
+	if old := e.machines[m.Tap]; old != nil && old.script == e.machineScript(m, p, nil) {
+		return nil
 	}
 	existing, err := e.setsOf(m.Tap)
 	if err != nil {
@@ -364,11 +390,7 @@ func (e *Enforcer) Apply(m Machine, p *Policy) error {
 			stale = append(stale, s)
 		}
 	}
-	script := e.machineScript(m, p, stale)
-	if old := e.machines[m.Tap]; old != nil && old.script == script {
-		return nil
-	}
-	if err := e.nft(script); err != nil {
+	if err := e.nft(e.machineScript(m, p, stale) + moved); err != nil {
 		return err
 	}
 	e.machines[m.Tap] = &applied{m: m, policy: p, script: e.machineScript(m, p, nil)}
@@ -383,13 +405,15 @@ func (e *Enforcer) Remove(tap string) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var ip netip.Addr
-	if a := e.machines[tap]; a != nil {
-		ip = a.m.IP
-	} else if ip, _ = e.addressInKernel(tap); !ip.IsValid() {
-		// Nothing of it in the maps; its chains may still be left.
-		out, err := e.run("nft", "list", "table", "inet", Table)
-		if err != nil || !strings.Contains(out, "chain e_"+tap+" {") {
+	a, ok := e.machines[tap]
+	if !ok {
+		// Neither applied by this agent nor found at Setup.
+		return nil
+	}
+	ip := a.m.IP
+	if !ip.IsValid() {
+		var err error
+		if ip, err = e.addressInKernel(tap); err != nil {
 			return err
 		}
 	}
@@ -397,7 +421,7 @@ func (e *Enforcer) Remove(tap string) error {
 	if err != nil {
 		return err
 	}
-	if err := e.nft(removeScript(tap, ip, sets)); err != nil {
+	if err := e.nft(e.removeScript(tap, ip, sets)); err != nil {
 		return err
 	}
 	delete(e.machines, tap)
@@ -446,7 +470,7 @@ func (e *Enforcer) Lookup(ip netip.Addr) (Machine, *Policy, bool) {
 		return Machine{}, nil, false
 	}
 	a := e.machines[tap]
-	return a.m, a.policy, true
+	return a.m, a.policy, a.policy != nil
 }
 
 // TTL is how long an address learned from an answer with ttl stays
@@ -466,7 +490,7 @@ func (e *Enforcer) Learn(ip netip.Addr, name string, addrs []netip.Addr, ttl tim
 		p = e.machines[tap].policy
 	}
 	e.mu.Unlock()
-	if !ok {
+	if p == nil {
 		return fmt.Errorf("egress: no confined Machine has address %v", ip)
 	}
 	var v4 []string

@@ -54,7 +54,7 @@ func TestMachineScript(t *testing.T) {
 		"add rule inet kairon_egress e_kt0123456789 drop\n",
 		"add element bridge kairon_egress egress_vmap { \"kt0123456789\" : goto e_kt0123456789 }\n",
 		"add element inet kairon_egress egress4 { 10.88.1.2 : goto e_kt0123456789 }\n",
-		"add element inet kairon_egress dns4 { 10.88.1.2 : 5353 }\n",
+		"add element inet kairon_egress dns_5353 { 10.88.1.2 }\n",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("script lacks\n%s\nscript:\n%s", want, s)
@@ -63,12 +63,12 @@ func TestMachineScript(t *testing.T) {
 	if strings.Contains(s, "ip daddr @"+fqdn+" icmp") {
 		t.Error("a grant without allowIcmp allows ICMP")
 	}
-	rm := removeScript(m.Tap, m.IP, []string{fqdn})
+	rm := e.removeScript(m.Tap, m.IP, []string{fqdn})
 	for _, want := range []string{
 		"delete element bridge kairon_egress egress_vmap { \"kt0123456789\" }\n",
 		"delete chain bridge kairon_egress e_kt0123456789\n",
 		"delete element inet kairon_egress egress4 { 10.88.1.2 }\n",
-		"delete element inet kairon_egress dns4 { 10.88.1.2 }\n",
+		"delete element inet kairon_egress dns_5353 { 10.88.1.2 }\n",
 		"delete chain inet kairon_egress e_kt0123456789\n",
 		"delete set inet kairon_egress " + fqdn + "\n",
 	} {

@@ -7,16 +7,13 @@ import (
 	mathrand "math/rand/v2"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
-	"golang.org/x/sys/unix"
 
 	"github.com/zyvor/kairon/internal/node/network"
 	"github.com/zyvor/kairon/internal/testenv"
@@ -151,27 +148,6 @@ func (n *testNode) guest(t *testing.T, namespace, name, ip string) *testGuest {
 		t.Fatal(err)
 	}
 	return g
-}
-
-// inNetNS runs fn on a thread in network namespace ns; the thread is never
-// unlocked, so Go discards it instead of reusing it in the wrong namespace.
-func inNetNS(ns string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open("/var/run/netns/" + ns)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", ns, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
 }
 
 // serveTCP listens on addr in ns and answers every connection with "hi".

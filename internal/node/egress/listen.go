@@ -1,0 +1,60 @@
+package egress
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+
+	"golang.org/x/sys/unix"
+)
+
+// Listen opens the DNS proxy's UDP and TCP sockets on addr in network
+// namespace netns (empty: the caller's): the guests' redirected queries
+// arrive in the bridge's namespace. A socket stays in the namespace it was
+// made in, whichever thread uses it later.
+func Listen(netns, addr string) (*net.UDPConn, net.Listener, error) {
+	var uc net.PacketConn
+	var ln net.Listener
+	listen := func() (err error) {
+		if uc, err = net.ListenPacket("udp", addr); err != nil {
+			return err
+		}
+		if ln, err = net.Listen("tcp", addr); err != nil {
+			_ = uc.Close()
+		}
+		return err
+	}
+	var err error
+	if netns == "" {
+		err = listen()
+	} else {
+		err = inNetNS(netns, listen)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("egress: DNS proxy on %s (netns %q): %w", addr, netns, err)
+	}
+	return uc.(*net.UDPConn), ln, nil
+}
+
+// inNetNS runs fn on a thread in the named namespace. The thread is never
+// unlocked, so Go discards it afterwards instead of reusing it in the wrong
+// namespace.
+func inNetNS(netns string, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		f, err := os.Open("/var/run/netns/" + netns)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("setns %s: %w", netns, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}

@@ -1,0 +1,221 @@
+package node_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/backend/sim"
+	"github.com/zyvor/kairon/internal/node"
+	"github.com/zyvor/kairon/internal/node/egress"
+	"github.com/zyvor/kairon/internal/testenv"
+)
+
+// recordingEnforcer keeps what the agent asked nftables for, per tap.
+type recordingEnforcer struct {
+	mu      sync.Mutex
+	applied map[string]*egress.Policy
+	byName  map[string]string // Machine name → tap
+	fail    bool
+}
+
+func (r *recordingEnforcer) Apply(m egress.Machine, p *egress.Policy) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail {
+		return fmt.Errorf("nft: simulated failure")
+	}
+	r.applied[m.Tap] = p
+	r.byName[m.Name] = m.Tap
+	return nil
+}
+
+func (r *recordingEnforcer) Remove(tap string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.applied, tap)
+	return nil
+}
+
+func (r *recordingEnforcer) policyOf(name string) (*egress.Policy, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p, ok := r.applied[r.byName[name]]
+	return p, ok
+}
+
+func (r *recordingEnforcer) setFail(fail bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fail = fail
+}
+
+func runEgressAgent(t *testing.T, env *testenv.Env, nodeName string, enforcer node.EgressEnforcer) {
+	t.Helper()
+	state := t.TempDir()
+	backend, err := sim.New(sim.Options{StateDir: filepath.Join(state, "instances"), BootDelay: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := node.New(env.Config, node.Options{
+		NodeName: nodeName, Register: true, Backend: backend, StateDir: state,
+		CPU: 4, Memory: resource.MustParse("4Gi"),
+		Network:  &node.NetworkOptions{CIDR: netip.MustParsePrefix("10.88.7.0/24"), NoLinks: true},
+		Egress:   &node.EgressOptions{Enforcer: enforcer},
+		Interval: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.RunInBackground(t, "agent "+nodeName, agent.Run)
+	t.Cleanup(func() {
+		_ = env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}})
+	})
+}
+
+// waitEnforcement waits for the policy's status entry of nodeName to list
+// machines at the policy's current generation.
+func waitEnforcement(t *testing.T, env *testenv.Env, key client.ObjectKey, nodeName string, machines ...string) *kaironv1.MachineNetworkPolicy {
+	t.Helper()
+	p := &kaironv1.MachineNetworkPolicy{}
+	testenv.Eventually(t, waitTimeout, fmt.Sprintf("policy %s enforced on %s for %v", key, nodeName, machines), func() (bool, string) {
+		if err := env.Client.Get(context.Background(), key, p); err != nil {
+			return false, err.Error()
+		}
+		for _, n := range p.Status.Nodes {
+			if n.Node == nodeName {
+				return slices.Equal(n.Machines, machines) && n.ObservedGeneration == p.Generation && n.Error == "", fmt.Sprintf("%+v (generation %d)", p.Status.Nodes, p.Generation)
+			}
+		}
+		return len(machines) == 0, fmt.Sprintf("%+v", p.Status.Nodes)
+	})
+	return p
+}
+
+func TestAgentEnforcesAndReportsMachineNetworkPolicies(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	rec := &recordingEnforcer{applied: map[string]*egress.Policy{}, byName: map[string]string{}}
+	runEgressAgent(t, env, "sim-egress", rec)
+
+	for _, name := range []string{"vm-a", "vm-b", "vm-free"} {
+		role := "sandbox"
+		if name == "vm-free" {
+			role = "service"
+		}
+		m := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"role": role}}, Spec: kaironv1.MachineSpec{NodeName: "sim-egress"}}
+		if err := env.Client.Create(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
+	}
+	byName := &kaironv1.MachineNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "only-a"}, Spec: kaironv1.MachineNetworkPolicySpec{
+		MachineName: "vm-a",
+		Egress:      kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24"}, AllowPorts: []kaironv1.PortRange{"443"}},
+	}}
+	bySelector := &kaironv1.MachineNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "sandboxes"}, Spec: kaironv1.MachineNetworkPolicySpec{
+		MachineSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "sandbox"}},
+		Egress:          kaironv1.EgressRules{AllowFqdns: []kaironv1.Hostname{"pkg.test"}},
+	}}
+	for _, p := range []*kaironv1.MachineNetworkPolicy{byName, bySelector} {
+		if err := env.Client.Create(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitEnforcement(t, env, client.ObjectKeyFromObject(byName), "sim-egress", "vm-a")
+	waitEnforcement(t, env, client.ObjectKeyFromObject(bySelector), "sim-egress", "vm-a", "vm-b")
+	// The union: vm-a has both policies' grants, vm-b the selector's.
+	if p, ok := rec.policyOf("vm-a"); !ok || p == nil || len(p.Grants) != 2 {
+		t.Fatalf("vm-a confined to %+v, want both policies' grants", p)
+	}
+	if p, ok := rec.policyOf("vm-b"); !ok || p == nil || len(p.Grants) != 1 || len(p.Grants[0].FQDNs) != 1 {
+		t.Fatalf("vm-b confined to %+v, want the selector's grant", p)
+	}
+	if p, ok := rec.policyOf("vm-free"); ok && p != nil {
+		t.Fatalf("vm-free, selected by no policy, is confined to %+v", p)
+	}
+
+	t.Run("an edit is enforced and reported at the new generation", func(t *testing.T) {
+		cur := &kaironv1.MachineNetworkPolicy{}
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(byName), cur); err != nil {
+			t.Fatal(err)
+		}
+		cur.Spec.Egress.AllowPorts = []kaironv1.PortRange{"8000-8100"}
+		if err := env.Client.Update(ctx, cur); err != nil {
+			t.Fatal(err)
+		}
+		waitEnforcement(t, env, client.ObjectKeyFromObject(byName), "sim-egress", "vm-a")
+		p, _ := rec.policyOf("vm-a")
+		if p == nil || !slices.ContainsFunc(p.Grants, func(g egress.Grant) bool {
+			return slices.Equal(g.Ports, []egress.PortRange{{Lo: 8000, Hi: 8100}})
+		}) {
+			t.Fatalf("vm-a confined to %+v after the edit", p)
+		}
+	})
+
+	t.Run("a failing node reports an error, not enforcement", func(t *testing.T) {
+		rec.setFail(true)
+		cur := &kaironv1.MachineNetworkPolicy{}
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(byName), cur); err != nil {
+			t.Fatal(err)
+		}
+		cur.Spec.Egress.AllowIcmp = true
+		if err := env.Client.Update(ctx, cur); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, waitTimeout, "the error reported", func() (bool, string) {
+			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(byName), cur); err != nil {
+				return false, err.Error()
+			}
+			for _, n := range cur.Status.Nodes {
+				if n.Node == "sim-egress" {
+					return n.Error != "" && len(n.Machines) == 0 && n.ObservedGeneration == cur.Generation, fmt.Sprintf("%+v", n)
+				}
+			}
+			return false, fmt.Sprintf("%+v", cur.Status.Nodes)
+		})
+		rec.setFail(false)
+		waitEnforcement(t, env, client.ObjectKeyFromObject(byName), "sim-egress", "vm-a")
+	})
+
+	t.Run("a deleted Machine leaves the report and the enforcer", func(t *testing.T) {
+		b := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm-b"}}
+		if err := env.Client.Delete(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		waitEnforcement(t, env, client.ObjectKeyFromObject(bySelector), "sim-egress", "vm-a")
+		testenv.Eventually(t, waitTimeout, "vm-b's rules removed", func() (bool, string) {
+			p, ok := rec.policyOf("vm-b")
+			return !ok, fmt.Sprintf("%+v", p)
+		})
+	})
+
+	t.Run("a deleted policy lifts its confinement", func(t *testing.T) {
+		if err := env.Client.Delete(ctx, bySelector); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, waitTimeout, "vm-a confined by only-a", func() (bool, string) {
+			p, ok := rec.policyOf("vm-a")
+			return ok && p != nil && len(p.Grants) == 1 && len(p.Grants[0].FQDNs) == 0, fmt.Sprintf("%+v", p)
+		})
+		if err := env.Client.Delete(ctx, byName); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, waitTimeout, "vm-a unconfined", func() (bool, string) {
+			p, ok := rec.policyOf("vm-a")
+			return ok && p == nil, fmt.Sprintf("%v %+v", ok, p)
+		})
+	})
+}

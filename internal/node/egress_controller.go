@@ -1,0 +1,228 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/node/egress"
+	"github.com/zyvor/kairon/internal/node/network"
+)
+
+// EgressEnforcer is what the agent needs of egress.Enforcer: confine a
+// Machine to a policy (nil: lift it) and forget a tap.
+type EgressEnforcer interface {
+	Apply(m egress.Machine, p *egress.Policy) error
+	Remove(tap string) error
+}
+
+// simEnforcer stands in for nftables under the sim backend, whose Machines
+// have no network interface: there is no packet to filter, and the agent
+// still reports the policies, so that claims bind as with a real backend.
+type simEnforcer struct{}
+
+func (simEnforcer) Apply(egress.Machine, *egress.Policy) error { return nil }
+func (simEnforcer) Remove(string) error                        { return nil }
+
+// setupEgressController reconciles one namespace at a time: the node's
+// Machines in it against the MachineNetworkPolicies in it, because a
+// policy's status entry lists every Machine of this node it confines.
+func (a *Agent) setupEgressController() error {
+	toNamespace := func(_ context.Context, o client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
+	}
+	return ctrl.NewControllerManagedBy(a.mgr).
+		Named("node-egress").
+		WithOptions(controller.Options{SkipNameValidation: ptr.To(true)}).
+		Watches(&kaironv1.MachineNetworkPolicy{}, handler.EnqueueRequestsFromMapFunc(toNamespace)).
+		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(toNamespace)).
+		Complete(reconcile.Func(a.reconcileEgress))
+}
+
+// selects tells whether policy p confines Machine m.
+func selects(p *kaironv1.MachineNetworkPolicy, m *kaironv1.Machine) bool {
+	if p.Namespace != m.Namespace {
+		return false
+	}
+	if p.Spec.MachineName != "" {
+		return p.Spec.MachineName == m.Name
+	}
+	if p.Spec.MachineSelector == nil {
+		return false
+	}
+	sel, err := metav1.LabelSelectorAsSelector(p.Spec.MachineSelector)
+	return err == nil && sel.Matches(labels.Set(m.Labels))
+}
+
+// egressTarget is where a Machine's rules go: its tap and address on this
+// node, once it has them.
+func (a *Agent) egressTarget(m *kaironv1.Machine) (egress.Machine, bool) {
+	if a.ipam == nil || m.DeletionTimestamp != nil || m.Spec.NodeName != a.opts.NodeName {
+		return egress.Machine{}, false
+	}
+	id := instanceID(m.Namespace, m.Name)
+	if !slices.Contains(a.ipam.Allocated(), id) {
+		return egress.Machine{}, false // not attached (yet)
+	}
+	address, err := a.ipam.Allocate(id) // allocated: returns it
+	if err != nil {
+		return egress.Machine{}, false
+	}
+	return egress.Machine{Namespace: m.Namespace, Name: m.Name, Tap: network.TapName(a.opts.NodeName, id), IP: address.Addr()}, true
+}
+
+func (a *Agent) reconcileEgress(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	namespace := req.Name
+	logger := log.FromContext(ctx).WithValues("namespace", namespace)
+	var policies kaironv1.MachineNetworkPolicyList
+	if err := a.client.List(ctx, &policies, client.InNamespace(namespace)); err != nil {
+		return reconcile.Result{}, err
+	}
+	var machines kaironv1.MachineList
+	if err := a.client.List(ctx, &machines, client.InNamespace(namespace)); err != nil {
+		return reconcile.Result{}, err
+	}
+	enforced := map[string][]string{} // policy name → Machines
+	failed := map[string][]string{}
+	var retry error
+	for i := range machines.Items {
+		m := &machines.Items[i]
+		target, ok := a.egressTarget(m)
+		if !ok {
+			continue
+		}
+		var selected []egress.NamedPolicy
+		var names []string
+		for j := range policies.Items {
+			if p := &policies.Items[j]; selects(p, m) {
+				selected = append(selected, egress.NamedPolicy{Name: p.Name, Egress: p.Spec.Egress})
+				names = append(names, p.Name)
+			}
+		}
+		compiled, err := egress.Compile(selected)
+		if err != nil {
+			// Closed, not open: a policy the agent cannot read confines the
+			// Machine to nothing.
+			logger.Error(err, "confining the machine to nothing", "machine", m.Name)
+			for _, n := range names {
+				failed[n] = append(failed[n], fmt.Sprintf("%s: %v", m.Name, err))
+			}
+			compiled = &egress.Policy{}
+		}
+		if err := a.egress.Apply(target, compiled); err != nil {
+			retry = err
+			for _, n := range names {
+				failed[n] = append(failed[n], fmt.Sprintf("%s: %v", m.Name, err))
+			}
+			continue
+		}
+		for _, n := range names {
+			enforced[n] = append(enforced[n], m.Name)
+		}
+	}
+	for i := range policies.Items {
+		p := &policies.Items[i]
+		if err := a.reportEgress(ctx, p, enforced[p.Name], failed[p.Name]); err != nil {
+			retry = err
+		}
+	}
+	return reconcile.Result{}, retry
+}
+
+// reportEgress writes this node's entry of the policy's status.nodes with
+// server-side apply under a field manager of its own, so that the agents of
+// several nodes never overwrite each other's entries. A node with nothing
+// to report removes its entry.
+func (a *Agent) reportEgress(ctx context.Context, p *kaironv1.MachineNetworkPolicy, machines, errs []string) error {
+	sort.Strings(machines)
+	sort.Strings(errs)
+	var current *kaironv1.PolicyEnforcement
+	for i := range p.Status.Nodes {
+		if p.Status.Nodes[i].Node == a.opts.NodeName {
+			current = &p.Status.Nodes[i]
+		}
+	}
+	want := kaironv1.PolicyEnforcement{Node: a.opts.NodeName, Machines: machines, ObservedGeneration: p.Generation, Error: strings.Join(errs, "; ")}
+	if len(machines) == 0 && len(errs) == 0 {
+		if current == nil {
+			return nil
+		}
+	} else if current != nil && slices.Equal(current.Machines, want.Machines) && current.ObservedGeneration == want.ObservedGeneration && current.Error == want.Error {
+		return nil
+	}
+	status := map[string]any{}
+	if len(machines) > 0 || len(errs) > 0 {
+		status["nodes"] = []kaironv1.PolicyEnforcement{want}
+	} else {
+		status["nodes"] = []any{}
+	}
+	body, err := json.Marshal(map[string]any{
+		"apiVersion": kaironv1.GroupVersion.String(),
+		"kind":       "MachineNetworkPolicy",
+		"metadata":   map[string]any{"name": p.Name, "namespace": p.Namespace},
+		"status":     status,
+	})
+	if err != nil {
+		return err
+	}
+	return client.IgnoreNotFound(a.client.Status().Patch(ctx, p.DeepCopy(), client.RawPatch(types.ApplyPatchType, body),
+		client.FieldOwner("kairon-node/"+a.opts.NodeName), client.ForceOwnership))
+}
+
+// removeEgress lifts a Machine's confinement as its tap goes.
+func (a *Agent) removeEgress(id string) error {
+	if a.egress == nil {
+		return nil
+	}
+	return a.egress.Remove(network.TapName(a.opts.NodeName, id))
+}
+
+// setupEgress prepares enforcement on the node network: the nftables
+// tables, before any tap as the baseline, and the DNS proxy.
+func (a *Agent) setupEgress() error {
+	n := a.opts.Network
+	e := &egress.Enforcer{NetNS: n.NetNS, Bridge: n.Bridge, Network: n.CIDR, Gateway: a.ipam.Gateway().Addr()}
+	eo := a.opts.Egress
+	if eo != nil && eo.DNSPort != 0 {
+		if eo.DNSUpstream == "" {
+			return errors.New("--egress-dns-upstream is required with --egress-dns-port")
+		}
+		e.DNSPort = eo.DNSPort
+		a.dnsProxy = &egress.DNSProxy{Enforcer: e, Upstream: eo.DNSUpstream}
+	}
+	if err := e.Setup(); err != nil {
+		return fmt.Errorf("node network: %w", err)
+	}
+	a.egress = e
+	return nil
+}
+
+// serveEgressDNS runs the DNS proxy in the bridge's namespace.
+func (a *Agent) serveEgressDNS(ctx context.Context) error {
+	uc, ln, err := egress.Listen(a.opts.Network.NetNS, fmt.Sprintf(":%d", a.opts.Egress.DNSPort))
+	if err != nil {
+		return err
+	}
+	logger := log.FromContext(ctx).WithName("egress-dns")
+	a.dnsProxy.Denied = func(m egress.Machine, name string) {
+		logger.Info("refused a DNS query", "machine", m.Namespace+"/"+m.Name, "name", name)
+	}
+	return a.dnsProxy.Serve(ctx, uc, ln)
+}
