@@ -304,9 +304,12 @@ func TestLiveMigrationTargetTakesOneStream(t *testing.T) {
 	if err := env.Client.Create(ctx, m); err != nil {
 		t.Fatal(err)
 	}
+	// A patch, not an update: the controllers may have written the Machine
+	// since it was created.
+	base := m.DeepCopy()
 	m.Status.Phase = kaironv1.MachineRunning
 	m.Status.ObservedGeneration = m.Generation
-	if err := env.Client.Status().Update(ctx, m); err != nil {
+	if err := env.Client.Status().Patch(ctx, m, client.MergeFrom(base)); err != nil {
 		t.Fatal(err)
 	}
 	mig := &kaironv1.MachineMigration{
@@ -318,11 +321,17 @@ func TestLiveMigrationTargetTakesOneStream(t *testing.T) {
 	}
 	waitMigration(t, env, client.ObjectKeyFromObject(mig), kaironv1.MigrationRunning)
 
-	target := &corev1.Node{}
-	if err := env.Client.Get(ctx, client.ObjectKey{Name: "one-b"}, target); err != nil {
-		t.Fatal(err)
-	}
-	endpoint := target.Annotations[kaironv1.AnnotationNodeMigrationEndpoint]
+	// The controller writes the endpoint once the agent published its port;
+	// the migration may be Running before that.
+	var endpoint string
+	testenv.Eventually(t, 30*time.Second, "the controller to write one-b's migration endpoint", func() (bool, string) {
+		target := &corev1.Node{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: "one-b"}, target); err != nil {
+			return false, err.Error()
+		}
+		endpoint = target.Annotations[kaironv1.AnnotationNodeMigrationEndpoint]
+		return endpoint != "", fmt.Sprintf("annotations %v", target.Annotations)
+	})
 	ask := func(token string) (net.Conn, string) {
 		t.Helper()
 		conn, err := net.DialTimeout("tcp", endpoint, 5*time.Second)

@@ -70,11 +70,15 @@ func TestSavedStateGoesOnlyToTheTarget(t *testing.T) {
 		}
 		return mig.Annotations[kaironv1.AnnotationMigrationStateSaved] == "true", fmt.Sprintf("%s %v", mig.Status.Phase, mig.Annotations)
 	})
-	source := &corev1.Node{}
-	if err := env.Client.Get(ctx, client.ObjectKey{Name: "st-a"}, source); err != nil {
-		t.Fatal(err)
-	}
-	endpoint := source.Annotations[kaironv1.AnnotationNodeMigrationEndpoint]
+	var endpoint string
+	testenv.Eventually(t, waitTimeout, "the controller to write st-a's migration endpoint", func() (bool, string) {
+		source := &corev1.Node{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: "st-a"}, source); err != nil {
+			return false, err.Error()
+		}
+		endpoint = source.Annotations[kaironv1.AnnotationNodeMigrationEndpoint]
+		return endpoint != "", fmt.Sprintf("annotations %v", source.Annotations)
+	})
 
 	// fetch asks for the state as config with token; it returns the
 	// answer line and, after an OK, how many bytes followed.
