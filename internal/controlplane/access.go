@@ -164,25 +164,49 @@ func installAccess(ctx context.Context, cfg *rest.Config) error {
 	return waitForPolicies(ctx, cfg)
 }
 
-// waitForPolicies returns once the API server enforces the policies, which
-// it takes in from a watch a moment after they are made: until then the
-// first agent could write what they forbid. The probe is a dry run of an
-// agent registering another node's Node.
+// waitForPolicies returns once the API server enforces the node
+// confinement policies, which it takes in from watches a moment after they
+// are made, each policy and each binding on its own: until then the first
+// agent could write what they forbid. Each policy is probed with a dry run
+// only it refuses: an agent creating another node's Node, a Machine and a
+// MachineMigration. The probing user is also in system:masters, so RBAC
+// lets the requests through to admission.
 func waitForPolicies(ctx context.Context, cfg *rest.Config) error {
 	probe := rest.CopyConfig(cfg)
-	probe.Impersonate = rest.ImpersonationConfig{UserName: NodeUserPrefix + "kairon-access-probe", Groups: []string{NodesGroup}}
+	probe.Impersonate = rest.ImpersonationConfig{UserName: NodeUserPrefix + "kairon-access-probe", Groups: []string{NodesGroup, "system:masters"}}
 	cs, err := kubernetes.NewForConfig(probe)
 	if err != nil {
 		return err
 	}
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "kairon-access-probe-other"}}
-	var last error
-	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		_, last = cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return apierrors.IsForbidden(last) && strings.Contains(last.Error(), "may not write Node"), nil
-	})
-	if err != nil {
-		return fmt.Errorf("the node confinement policy is not enforced (last probe: %v): %w", last, err)
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	kairon := func(resource, body string) error {
+		return cs.RESTClient().Post().AbsPath("/apis/kairon.zyvor.dev/v1alpha1/namespaces/default", resource).
+			Param("dryRun", "All").Body([]byte(body)).SetHeader("Content-Type", "application/json").Do(ctx).Error()
+	}
+	probes := []struct {
+		what, refusal string
+		try           func() error
+	}{
+		{"Node", "may not write Node", func() error {
+			_, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "kairon-access-probe-other"}}, dryRun)
+			return err
+		}},
+		{"Machine", "a node agent may not create Machines", func() error {
+			return kairon("machines", `{"apiVersion":"kairon.zyvor.dev/v1alpha1","kind":"Machine","metadata":{"name":"kairon-access-probe"},"spec":{}}`)
+		}},
+		{"MachineMigration", "a node agent may not create MachineMigrations", func() error {
+			return kairon("machinemigrations", `{"apiVersion":"kairon.zyvor.dev/v1alpha1","kind":"MachineMigration","metadata":{"name":"kairon-access-probe"},"spec":{"machineName":"kairon-access-probe"}}`)
+		}},
+	}
+	for _, p := range probes {
+		var last error
+		err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			last = p.try()
+			return apierrors.IsForbidden(last) && strings.Contains(last.Error(), p.refusal), nil
+		})
+		if err != nil {
+			return fmt.Errorf("the node confinement policy for %s is not enforced (last probe: %v): %w", p.what, last, err)
+		}
 	}
 	return nil
 }
