@@ -25,6 +25,18 @@ const (
 	ConditionReplicaFailure ConditionType = "ReplicaFailure"
 )
 
+// ConditionEgressEnforced is true on a bound MachineClaim with spec.egress
+// once the node running its Machine reports the claim's egress policy, at
+// the policy's current generation, in force for the Machine.
+const ConditionEgressEnforced ConditionType = "EgressEnforced"
+
+// Reasons of a MachineClaim's EgressEnforced condition.
+const (
+	EgressReasonEnforced          = "Enforced"
+	EgressReasonNotYetEnforced    = "NotYetEnforced"
+	EgressReasonEnforcementFailed = "EnforcementFailed"
+)
+
 // Reasons of a Machine's Ready condition, written by the node agent that
 // runs it.
 const (

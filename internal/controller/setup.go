@@ -113,6 +113,9 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 		(&MigrationEndpointReconciler{
 			Client: mgr.GetClient(),
 		}).SetupWithManager(mgr),
+		(&ClaimEgressEnforcedReconciler{
+			Client: mgr.GetClient(),
+		}).SetupWithManager(mgr),
 	)
 	if err != nil {
 		return err
