@@ -848,6 +848,10 @@ func TestTemplateNodeAgent(t *testing.T) {
 	if len(c.Ports) != 1 || c.Ports[0].Name != "health" || c.Ports[0].ContainerPort != 9440 {
 		t.Errorf("node agent ports %+v, want health 9440", c.Ports)
 	}
+	// A console server verifies client certificates against the cluster CA.
+	if _, withConsole := nodeDaemonSet(t, render(t, setArgs([]string{"node.listen=0.0.0.0:10251"})...)); !slices.Contains(withConsole.Args, "--client-ca-file=/var/run/secrets/kubernetes.io/serviceaccount/ca.crt") {
+		t.Errorf("node.listen set: args %q lack the console client CA", withConsole.Args)
+	}
 	if _, off := nodeDaemonSet(t, render(t, setArgs([]string{"node.healthProbePort=0"})...)); off.LivenessProbe != nil || off.ReadinessProbe != nil ||
 		slices.ContainsFunc(off.Args, func(a string) bool { return strings.HasPrefix(a, "--health-probe-bind-address") }) {
 		t.Errorf("node.healthProbePort=0 still probes: args %q", off.Args)
