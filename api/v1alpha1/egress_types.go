@@ -1,24 +1,34 @@
 package v1alpha1
 
 // EgressRules is an egress allowlist. Anything it does not allow is dropped at
-// the Machine's network edge. MachineClaim.spec.egress and
+// the Machine's network edge: the node agent programs nftables at the
+// Machine's tap (docs/guides/egress.md). MachineClaim.spec.egress and
 // MachineNetworkPolicy.spec.egress share this type so that a claim's rules
-// reach the policy unchanged.
+// reach the policy unchanged. Destinations come from allowCidrs and
+// allowFqdns; allowPorts, allowSNI and allowIcmp say what may go to them.
 type EgressRules struct {
-	// AllowFqdns are host names the guest may resolve and connect to.
+	// AllowFqdns are host names, exact or "*.suffix", the guest may resolve
+	// and connect to: the node's DNS proxy (kairon-node
+	// --egress-dns-port) allows the addresses of an answer it forwarded,
+	// for the answer's TTL clamped to [30s, 1h] plus a grace. An address
+	// the guest did not resolve through it is not allowed.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=64
 	AllowFqdns []Hostname `json:"allowFqdns,omitempty"`
 
-	// AllowSNI are TLS server names the guest may connect to: an exact name or
-	// "*.suffix" for every name below suffix.
+	// AllowSNI are TLS server names, an exact name or "*.suffix" for every
+	// name below suffix. It restricts, never allows: TCP to this policy's
+	// destinations must name one of them. The user-space check is not
+	// built yet, so today a policy with allowSNI allows no TCP at all.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=64
 	AllowSNI []ServerName `json:"allowSNI,omitempty"`
 
-	// AllowCidrs are destination networks the guest may reach, e.g. 10.0.0.0/8.
+	// AllowCidrs are destination networks the guest may reach, e.g.
+	// 10.0.0.0/8. Link-local (the metadata service), multicast and the
+	// guest network are reached only through a CIDR inside them.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=64
@@ -32,13 +42,14 @@ type EgressRules struct {
 	AllowPorts []PortRange `json:"allowPorts,omitempty"`
 
 	// AllowDNS are DNS query names the guest may ask about, exact or
-	// "*.suffix". Empty falls back to allowFqdns.
+	// "*.suffix"; other names are answered REFUSED. Empty falls back to
+	// allowFqdns.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=64
 	AllowDNS []ServerName `json:"allowDNS,omitempty"`
 
-	// AllowIcmp lets ICMP through to allowed destinations.
+	// AllowIcmp lets ICMP echo requests through to allowed destinations.
 	// +optional
 	AllowIcmp bool `json:"allowIcmp,omitempty"`
 }
