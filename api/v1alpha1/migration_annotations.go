@@ -34,4 +34,11 @@ const (
 	// writes it on its own Node; the controller derives
 	// AnnotationNodeMigrationEndpoint from it.
 	AnnotationNodeMigrationPort = "kairon.zyvor.dev/migration-port"
+	// AnnotationMachineMigrationTarget is on a Machine while a migration
+	// moves it: the target node, which kairon-controller writes before it
+	// sets the migration Running and removes once the migration ended. The
+	// node confinement policy lets a node agent move a Machine's
+	// spec.nodeName to itself only when this names it, so a compromised
+	// node cannot pull Machines it was not chosen for.
+	AnnotationMachineMigrationTarget = "kairon.zyvor.dev/migration-target"
 )

@@ -84,7 +84,7 @@ func (r *MachineMigrationReconciler) Reconcile(ctx context.Context, req reconcil
 	if mig.Status.Phase.IsTerminal() {
 		// Ended here or by a node agent: counted once either way.
 		r.ended.record(mig)
-		return reconcile.Result{}, nil
+		return reconcile.Result{}, r.unnameTarget(ctx, mig)
 	}
 	if mig.DeletionTimestamp != nil {
 		return reconcile.Result{}, nil
@@ -158,6 +158,11 @@ func (r *MachineMigrationReconciler) start(ctx context.Context, mig *kaironv1.Ma
 	if target == "" {
 		failMigration(mig, kaironv1.MigrationReasonTargetUnavailable, why)
 		return nil
+	}
+	// Named on the Machine before the migration runs: the node confinement
+	// policy lets only this node's agent take the Machine over.
+	if err := r.nameTarget(ctx, machine, target); err != nil {
+		return err
 	}
 	now := metav1.Now()
 	mig.Status.Phase = kaironv1.MigrationRunning
@@ -290,4 +295,50 @@ func orNone(s string) string {
 		return "without a phase"
 	}
 	return s
+}
+
+// nameTarget writes the migration's target node on the Machine
+// (AnnotationMachineMigrationTarget).
+func (r *MachineMigrationReconciler) nameTarget(ctx context.Context, machine *kaironv1.Machine, target string) error {
+	if machine.Annotations[kaironv1.AnnotationMachineMigrationTarget] == target {
+		return nil
+	}
+	base := machine.DeepCopy()
+	if machine.Annotations == nil {
+		machine.Annotations = map[string]string{}
+	}
+	machine.Annotations[kaironv1.AnnotationMachineMigrationTarget] = target
+	if err := r.Client.Patch(ctx, machine, client.MergeFrom(base)); err != nil {
+		return fmt.Errorf("naming node %s the migration target of machine %s: %w", target, machine.Name, err)
+	}
+	return nil
+}
+
+// unnameTarget removes an ended migration's target from its Machine, unless
+// another migration of the Machine in flight names the same node.
+func (r *MachineMigrationReconciler) unnameTarget(ctx context.Context, mig *kaironv1.MachineMigration) error {
+	machine := &kaironv1.Machine{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: mig.Namespace, Name: mig.Spec.MachineName}, machine); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	named, ok := machine.Annotations[kaironv1.AnnotationMachineMigrationTarget]
+	if !ok || named != mig.Status.TargetNode {
+		return nil
+	}
+	var migrations kaironv1.MachineMigrationList
+	if err := r.Client.List(ctx, &migrations, client.InNamespace(mig.Namespace)); err != nil {
+		return fmt.Errorf("listing machine migrations: %w", err)
+	}
+	for i := range migrations.Items {
+		other := &migrations.Items[i]
+		if other.Spec.MachineName == machine.Name && !other.Status.Phase.IsTerminal() && other.Status.TargetNode == named {
+			return nil
+		}
+	}
+	base := machine.DeepCopy()
+	delete(machine.Annotations, kaironv1.AnnotationMachineMigrationTarget)
+	if err := r.Client.Patch(ctx, machine, client.MergeFrom(base)); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	return nil
 }

@@ -83,3 +83,46 @@ func TestMachineMigrationSecondInFlightFails(t *testing.T) {
 		return third.Status.Phase == kaironv1.MigrationRunning, describe(third)
 	})
 }
+
+// The controller names a migration's target on the Machine before the
+// migration runs (the node confinement policy lets only that node take the
+// Machine over), and takes the name away once the migration ended.
+func TestMachineMigrationNamesItsTargetOnTheMachine(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	a := createNode(t, env, ns, "a", 16, "16Gi")
+	b := createNode(t, env, ns, "b", 16, "16Gi")
+	m := createMachine(t, env, ns, "web", 1, "256Mi", func(m *kaironv1.Machine) { m.Spec.NodeName = a.Name })
+	setMachinePhase(t, env, m, kaironv1.MachineRunning)
+	startControllers(t, env, ns, Options{})
+	if err := env.Client.Create(ctx, &kaironv1.MachineMigration{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "move"},
+		Spec:       kaironv1.MachineMigrationSpec{MachineName: "web", TargetNode: b.Name},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the migration to run", func() (bool, string) {
+		mig := getObject[kaironv1.MachineMigration](t, env, ns, "move")
+		return mig.Status.Phase == kaironv1.MigrationRunning, string(mig.Status.Phase)
+	})
+	// Read after the migration was seen Running: the name came first.
+	if got := getMachine(t, env, ns, "web").Annotations[kaironv1.AnnotationMachineMigrationTarget]; got != b.Name {
+		t.Fatalf("Running migration, Machine's %s = %q, want %q", kaironv1.AnnotationMachineMigrationTarget, got, b.Name)
+	}
+
+	eventually(t, "the migration to be marked Failed by hand", func() (bool, string) {
+		mig := getObject[kaironv1.MachineMigration](t, env, ns, "move")
+		mig.Status.Phase = kaironv1.MigrationFailed
+		mig.Status.Reason = kaironv1.MigrationReasonTransferFailed
+		mig.Status.Message = "ended by the test"
+		if err := env.Client.Status().Update(ctx, mig); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
+	eventually(t, "the target's name to be taken off the Machine", func() (bool, string) {
+		got, named := getMachine(t, env, ns, "web").Annotations[kaironv1.AnnotationMachineMigrationTarget]
+		return !named, got
+	})
+}

@@ -68,9 +68,23 @@ func TestAgentCertificateConfinedToItsNode(t *testing.T) {
 		allowed(t, "status of its Machine", mergePatch(ctx, agentA, onA, phase, true))
 		allowed(t, "drop its finalizer", mergePatch(ctx, agentA, onA, map[string]any{"metadata": map[string]any{"finalizers": nil}}, false))
 		// The migration switch: the target moves spec.nodeName from the
-		// source to itself. The policy cannot see the migration; this is
-		// the residual right docs/guides/node-confinement.md describes.
-		allowed(t, "switch a Machine from node B to itself", mergePatch(ctx, agentA, onB, map[string]any{"spec": map[string]any{"nodeName": a}}, false))
+		// source to itself, only once kairon-controller named it the
+		// migration's target on the Machine. An agent cannot name itself.
+		toA := map[string]any{"spec": map[string]any{"nodeName": a}}
+		nameTarget := func(node string) {
+			t.Helper()
+			if err := mergePatch(ctx, adm, onB, map[string]any{"metadata": map[string]any{
+				"annotations": map[string]any{kaironv1.AnnotationMachineMigrationTarget: node}}}, false); err != nil {
+				t.Fatalf("naming %s the target as kairon-controller would: %v", node, err)
+			}
+		}
+		refused(t, "pull a Machine on node B no migration moves", mergePatch(ctx, agentA, onB, toA, false), "named it the target of a running migration")
+		refused(t, "name itself the target of a Machine on node B", mergePatch(ctx, agentA, onB, map[string]any{"metadata": map[string]any{
+			"annotations": map[string]any{kaironv1.AnnotationMachineMigrationTarget: a}}}, false), "may not write Machine on-b on node "+b)
+		nameTarget(c)
+		refused(t, "pull a Machine on node B that migrates to node C", mergePatch(ctx, agentA, onB, toA, false), "named it the target of a running migration")
+		nameTarget(a)
+		allowed(t, "switch a Machine from node B to itself as its migration's target", mergePatch(ctx, agentA, onB, toA, false))
 	})
 
 	t.Run("migrations", func(t *testing.T) {
