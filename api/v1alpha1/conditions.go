@@ -91,6 +91,7 @@ const (
 	ClaimReasonPoolDeleting          = "PoolDeleting"
 	ClaimReasonInvalidLabels         = "InvalidLabels"
 	ClaimReasonEgressPolicyFailed    = "EgressPolicyFailed"
+	ClaimReasonEgressNotEnforced     = "EgressNotEnforced"
 	ClaimReasonMachineLost           = "MachineLost"
 )
 

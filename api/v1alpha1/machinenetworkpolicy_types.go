@@ -27,7 +27,8 @@ type MachineNetworkPolicySpec struct {
 
 // MachineNetworkPolicyStatus reports enforcement.
 type MachineNetworkPolicyStatus struct {
-	// Machines is how many Machines the policy currently selects.
+	// Machines is how many Machines the nodes report the policy enforced
+	// for: the sum over status.nodes, kept by kairon-controller.
 	// +optional
 	Machines int32 `json:"machines"`
 	// Nodes reports enforcement: one entry per node that runs a selected

@@ -8,8 +8,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
@@ -130,4 +134,36 @@ func deleteEgressPolicy(ctx context.Context, c client.Client, reader client.Read
 		return false, err
 	}
 	return len(cur.Finalizers) == 0, nil
+}
+
+// PolicyMachinesReconciler keeps a MachineNetworkPolicy's status.machines
+// (the MACHINES column) at the number of Machines the nodes report it
+// enforced for, summed over status.nodes, which the agents write.
+type PolicyMachinesReconciler struct {
+	Client client.Client
+}
+
+// SetupWithManager registers the reconciler with mgr.
+func (r *PolicyMachinesReconciler) SetupWithManager(mgr manager.Manager) error {
+	return builder.ControllerManagedBy(mgr).
+		Named("machinenetworkpolicy-machines").
+		For(&kaironv1.MachineNetworkPolicy{}).
+		Complete(r)
+}
+
+func (r *PolicyMachinesReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	p := &kaironv1.MachineNetworkPolicy{}
+	if err := r.Client.Get(ctx, req.NamespacedName, p); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	var n int32
+	for _, node := range p.Status.Nodes {
+		n += int32(len(node.Machines))
+	}
+	if p.Status.Machines == n {
+		return reconcile.Result{}, nil
+	}
+	// A merge patch of this one field: the agents' entries are theirs.
+	body := fmt.Appendf(nil, `{"status":{"machines":%d}}`, n)
+	return reconcile.Result{}, client.IgnoreNotFound(r.Client.Status().Patch(ctx, p, client.RawPatch(types.MergePatchType, body)))
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -109,4 +111,52 @@ func (r *ClaimEgressEnforcedReconciler) Reconcile(ctx context.Context, req recon
 		meta.SetStatusCondition(&desired.Status.Conditions, c)
 	}
 	return reconcile.Result{}, client.IgnoreNotFound(patch.Status(ctx, r.Client, claim, desired, patch.WithOptimisticLock()))
+}
+
+// egressEnforceTimeout bounds how long a bind waits for the node to report
+// the claim's egress policy in force; the Machine then goes back to its
+// pool and the claim stays Pending, to be tried again.
+var egressEnforceTimeout = 20 * time.Second
+
+// egressEnforcePoll is how often the bind looks at the policy in the cache,
+// where the agent's status write arrives by watch.
+const egressEnforcePoll = 5 * time.Millisecond
+
+// waitEgressEnforced returns the EgressEnforced condition once the node
+// running m reports policy in force for it, so that a claim is never Bound
+// while its Machine could still send what spec.egress forbids.
+func waitEgressEnforced(ctx context.Context, c client.Reader, namespace, policy string, m *kaironv1.Machine) (metav1.Condition, error) {
+	ctx, cancel := context.WithTimeout(ctx, egressEnforceTimeout)
+	defer cancel()
+	var last metav1.Condition
+	err := wait.PollUntilContextCancel(ctx, egressEnforcePoll, true, func(ctx context.Context) (bool, error) {
+		p := &kaironv1.MachineNetworkPolicy{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: policy}, p); err != nil {
+			if apierrors.IsNotFound(err) {
+				p = nil
+			} else {
+				return false, err
+			}
+		}
+		last = EgressEnforcement(p, m)
+		return last.Status == metav1.ConditionTrue, nil
+	})
+	if err != nil {
+		if last.Message == "" {
+			return last, err
+		}
+		return last, fmt.Errorf("egress policy not enforced within %v: %s", egressEnforceTimeout, last.Message)
+	}
+	return last, nil
+}
+
+// withEgressEnforced puts the condition the bind waited for into the
+// status that says Bound, so that both appear in one write.
+func withEgressEnforced(status *kaironv1.MachineClaimStatus, cond *metav1.Condition, generation int64) {
+	if cond == nil {
+		return
+	}
+	c := *cond
+	c.ObservedGeneration = generation
+	meta.SetStatusCondition(&status.Conditions, c)
 }

@@ -461,6 +461,7 @@ func withoutControllerRef(refs []metav1.OwnerReference) []metav1.OwnerReference 
 func (b *MachineClaimBinder) recordBind(ctx context.Context, pass *bindingPass, claim *kaironv1.MachineClaim, m *kaironv1.Machine) bindResult {
 	logger := log.FromContext(ctx).WithValues("claim", klog.KObj(claim), "machine", klog.KObj(m))
 	policy := ""
+	var enforced *metav1.Condition
 	if claim.Spec.Egress != nil {
 		name, err := ensureEgressPolicy(ctx, b.Client, b.APIReader, claim, m.Name)
 		if err != nil {
@@ -472,11 +473,23 @@ func (b *MachineClaimBinder) recordBind(ctx context.Context, pass *bindingPass, 
 				err: ignoreStale(b.writePending(ctx, claim, kaironv1.ClaimReasonEgressPolicyFailed, "creating egress policy: "+err.Error()))}
 		}
 		policy = name
+		// Bound only once the node enforces it: no window in which the
+		// claimant's code runs unconfined (claim_egress_enforced.go).
+		cond, err := waitEgressEnforced(ctx, b.Client, claim.Namespace, name, m)
+		if err != nil {
+			logger.Error(err, "Waiting for the node to enforce the claim's egress policy; handing the machine back")
+			_, _ = deleteEgressPolicy(ctx, b.Client, b.APIReader, claim)
+			b.handBack(ctx, pass.pool, claim, m)
+			return bindResult{outcome: bindRefused, memberUsed: true,
+				err: ignoreStale(b.writePending(ctx, claim, kaironv1.ClaimReasonEgressNotEnforced, err.Error()))}
+		}
+		enforced = &cond
 	}
 
 	boundAt := b.tracker.now()
 	bindTime := boundAt.Sub(b.tracker.createdAt(claim))
 	desired := boundStatus(claim, m.Name, policy, boundAt, bindTime)
+	withEgressEnforced(desired, enforced, claim.Generation)
 	for range 3 {
 		err := patchClaimStatus(ctx, b.Client, claim, desired)
 		if err == nil {
@@ -504,6 +517,7 @@ func (b *MachineClaimBinder) recordBind(ctx context.Context, pass *bindingPass, 
 			// nobody bound it.
 			claim = fresh
 			desired = boundStatus(claim, m.Name, policy, boundAt, bindTime)
+			withEgressEnforced(desired, enforced, claim.Generation)
 			continue
 		}
 		// Gone, being deleted, or bound to another Machine by another

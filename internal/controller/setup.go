@@ -116,6 +116,9 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 		(&ClaimEgressEnforcedReconciler{
 			Client: mgr.GetClient(),
 		}).SetupWithManager(mgr),
+		(&PolicyMachinesReconciler{
+			Client: mgr.GetClient(),
+		}).SetupWithManager(mgr),
 	)
 	if err != nil {
 		return err
