@@ -205,6 +205,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.dnsProxy != nil {
 		runnables = append(runnables, a.serveEgressDNS)
 	}
+	if _, ok := a.egress.(*egress.Enforcer); ok {
+		runnables = append(runnables, a.keepEgress)
+	}
 	if a.baseline != nil {
 		runnables = append(runnables, func(ctx context.Context) error {
 			logger := log.FromContext(ctx).WithName("guest-baseline")

@@ -226,3 +226,16 @@ func (a *Agent) serveEgressDNS(ctx context.Context) error {
 	}
 	return a.dnsProxy.Serve(ctx, uc, ln)
 }
+
+// keepEgress writes the egress rules again when something flushed them,
+// every interval, as the baseline does.
+func (a *Agent) keepEgress(ctx context.Context) error {
+	logger := log.FromContext(ctx).WithName("egress")
+	return a.egress.(*egress.Enforcer).Keep(ctx, a.opts.Interval, func(err error, msg string) {
+		if err != nil {
+			logger.Error(err, msg)
+		} else {
+			logger.Info(msg)
+		}
+	})
+}

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -558,4 +559,84 @@ func (e *Enforcer) run(args ...string) (string, error) {
 		return "", fmt.Errorf("egress: %s (netns %q): %v: %s", strings.Join(args, " "), e.NetNS, err, strings.TrimSpace(string(out)))
 	}
 	return string(out), nil
+}
+
+// Repair writes everything again if the tables, their base rules, or a
+// chain or map entry of a Machine this agent confined are gone: something
+// flushed the ruleset. Learned addresses are lost with it; the guest
+// resolves again. It reports whether it had to.
+func (e *Enforcer) Repair() (bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.machines == nil {
+		return false, errors.New("egress: Setup was not called")
+	}
+	bridgeTable, errBridge := e.run("nft", "list", "table", "bridge", Table)
+	inetTable, errInet := e.run("nft", "list", "table", "inet", Table)
+	if errBridge == nil && errInet == nil && e.intact(bridgeTable, inetTable) {
+		return false, nil
+	}
+	var script strings.Builder
+	script.WriteString(e.setupScript())
+	for tap, a := range e.machines {
+		if a.policy == nil {
+			// Found at Setup, never written by this agent: the next Apply
+			// writes it.
+			delete(e.machines, tap)
+			continue
+		}
+		// The learned sets are gone or not; creating them is idempotent.
+		script.WriteString(e.machineScript(a.m, a.policy, nil))
+	}
+	return true, e.nft(script.String())
+}
+
+func (e *Enforcer) intact(bridgeTable, inetTable string) bool {
+	for _, w := range []string{"iifname vmap @egress_vmap"} {
+		if !strings.Contains(bridgeTable, w) {
+			return false
+		}
+	}
+	for _, w := range []string{"ip saddr vmap @egress4"} {
+		if !strings.Contains(inetTable, w) {
+			return false
+		}
+	}
+	if e.DNSPort != 0 && !strings.Contains(inetTable, fmt.Sprintf("redirect to :%d", e.DNSPort)) {
+		return false
+	}
+	for tap, a := range e.machines {
+		if a.policy == nil {
+			continue
+		}
+		for _, table := range []string{bridgeTable, inetTable} {
+			if !strings.Contains(table, "chain e_"+tap+" {") || !strings.Contains(table, "goto e_"+tap) {
+				return false
+			}
+		}
+		if !strings.Contains(inetTable, a.m.IP.String()+" : goto e_"+tap) {
+			return false
+		}
+	}
+	return true
+}
+
+// Keep calls Repair every interval until ctx ends: between a flush and the
+// next look, confined guests are unconfined.
+func (e *Enforcer) Keep(ctx context.Context, interval time.Duration, logger func(error, string)) error {
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+		repaired, err := e.Repair()
+		if err != nil {
+			logger(err, "could not repair the egress rules")
+		} else if repaired {
+			logger(nil, "the egress rules had been removed from nftables; written again")
+		}
+	}
 }

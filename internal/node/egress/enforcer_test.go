@@ -181,6 +181,23 @@ func TestEnforcement(t *testing.T) {
 		n.enforcer = restarted
 	})
 
+	t.Run("ruleset flushed", func(t *testing.T) {
+		if repaired, err := n.enforcer.Repair(); err != nil || repaired {
+			t.Fatalf("Repair of intact rules = %v, %v", repaired, err)
+		}
+		run(t, "ip", "netns", "exec", n.host, "nft", "flush", "ruleset")
+		if _, err := n.baseline.Repair(); err != nil {
+			t.Fatal(err)
+		}
+		// Without the egress tables the guest is as free as any other.
+		mustReach(t, confined, otherAddr+":8050")
+		if repaired, err := n.enforcer.Repair(); err != nil || !repaired {
+			t.Fatalf("Repair after a flush = %v, %v", repaired, err)
+		}
+		mustReach(t, confined, pkgAddr+":8050")
+		mustNotReach(t, confined, otherAddr+":8050")
+	})
+
 	t.Run("removal", func(t *testing.T) {
 		// A fresh agent that never applied it removes what is left.
 		fresh := n.newEnforcer(t)
