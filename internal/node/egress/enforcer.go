@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -266,6 +267,9 @@ func (e *Enforcer) machineScript(m Machine, p *Policy, staleSets []string) strin
 			w("add set %s %s { type ipv4_addr; flags timeout; }", i, learnedSetName(tap, g.ID()))
 		}
 	}
+	for _, r := range DenyReasons {
+		w("add counter %s %s", i, counterName(tap, r))
+	}
 	w("add rule %s e_%s ct state established,related accept", i, tap)
 	rules := func(explicit bool) {
 		for _, g := range p.Grants {
@@ -285,9 +289,23 @@ func (e *Enforcer) machineScript(m Machine, p *Policy, staleSets []string) strin
 		}
 	}
 	rules(true)
-	w("add rule %s e_%s ip daddr @denied4 drop", i, tap)
+	w("add rule %s e_%s ip daddr @denied4 counter name %q drop", i, tap, counterName(tap, ReasonIP))
 	rules(false)
-	w("add rule %s e_%s drop", i, tap)
+	// What no grant accepted, by why, for kairon_egress_denied_total.
+	w("add rule %s e_%s meta l4proto { icmp, ipv6-icmp } counter name %q drop", i, tap, counterName(tap, ReasonICMP))
+	for _, g := range p.Grants {
+		var dests []string
+		if set := nets4(g.Nets, func(netip.Prefix) bool { return true }, true); set != "" {
+			dests = append(dests, set)
+		}
+		if len(g.FQDNs) > 0 {
+			dests = append(dests, "@"+learnedSetName(tap, g.ID()))
+		}
+		for _, d := range dests {
+			w("add rule %s e_%s ip daddr %s counter name %q drop", i, tap, d, counterName(tap, ReasonPort))
+		}
+	}
+	w("add rule %s e_%s counter name %q drop", i, tap, counterName(tap, ReasonIP))
 
 	w("add element %s egress_vmap { %q : goto e_%s }", b, tap, tap)
 	w("add element %s egress4 { %s : goto e_%s }", i, m.IP, tap)
@@ -332,6 +350,10 @@ func (e *Enforcer) removeScript(tap string, ip netip.Addr, sets []string) string
 	w("delete chain %s e_%s", i, tap)
 	for _, set := range sets {
 		w("delete set %s %s", i, set)
+	}
+	for _, r := range DenyReasons {
+		w("add counter %s %s", i, counterName(tap, r))
+		w("delete counter %s %s", i, counterName(tap, r))
 	}
 	return s.String()
 }
@@ -639,4 +661,55 @@ func (e *Enforcer) Keep(ctx context.Context, interval time.Duration, logger func
 			logger(nil, "the egress rules had been removed from nftables; written again")
 		}
 	}
+}
+
+// Reasons a confined guest's packet is dropped, the reason label of
+// kairon_egress_denied_total: the destination is allowed by no grant
+// (ip, also the always-denied ranges), a grant allows the destination but
+// not the port or protocol (port), ICMP to no ICMP-allowing grant (icmp).
+// The DNS proxy counts refused names (dns).
+const (
+	ReasonIP   = "ip"
+	ReasonPort = "port"
+	ReasonICMP = "icmp"
+	ReasonDNS  = "dns"
+)
+
+// DenyReasons are the reasons counted in nftables.
+var DenyReasons = []string{ReasonIP, ReasonPort, ReasonICMP}
+
+func counterName(tap, reason string) string { return "d_" + tap + "_" + reason }
+
+var counterPattern = regexp.MustCompile(`counter d_([A-Za-z0-9_.-]+)_(ip|port|icmp) \{\s*packets (\d+)`)
+
+// Denied is how many packets of each confined Machine this agent knows
+// were dropped, by reason.
+type Denied struct {
+	Machine Machine
+	Reason  string
+	Packets uint64
+}
+
+// DeniedCounts reads the drop counters of the Machines this agent
+// confined.
+func (e *Enforcer) DeniedCounts() ([]Denied, error) {
+	out, err := e.run("nft", "list", "counters", "table", "inet", Table)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var ds []Denied
+	for _, m := range counterPattern.FindAllStringSubmatch(out, -1) {
+		a := e.machines[m[1]]
+		if a == nil || a.policy == nil {
+			continue
+		}
+		n, err := strconv.ParseUint(m[3], 10, 64)
+		if err != nil {
+			continue
+		}
+		ds = append(ds, Denied{Machine: a.m, Reason: m[2], Packets: n})
+	}
+	return ds, nil
 }

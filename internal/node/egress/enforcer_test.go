@@ -45,13 +45,15 @@ func TestMachineScript(t *testing.T) {
 		"add rule inet kairon_egress e_kt0123456789 ct state established,related accept\n" +
 			"add rule inet kairon_egress e_kt0123456789 ip daddr { 10.88.1.3/32, 169.254.169.254/32 } meta l4proto { tcp, udp } th dport { 443, 8000-8100 } accept\n" +
 			"add rule inet kairon_egress e_kt0123456789 ip daddr { 10.88.1.3/32, 169.254.169.254/32 } icmp type echo-request accept\n" +
-			"add rule inet kairon_egress e_kt0123456789 ip daddr @denied4 drop\n" +
+			"add rule inet kairon_egress e_kt0123456789 ip daddr @denied4 counter name \"d_kt0123456789_ip\" drop\n" +
 			"add rule inet kairon_egress e_kt0123456789 ip daddr { 203.0.113.0/24 } meta l4proto { tcp, udp } th dport { 443, 8000-8100 } accept\n" +
 			"add rule inet kairon_egress e_kt0123456789 ip daddr { 203.0.113.0/24 } icmp type echo-request accept\n",
 		"add rule inet kairon_egress e_kt0123456789 ip daddr @" + fqdn + " meta l4proto != { icmp, ipv6-icmp } accept\n",
 		// SNI without the proxy: no TCP at all.
 		"add rule inet kairon_egress e_kt0123456789 ip daddr @" + sni + " meta l4proto udp th dport { 443 } accept\n",
-		"add rule inet kairon_egress e_kt0123456789 drop\n",
+		"add rule inet kairon_egress e_kt0123456789 meta l4proto { icmp, ipv6-icmp } counter name \"d_kt0123456789_icmp\" drop\n",
+		"add rule inet kairon_egress e_kt0123456789 ip daddr @" + fqdn + " counter name \"d_kt0123456789_port\" drop\n",
+		"add rule inet kairon_egress e_kt0123456789 counter name \"d_kt0123456789_ip\" drop\n",
 		"add element bridge kairon_egress egress_vmap { \"kt0123456789\" : goto e_kt0123456789 }\n",
 		"add element inet kairon_egress egress4 { 10.88.1.2 : goto e_kt0123456789 }\n",
 		"add element inet kairon_egress dns_5353 { 10.88.1.2 }\n",
@@ -137,6 +139,24 @@ func TestEnforcement(t *testing.T) {
 	t.Run("ICMP off", func(t *testing.T) {
 		if err := ping(confined.netns, pkgAddr); err == nil {
 			t.Fatal("ping passed without allowIcmp")
+		}
+	})
+	t.Run("drops counted by reason", func(t *testing.T) {
+		ds, err := n.enforcer.DeniedCounts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]uint64{}
+		for _, d := range ds {
+			if d.Machine.Name != "confined" {
+				t.Errorf("counts of another Machine: %+v", d)
+			}
+			got[d.Reason] = d.Packets
+		}
+		// The subtests above: port 9000 (port); another address, the
+		// metadata address, another guest, the node (ip); a ping (icmp).
+		if got[ReasonPort] == 0 || got[ReasonIP] == 0 || got[ReasonICMP] == 0 {
+			t.Fatalf("denied counts %v, want port, ip and icmp drops", got)
 		}
 	})
 	t.Run("unconfined guest", func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -236,9 +237,12 @@ func ping(ns, addr string) error {
 	})
 }
 
-// ruleset is what the node namespace's egress tables hold.
+var counts = regexp.MustCompile(`packets \d+ bytes \d+`)
+
+// ruleset is what the node namespace's egress tables hold, without the
+// counters' values.
 func (n *testNode) ruleset(t *testing.T) string {
 	t.Helper()
-	return run(t, "ip", "netns", "exec", n.host, "nft", "list", "table", "bridge", Table) +
-		run(t, "ip", "netns", "exec", n.host, "nft", "list", "table", "inet", Table)
+	return counts.ReplaceAllString(run(t, "ip", "netns", "exec", n.host, "nft", "list", "table", "bridge", Table)+
+		run(t, "ip", "netns", "exec", n.host, "nft", "list", "table", "inet", Table), "packets N bytes N")
 }
