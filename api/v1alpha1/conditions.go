@@ -172,6 +172,9 @@ const (
 	EventReasonEvacuationMigrationCreated = "EvacuationMigrationCreated"
 	EventReasonEvacuationBlocked          = "EvacuationBlocked"
 	EventReasonEvacuationFailed           = "EvacuationFailed"
+	// EventReasonEgressDenied is the node agent's Warning on a confined
+	// Machine whose egress was refused (a DNS name), at most one a minute.
+	EventReasonEgressDenied = "EgressDenied"
 )
 
 // CauseTypeDisruptionBudget is the cause a refused MachineMigration carries

@@ -43,6 +43,7 @@ type flags struct {
 	netns        string
 	egressDNS    uint
 	egressUp     string
+	metrics      string
 	noNetwork    bool
 	listen       string
 	healthProbe  string
@@ -86,6 +87,7 @@ func run(args []string) error {
 	fs.BoolVar(&f.noNetwork, "no-network", false, "run VMs without a network interface")
 	fs.UintVar(&f.egressDNS, "egress-dns-port", 0, "port of the DNS proxy for guests confined by a MachineNetworkPolicy, in the bridge's namespace; their DNS is redirected to it (0: no proxy, allowFqdns learns nothing; docs/guides/egress.md)")
 	fs.StringVar(&f.egressUp, "egress-dns-upstream", "", "resolver (host:port) the egress DNS proxy forwards allowed queries to; required with --egress-dns-port")
+	fs.StringVar(&f.metrics, "metrics-bind-address", "", "address serving Prometheus metrics (kairon_egress_denied_total) over plain HTTP (empty: off); bind it to the node's own address, not the guests' gateway")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:10250", "address serving consoles to the API server's node proxy")
 	fs.StringVar(&f.healthProbe, "health-probe-bind-address", "", "address serving /healthz and /readyz for liveness and readiness probes (empty: off); bind it to the node's own address, not the guests' gateway")
 	fs.StringVar(&f.clientCA, "client-ca-file", "", "accept console requests only with a client certificate signed by this CA")
@@ -156,7 +158,7 @@ func run(args []string) error {
 	}
 	agent, err := node.New(cfg, node.Options{
 		NodeName: f.nodeName, Register: f.register, Backend: b, GuestDir: f.guestDir,
-		StateDir: f.stateDir, CPU: f.cpu, Memory: memory, Network: network, Egress: egressOpts,
+		StateDir: f.stateDir, CPU: f.cpu, Memory: memory, Network: network, Egress: egressOpts, MetricsAddress: f.metrics,
 		ListenAddress: f.listen, ClientCAFile: f.clientCA, Interval: f.interval, HealthProbeAddress: f.healthProbe,
 		MigrationListenAddress: f.migListen, MigrationTLSDir: f.migTLSDir, MigrationInsecure: f.migInsecure, NodeIP: f.nodeIP,
 		OnShutdown: node.ShutdownAction(f.onShutdown), SuspendTimeout: f.suspendLimit,

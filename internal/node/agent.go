@@ -47,6 +47,9 @@ type Agent struct {
 	// without a node network. dnsProxy answers confined guests' DNS.
 	egress   EgressEnforcer
 	dnsProxy *egress.DNSProxy
+	// egressDenials counts refused DNS queries per Machine
+	// (egress_metrics.go).
+	egressDenials sync.Map
 	// receiving holds the migrations (client.ObjectKey) whose stream this
 	// agent is taking in, so that a second connection cannot race the first.
 	receiving sync.Map
@@ -135,7 +138,7 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
+		Metrics:                metricsserver.Options{BindAddress: metricsAddress(opts.MetricsAddress)},
 		HealthProbeBindAddress: healthProbeAddress(opts.HealthProbeAddress),
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			// The CRD declares spec.nodeName selectable, so each agent watches
@@ -207,6 +210,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if _, ok := a.egress.(*egress.Enforcer); ok {
 		runnables = append(runnables, a.keepEgress)
+	}
+	if a.egress != nil {
+		egressMetrics.add(a)
+		defer egressMetrics.remove(a)
 	}
 	if a.baseline != nil {
 		runnables = append(runnables, func(ctx context.Context) error {

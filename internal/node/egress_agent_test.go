@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/backend/sim"
@@ -217,5 +218,54 @@ func TestAgentEnforcesAndReportsMachineNetworkPolicies(t *testing.T) {
 			p, ok := rec.policyOf("vm-a")
 			return ok && p == nil, fmt.Sprintf("%v %+v", ok, p)
 		})
+	})
+}
+
+// countingEnforcer is a recordingEnforcer whose drops are counted.
+type countingEnforcer struct {
+	recordingEnforcer
+	denied []egress.Denied
+}
+
+func (c *countingEnforcer) DeniedCounts() ([]egress.Denied, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.denied), nil
+}
+
+func TestAgentExportsEgressDenials(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	rec := &countingEnforcer{recordingEnforcer: recordingEnforcer{applied: map[string]*egress.Policy{}, byName: map[string]string{}}}
+	rec.denied = []egress.Denied{
+		{Machine: egress.Machine{Namespace: ns, Name: "vm"}, Reason: egress.ReasonPort, Packets: 3},
+		{Machine: egress.Machine{Namespace: ns, Name: "vm"}, Reason: egress.ReasonIP, Packets: 5},
+	}
+	runEgressAgent(t, env, "sim-egress-metrics", rec)
+	values := func() map[string]float64 {
+		got := map[string]float64{}
+		families, err := ctrlmetrics.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() != "kairon_egress_denied_total" {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				labels := map[string]string{}
+				for _, l := range m.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if labels["namespace"] == ns && labels["machine"] == "vm" {
+					got[labels["reason"]] = m.GetCounter().GetValue()
+				}
+			}
+		}
+		return got
+	}
+	testenv.Eventually(t, waitTimeout, "the agent's denials exported", func() (bool, string) {
+		got := values()
+		return got["port"] == 3 && got["ip"] == 5 && len(got) == 2, fmt.Sprint(got)
 	})
 }

@@ -222,7 +222,8 @@ func (a *Agent) serveEgressDNS(ctx context.Context) error {
 	}
 	logger := log.FromContext(ctx).WithName("egress-dns")
 	a.dnsProxy.Denied = func(m egress.Machine, name string) {
-		logger.Info("refused a DNS query", "machine", m.Namespace+"/"+m.Name, "name", name)
+		logger.V(1).Info("refused a DNS query", "machine", m.Namespace+"/"+m.Name, "name", name)
+		a.deniedDNS(ctx, m, name)
 	}
 	return a.dnsProxy.Serve(ctx, uc, ln)
 }

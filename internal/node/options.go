@@ -35,6 +35,9 @@ type Options struct {
 	Network *NetworkOptions
 	// Egress tunes MachineNetworkPolicy enforcement (nil: defaults).
 	Egress *EgressOptions
+	// MetricsAddress serves Prometheus metrics (kairon_egress_denied_total)
+	// on host:port (empty: off).
+	MetricsAddress string
 	// ListenAddress serves consoles to the API server's node proxy (host:port).
 	ListenAddress string
 	// MigrationListenAddress accepts live migrations from other agents
