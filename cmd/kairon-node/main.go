@@ -44,6 +44,7 @@ type flags struct {
 	egressDNS    uint
 	egressUp     string
 	metrics      string
+	masquerade   string
 	noNetwork    bool
 	listen       string
 	healthProbe  string
@@ -87,6 +88,7 @@ func run(args []string) error {
 	fs.BoolVar(&f.noNetwork, "no-network", false, "run VMs without a network interface")
 	fs.UintVar(&f.egressDNS, "egress-dns-port", 0, "port of the DNS proxy for guests confined by a MachineNetworkPolicy, in the bridge's namespace; their DNS is redirected to it (0: no proxy, allowFqdns learns nothing; docs/guides/egress.md)")
 	fs.StringVar(&f.egressUp, "egress-dns-upstream", "", "resolver (host:port) the egress DNS proxy forwards allowed queries to; required with --egress-dns-port")
+	fs.StringVar(&f.masquerade, "egress-masquerade", "", "uplink interface on which guests' traffic leaves with the node's address (masquerade), \"auto\" for the interface of the default route (empty: no NAT; docs/guides/egress.md)")
 	fs.StringVar(&f.metrics, "metrics-bind-address", "", "address serving Prometheus metrics (kairon_egress_denied_total) over plain HTTP (empty: off); bind it to the node's own address, not the guests' gateway")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:10250", "address serving consoles to the API server's node proxy")
 	fs.StringVar(&f.healthProbe, "health-probe-bind-address", "", "address serving /healthz and /readyz for liveness and readiness probes (empty: off); bind it to the node's own address, not the guests' gateway")
@@ -144,7 +146,7 @@ func run(args []string) error {
 	if f.egressDNS != 0 && f.egressUp == "" {
 		return errors.New("--egress-dns-upstream is required with --egress-dns-port")
 	}
-	egressOpts := &node.EgressOptions{DNSPort: uint16(f.egressDNS), DNSUpstream: f.egressUp}
+	egressOpts := &node.EgressOptions{DNSPort: uint16(f.egressDNS), DNSUpstream: f.egressUp, Masquerade: f.masquerade}
 	cfg, err := clientcmd.BuildConfigFromFlags("", f.kubeconfig)
 	if err != nil {
 		return fmt.Errorf("--kubeconfig: %w", err)

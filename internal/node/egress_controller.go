@@ -200,6 +200,16 @@ func (a *Agent) setupEgress() error {
 	n := a.opts.Network
 	e := &egress.Enforcer{NetNS: n.NetNS, Bridge: n.Bridge, Network: n.CIDR, Gateway: a.ipam.Gateway().Addr()}
 	eo := a.opts.Egress
+	if eo != nil && eo.Masquerade != "" {
+		e.Masquerade = eo.Masquerade
+		if e.Masquerade == "auto" {
+			uplink, err := egress.DefaultRouteInterface(n.NetNS)
+			if err != nil {
+				return err
+			}
+			e.Masquerade = uplink
+		}
+	}
 	if eo != nil && eo.DNSPort != 0 {
 		if eo.DNSUpstream == "" {
 			return errors.New("--egress-dns-upstream is required with --egress-dns-port")

@@ -126,6 +126,9 @@ type EgressOptions struct {
 	// DNSUpstream is the resolver the proxy forwards allowed queries to
 	// (host:port).
 	DNSUpstream string
+	// Masquerade is the uplink guests' traffic leaves by with the node's
+	// address; "auto": the default route's interface; empty: no NAT.
+	Masquerade string
 	// Enforcer replaces nftables (tests).
 	Enforcer EgressEnforcer
 }

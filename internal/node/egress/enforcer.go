@@ -67,6 +67,10 @@ type Enforcer struct {
 	// DNSPort is where the DNS proxy listens on the node; 0 leaves DNS to
 	// the policy like any other traffic.
 	DNSPort uint16
+	// Masquerade, when set, is the node's uplink: what guests send out of
+	// it leaves with the node's address, so that answers from networks
+	// that do not route the guest network back to the node arrive.
+	Masquerade string
 	// MinTTL, MaxTTL and Grace bound how long a learned address stays
 	// allowed: the answer's TTL clamped to [MinTTL, MaxTTL], plus Grace.
 	MinTTL, MaxTTL, Grace time.Duration
@@ -119,6 +123,9 @@ func (e *Enforcer) Setup() error {
 	e.defaults()
 	if !ifnamePattern.MatchString(e.Bridge) {
 		return fmt.Errorf("egress: bridge name %q is not an interface name", e.Bridge)
+	}
+	if e.Masquerade != "" && !ifnamePattern.MatchString(e.Masquerade) {
+		return fmt.Errorf("egress: --egress-masquerade %q is not an interface name", e.Masquerade)
 	}
 	if !e.Network.Addr().Is4() || !e.Network.Contains(e.Gateway) {
 		return fmt.Errorf("egress: gateway %v is not in the IPv4 network %v", e.Gateway, e.Network)
@@ -179,6 +186,14 @@ func (e *Enforcer) setupScript() string {
 		w("add chain %s %s { type nat hook prerouting priority -110; policy accept; }", i, e.dnsSet())
 		w("flush chain %s %s", i, e.dnsSet())
 		w("add rule %s %s ip saddr @%s meta l4proto { tcp, udp } th dport 53 redirect to :%d", i, e.dnsSet(), e.dnsSet(), e.DNSPort)
+	}
+	if e.Masquerade != "" {
+		// One chain per uplink, as the proxy's: agents sharing the
+		// namespace may name different ones.
+		c := "masq_" + e.Masquerade
+		w("add chain %s %s { type nat hook postrouting priority 100; policy accept; }", i, c)
+		w("flush chain %s %s", i, c)
+		w("add rule %s %s oifname %q ip saddr %s masquerade", i, c, e.Masquerade, e.Network.Masked())
 	}
 	var denied []string
 	for _, p := range append([]netip.Prefix{e.Network.Masked()}, AlwaysDenied...) {
@@ -544,6 +559,23 @@ func (e *Enforcer) Learn(ip netip.Addr, name string, addrs []netip.Addr, ttl tim
 	return e.nft(s.String())
 }
 
+// DefaultRouteInterface is the interface of netns's (empty: the caller's)
+// IPv4 default route: the uplink to masquerade on by default.
+func DefaultRouteInterface(netns string) (string, error) {
+	e := &Enforcer{NetNS: netns}
+	out, err := e.run("ip", "-4", "-o", "route", "show", "default")
+	if err != nil {
+		return "", err
+	}
+	f := strings.Fields(out)
+	for i := range f {
+		if f[i] == "dev" && i+1 < len(f) && ifnamePattern.MatchString(f[i+1]) {
+			return f[i+1], nil
+		}
+	}
+	return "", fmt.Errorf("egress: no IPv4 default route in netns %q to masquerade on: name the interface with --egress-masquerade", netns)
+}
+
 // RemoveTables deletes both egress tables of netns (empty: the caller's),
 // for when the node network is torn down. Missing tables are not an
 // error.
@@ -625,6 +657,9 @@ func (e *Enforcer) intact(bridgeTable, inetTable string) bool {
 		}
 	}
 	if e.DNSPort != 0 && !strings.Contains(inetTable, fmt.Sprintf("redirect to :%d", e.DNSPort)) {
+		return false
+	}
+	if e.Masquerade != "" && !strings.Contains(inetTable, fmt.Sprintf("oifname %q ip saddr %s masquerade", e.Masquerade, e.Network.Masked())) {
 		return false
 	}
 	for tap, a := range e.machines {

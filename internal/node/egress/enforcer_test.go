@@ -235,3 +235,29 @@ func TestEnforcement(t *testing.T) {
 }
 
 func secs(n int) time.Duration { return time.Duration(n) * time.Second }
+
+// TestMasquerade has the outside forget the route back to the guest
+// network: answers reach a guest only once the node masquerades on its
+// uplink.
+func TestMasquerade(t *testing.T) {
+	n := newTestNode(t)
+	g := n.guest(t, "team-a", "vm", "10.88.1.2")
+	serveTCP(t, n.outside, otherAddr+":8050")
+	mustReach(t, g, otherAddr+":8050")
+	run(t, "ip", "-n", n.outside, "route", "del", n.network.String())
+	mustNotReach(t, g, otherAddr+":8050")
+	run(t, "ip", "-n", n.host, "route", "add", "default", "via", uplinkOutside)
+	uplink, err := DefaultRouteInterface(n.host)
+	if err != nil || uplink != "up0" {
+		t.Fatalf("DefaultRouteInterface = %q, %v; want up0", uplink, err)
+	}
+	n.enforcer.Masquerade = uplink
+	if err := n.enforcer.Setup(); err != nil {
+		t.Fatal(err)
+	}
+	mustReach(t, g, otherAddr+":8050")
+	bad := &Enforcer{NetNS: n.host, Bridge: n.bridge, Network: n.network, Gateway: n.gateway, Masquerade: "up0 accept"}
+	if err := bad.Setup(); err == nil || !strings.Contains(err.Error(), "--egress-masquerade") {
+		t.Fatalf("Setup with a masquerade interface that is not a name: %v", err)
+	}
+}
