@@ -25,6 +25,12 @@ const (
 	// admission webhook allowed that the quota's usage does not count yet
 	// (JSON; see internal/rules/quota_admission.go). Only the webhook writes it.
 	AnnotationQuotaAdmissionCharges = "kairon.zyvor.dev/admission-charges"
+	// AnnotationClaimCreatedAt is on a MachineClaim: when its client created
+	// it (RFC 3339 with milliseconds, e.g. 2026-12-02T12:00:00.123Z), which
+	// kaironctl and the MCP server stamp. creationTimestamp has whole
+	// seconds; the claim's bindMillis is measured from this instead. A stamp
+	// that creationTimestamp rules out is ignored (rules.ClaimCreatedAt).
+	AnnotationClaimCreatedAt = "kairon.zyvor.dev/created-at"
 )
 
 // Values of LabelPoolState.

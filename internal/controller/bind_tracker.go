@@ -9,11 +9,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // arrivalsTTL bounds how long the time a claim or member first showed up in
-// the watch is kept. It only refines timestamps within their second (see
-// createdAt), so a long-lived object loses nothing when it is forgotten.
+// the watch is kept (createdAt). A claim still Pending after it is forgotten
+// has its bind time measured from creationTimestamp, which is then exact
+// enough.
 const arrivalsTTL = 10 * time.Minute
 
 // bindTracker is what this process knows about claims and members that its
@@ -86,22 +88,31 @@ func (t *bindTracker) departed(uid types.UID) {
 	delete(t.orphans, uid)
 }
 
-// createdAt is the best estimate of when o was created. creationTimestamp
-// has whole seconds, too coarse for binds that take milliseconds, so when
-// the watch delivered o within that second, its arrival is taken instead:
-// creation happened between the two, and the arrival is at most a watch
-// delivery (a few milliseconds) late. A later arrival (the controller
-// started after o was created, or the clocks disagree) says nothing, and the
-// timestamp stands.
+// createdAt is when o's bind time starts. creationTimestamp has whole
+// seconds, too coarse for binds that take milliseconds, so it is never used
+// when anything better is known:
+//   - the creation stamp its client put on a claim
+//     (AnnotationClaimCreatedAt, as kaironctl and the MCP server do), if
+//     creationTimestamp allows it (rules.ClaimCreatedAt);
+//   - else when this process's watch first delivered it: at most a watch
+//     delivery after its creation, or later if the controller started
+//     after it was created (the bind then looks faster than it was, never
+//     slower);
+//   - else, for an object the watch has not delivered yet,
+//     creationTimestamp.
 func (t *bindTracker) createdAt(o client.Object) time.Time {
-	created := o.GetCreationTimestamp().Time
+	if c, ok := o.(*kaironv1.MachineClaim); ok {
+		if stamp, ok := rules.ClaimCreatedAt(c); ok {
+			return stamp
+		}
+	}
 	t.mu.Lock()
 	at, ok := t.arrivals[o.GetUID()]
 	t.mu.Unlock()
-	if ok && !at.Before(created) && at.Sub(created) < time.Second {
+	if ok {
 		return at
 	}
-	return created
+	return o.GetCreationTimestamp().Time
 }
 
 // sortOldestFirst orders objects by creation, breaking ties within a

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // claimFlags are kaironctl claim's flags, as typed.
@@ -253,9 +254,13 @@ func (o *Options) claimMachine(ctx context.Context, cmd *cobra.Command, pool str
 		if !f.nameGiven {
 			name = generatedClaimName(pool)
 		}
+		// Stamped with the time to the millisecond, which the claim's
+		// bindMillis is measured from (creationTimestamp has whole seconds).
 		claim = &kaironv1.MachineClaim{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-			Spec:       *spec.DeepCopy(),
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: map[string]string{
+				kaironv1.AnnotationClaimCreatedAt: time.Now().UTC().Format(rules.ClaimStampFormat),
+			}},
+			Spec: *spec.DeepCopy(),
 		}
 		err = c.Create(ctx, claim)
 		if err == nil {

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
@@ -170,6 +171,14 @@ func TestClaimFlagsMapToSpec(t *testing.T) {
 	}
 	if !reflect.DeepEqual(c.Spec, want) {
 		t.Errorf("spec\n%+v\nwant\n%+v", c.Spec, want)
+	}
+	// Stamped to the millisecond, within what creationTimestamp allows:
+	// the controller measures bindMillis from it.
+	if stamp, ok := rules.ClaimCreatedAt(c); !ok {
+		t.Errorf("claim's %s = %q: not a creation stamp the controller believes (creationTimestamp %s)",
+			kaironv1.AnnotationClaimCreatedAt, c.Annotations[kaironv1.AnnotationClaimCreatedAt], c.CreationTimestamp)
+	} else if !strings.Contains(c.Annotations[kaironv1.AnnotationClaimCreatedAt], ".") || stamp.IsZero() {
+		t.Errorf("claim's stamp %q has no milliseconds", c.Annotations[kaironv1.AnnotationClaimCreatedAt])
 	}
 
 	// Only --allow-icmp still makes an egress allowlist; no flag, none.
