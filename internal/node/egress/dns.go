@@ -25,6 +25,13 @@ const (
 	upstreamTimeout = 3 * time.Second
 	// tcpIdle closes a guest's TCP DNS connection that sends nothing.
 	tcpIdle = 10 * time.Second
+	// maxInFlight bounds the queries being answered at once, and
+	// maxTCPConns the guests' open TCP connections: a guest flooding its
+	// resolver gets its excess dropped instead of the agent's memory.
+	maxInFlight = 256
+	maxTCPConns = 128
+	// maxLearned bounds the addresses one answer may teach.
+	maxLearned = 64
 )
 
 // DNSProxy answers the DNS of confined guests, which the enforcer's nat
@@ -41,6 +48,17 @@ type DNSProxy struct {
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// Denied is told about every refused query, for metrics and events.
 	Denied func(m Machine, name string)
+
+	once     sync.Once
+	inFlight chan struct{}
+	tcpConns chan struct{}
+}
+
+func (d *DNSProxy) init() {
+	d.once.Do(func() {
+		d.inFlight = make(chan struct{}, maxInFlight)
+		d.tcpConns = make(chan struct{}, maxTCPConns)
+	})
 }
 
 // Query is a parsed DNS question.
@@ -205,6 +223,9 @@ func (d *DNSProxy) Handle(ctx context.Context, from netip.Addr, msg []byte, netw
 	if err != nil {
 		return refusal(id, &q, dnsmessage.RCodeServerFailure)
 	}
+	if len(a.Addrs) > maxLearned {
+		return refusal(id, &q, dnsmessage.RCodeServerFailure)
+	}
 	if len(a.Addrs) > 0 {
 		if err := d.Enforcer.Learn(from, q.Name, a.Addrs, a.TTL); err != nil {
 			return refusal(id, &q, dnsmessage.RCodeServerFailure)
@@ -269,6 +290,7 @@ func readTCPMessage(r io.Reader) ([]byte, error) {
 
 // ServeUDP answers the queries arriving on c until it is closed.
 func (d *DNSProxy) ServeUDP(ctx context.Context, c *net.UDPConn) error {
+	d.init()
 	buf := make([]byte, maxUDPQuery+1)
 	for {
 		n, from, err := c.ReadFromUDPAddrPort(buf)
@@ -282,7 +304,13 @@ func (d *DNSProxy) ServeUDP(ctx context.Context, c *net.UDPConn) error {
 			continue
 		}
 		msg := append([]byte(nil), buf[:n]...)
+		select {
+		case d.inFlight <- struct{}{}:
+		default:
+			continue // the guest's resolver retries
+		}
 		go func() {
+			defer func() { <-d.inFlight }()
 			if resp := d.Handle(ctx, from.Addr().Unmap(), msg, "udp"); resp != nil {
 				_, _ = c.WriteToUDPAddrPort(resp, from)
 			}
@@ -293,6 +321,7 @@ func (d *DNSProxy) ServeUDP(ctx context.Context, c *net.UDPConn) error {
 // ServeTCP answers the queries of the connections ln accepts until it is
 // closed.
 func (d *DNSProxy) ServeTCP(ctx context.Context, ln net.Listener) error {
+	d.init()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -303,9 +332,16 @@ func (d *DNSProxy) ServeTCP(ctx context.Context, ln net.Listener) error {
 			}
 			return err
 		}
+		select {
+		case d.tcpConns <- struct{}{}:
+		default:
+			_ = c.Close()
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() { <-d.tcpConns }()
 			defer c.Close()
 			from, err := netip.ParseAddrPort(c.RemoteAddr().String())
 			if err != nil {

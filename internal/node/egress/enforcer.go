@@ -279,7 +279,9 @@ func (e *Enforcer) machineScript(m Machine, p *Policy, staleSets []string) strin
 	}
 	for _, g := range p.Grants {
 		if len(g.FQDNs) > 0 {
-			w("add set %s %s { type ipv4_addr; flags timeout; }", i, learnedSetName(tap, g.ID()))
+			// Bounded: a full set refuses the answer (SERVFAIL) rather
+			// than grow with whatever a guest resolves.
+			w("add set %s %s { type ipv4_addr; size 4096; flags timeout; }", i, learnedSetName(tap, g.ID()))
 		}
 	}
 	for _, r := range DenyReasons {

@@ -39,7 +39,7 @@ func TestMachineScript(t *testing.T) {
 			"add rule bridge kairon_egress e_kt0123456789 ether type arp accept\n" +
 			"add rule bridge kairon_egress e_kt0123456789 drop\n",
 		"delete set inet kairon_egress l4_kt0123456789_0000000000\n",
-		"add set inet kairon_egress " + fqdn + " { type ipv4_addr; flags timeout; }\n",
+		"add set inet kairon_egress " + fqdn + " { type ipv4_addr; size 4096; flags timeout; }\n",
 		// Replies first; explicit CIDRs before the always-denied drop, the
 		// rest after it; the default drop last.
 		"add rule inet kairon_egress e_kt0123456789 ct state established,related accept\n" +
