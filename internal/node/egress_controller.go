@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -249,4 +251,35 @@ func (a *Agent) keepEgress(ctx context.Context) error {
 			logger.Info(msg)
 		}
 	})
+}
+
+// confineBeforeStart applies the policies selecting machine to its new tap
+// before its VM starts (or arrives by migration, before this node owns the
+// Machine), so that the guest never runs here unconfined. The egress
+// reconciler takes over once the Machine is this node's.
+func (a *Agent) confineBeforeStart(machine *kaironv1.Machine, id string, address netip.Addr) error {
+	if a.egress == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var policies kaironv1.MachineNetworkPolicyList
+	if err := a.client.List(ctx, &policies, client.InNamespace(machine.Namespace)); err != nil {
+		return fmt.Errorf("reading the Machine's egress policies: %w", err)
+	}
+	var selected []egress.NamedPolicy
+	for i := range policies.Items {
+		if p := &policies.Items[i]; selects(p, machine) {
+			selected = append(selected, egress.NamedPolicy{Name: p.Name, Egress: p.Spec.Egress})
+		}
+	}
+	compiled, err := egress.Compile(selected)
+	if err != nil {
+		compiled = &egress.Policy{} // closed, as the reconciler does
+	}
+	target := egress.Machine{Namespace: machine.Namespace, Name: machine.Name, Tap: network.TapName(a.opts.NodeName, id), IP: address}
+	if err := a.egress.Apply(target, compiled); err != nil {
+		return fmt.Errorf("egress policy: %w", err)
+	}
+	return nil
 }

@@ -209,6 +209,10 @@ func (a *Agent) attach(machine *kaironv1.Machine, id string) (backend.Spec, erro
 			if err := a.ensureBaseline(machine.Namespace, id); err != nil {
 				return spec, err
 			}
+			// Before the VM runs, here or as a migration's target.
+			if err := a.confineBeforeStart(machine, id, address.Addr()); err != nil {
+				return spec, err
+			}
 		}
 	}
 	return spec, nil
