@@ -64,6 +64,7 @@ var Policies = map[string]string{
 	"kairon-node-confinement-machines":   "node-confinement-machines.yaml",
 	"kairon-node-confinement-migrations": "node-confinement-migrations.yaml",
 	MachinePlacementPolicy:               machinePlacementPolicyFile,
+	"kairon-claim-creation-stamp":        "claim-creation-stamp.yaml",
 }
 
 // ReadRules reads one file of config/rbac: a YAML list of PolicyRules.
