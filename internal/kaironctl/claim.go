@@ -248,6 +248,7 @@ func (o *Options) claimMachine(ctx context.Context, cmd *cobra.Command, pool str
 	}
 
 	var claim *kaironv1.MachineClaim
+	stamped := true
 	// A generated name that happens to be taken is drawn again.
 	for attempt := 0; ; attempt++ {
 		name := f.name
@@ -257,14 +258,23 @@ func (o *Options) claimMachine(ctx context.Context, cmd *cobra.Command, pool str
 		// Stamped with the time to the millisecond, which the claim's
 		// bindMillis is measured from (creationTimestamp has whole seconds).
 		claim = &kaironv1.MachineClaim{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: map[string]string{
-				kaironv1.AnnotationClaimCreatedAt: time.Now().UTC().Format(rules.ClaimStampFormat),
-			}},
-			Spec: *spec.DeepCopy(),
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec:       *spec.DeepCopy(),
+		}
+		if stamped {
+			claim.Annotations = map[string]string{kaironv1.AnnotationClaimCreatedAt: time.Now().UTC().Format(rules.ClaimStampFormat)}
 		}
 		err = c.Create(ctx, claim)
 		if err == nil {
 			break
+		}
+		// The API server refuses a stamp its clock rules out: this
+		// machine's clock is off. The claim is still wanted, unstamped.
+		if stamped && apierrors.IsInvalid(err) && strings.Contains(err.Error(), kaironv1.AnnotationClaimCreatedAt) {
+			fmt.Fprintf(o.ErrOut, "warning: the API server refused this machine's clock for %s (%v); creating the claim without it, so its bindMillis is measured from when the controller first saw it\n",
+				kaironv1.AnnotationClaimCreatedAt, err)
+			stamped = false
+			continue
 		}
 		if apierrors.IsAlreadyExists(err) && !f.nameGiven && attempt < 5 {
 			continue
