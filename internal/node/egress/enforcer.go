@@ -336,10 +336,16 @@ func (e *Enforcer) machineScript(m Machine, p *Policy, staleSets []string) strin
 // the chain redirecting it has the same name.
 func (e *Enforcer) dnsSet() string { return fmt.Sprintf("dns_%d", e.DNSPort) }
 
-// forgetAddress takes ip's entries out, pointing at tap's chain.
-func (e *Enforcer) forgetAddress(tap string, ip netip.Addr) string {
+// forgetAddress takes ip's entries out. The egress4 entry goes only if it
+// points at tap's chain (owner is the tap it points at in the kernel): in
+// kairon-local a migration's source and target share the namespace and
+// the guest's address, and the entry may be the other agent's by now.
+func (e *Enforcer) forgetAddress(tap string, ip netip.Addr, owner string) string {
 	i := "inet " + Table
-	s := fmt.Sprintf("add element %[1]s egress4 { %[2]s : goto e_%[3]s }\ndelete element %[1]s egress4 { %[2]s }\n", i, ip, tap)
+	var s string
+	if owner == tap {
+		s = fmt.Sprintf("delete element %s egress4 { %s }\n", i, ip)
+	}
 	if e.DNSPort != 0 {
 		s += fmt.Sprintf("add element %[1]s %[2]s { %[3]s }\ndelete element %[1]s %[2]s { %[3]s }\n", i, e.dnsSet(), ip)
 	}
@@ -349,7 +355,7 @@ func (e *Enforcer) forgetAddress(tap string, ip netip.Addr) string {
 // removeScript takes out everything of tap and address ip. Each object is
 // added before it is deleted (nft 1.0.6 has no "destroy"), so the script
 // succeeds whatever is left.
-func (e *Enforcer) removeScript(tap string, ip netip.Addr, sets []string) string {
+func (e *Enforcer) removeScript(tap string, ip netip.Addr, owner string, sets []string) string {
 	var s strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&s, format+"\n", args...) }
 	b := "bridge " + Table
@@ -361,7 +367,7 @@ func (e *Enforcer) removeScript(tap string, ip netip.Addr, sets []string) string
 	w("delete chain %s e_%s", b, tap)
 	w("add chain %s e_%s", i, tap)
 	if ip.IsValid() {
-		s.WriteString(e.forgetAddress(tap, ip))
+		s.WriteString(e.forgetAddress(tap, ip, owner))
 	}
 	w("flush chain %s e_%s", i, tap)
 	w("delete chain %s e_%s", i, tap)
@@ -404,15 +410,24 @@ func (e *Enforcer) Apply(m Machine, p *Policy) error {
 	if e.machines == nil {
 		return errors.New("egress: Setup was not called")
 	}
-	var moved string
+	if old := e.machines[m.Tap]; old != nil && old.m.IP == m.IP && old.script == e.machineScript(m, p, nil) {
+		return nil
+	}
+	owners, err := e.owners()
+	if err != nil {
+		return err
+	}
+	var before, moved string
+	if o, ok := owners[m.IP]; ok && o != m.Tap {
+		// Another tap's entry for this address (the other end of a
+		// migration in a shared namespace): ours replaces it.
+		before = fmt.Sprintf("delete element inet %s egress4 { %s }\n", Table, m.IP)
+	}
 	if old := e.machines[m.Tap]; old != nil && old.m.IP.IsValid() && old.m.IP != m.IP {
 		// The address changed: the old one's entries go in the same
 		// transaction as the new ones come, so the tap is never open.
-		moved = e.forgetAddress(m.Tap, old.m.IP)
+		moved = e.forgetAddress(m.Tap, old.m.IP, owners[old.m.IP])
 		delete(e.byIP, old.m.IP)
-	}
-	if old := e.machines[m.Tap]; old != nil && old.script == e.machineScript(m, p, nil) {
-		return nil
 	}
 	existing, err := e.setsOf(m.Tap)
 	if err != nil {
@@ -430,7 +445,7 @@ func (e *Enforcer) Apply(m Machine, p *Policy) error {
 			stale = append(stale, s)
 		}
 	}
-	if err := e.nft(e.machineScript(m, p, stale) + moved); err != nil {
+	if err := e.nft(before + e.machineScript(m, p, stale) + moved); err != nil {
 		return err
 	}
 	e.machines[m.Tap] = &applied{m: m, policy: p, script: e.machineScript(m, p, nil)}
@@ -461,7 +476,11 @@ func (e *Enforcer) Remove(tap string) error {
 	if err != nil {
 		return err
 	}
-	if err := e.nft(e.removeScript(tap, ip, sets)); err != nil {
+	owners, err := e.owners()
+	if err != nil {
+		return err
+	}
+	if err := e.nft(e.removeScript(tap, ip, owners[ip], sets)); err != nil {
 		return err
 	}
 	delete(e.machines, tap)
@@ -470,6 +489,21 @@ func (e *Enforcer) Remove(tap string) error {
 }
 
 var egressEntry = regexp.MustCompile(`([0-9.]+) : goto e_([A-Za-z0-9_.-]+)`)
+
+// owners maps each address in egress4 to the tap whose chain it points at.
+func (e *Enforcer) owners() (map[netip.Addr]string, error) {
+	out, err := e.run("nft", "list", "map", "inet", Table, "egress4")
+	if err != nil {
+		return nil, err
+	}
+	owners := map[netip.Addr]string{}
+	for _, m := range egressEntry.FindAllStringSubmatch(out, -1) {
+		if ip, err := netip.ParseAddr(m[1]); err == nil {
+			owners[ip] = m[2]
+		}
+	}
+	return owners, nil
+}
 
 // addressInKernel finds the address whose map entry points to tap's chain:
 // a restarted agent removes what its predecessor left.
@@ -673,7 +707,9 @@ func (e *Enforcer) intact(bridgeTable, inetTable string) bool {
 				return false
 			}
 		}
-		if !strings.Contains(inetTable, a.m.IP.String()+" : goto e_"+tap) {
+		// Any tap's entry: in a shared namespace the other end of a
+		// migration may hold the address.
+		if !strings.Contains(inetTable, a.m.IP.String()+" : goto e_") {
 			return false
 		}
 	}

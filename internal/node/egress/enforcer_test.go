@@ -7,6 +7,7 @@ import (
 	"time"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/node/network"
 )
 
 func mustCompile(t *testing.T, rules ...kaironv1.EgressRules) *Policy {
@@ -65,7 +66,7 @@ func TestMachineScript(t *testing.T) {
 	if strings.Contains(s, "ip daddr @"+fqdn+" icmp") {
 		t.Error("a grant without allowIcmp allows ICMP")
 	}
-	rm := e.removeScript(m.Tap, m.IP, []string{fqdn})
+	rm := e.removeScript(m.Tap, m.IP, m.Tap, []string{fqdn})
 	for _, want := range []string{
 		"delete element bridge kairon_egress egress_vmap { \"kt0123456789\" }\n",
 		"delete chain bridge kairon_egress e_kt0123456789\n",
@@ -259,5 +260,44 @@ func TestMasquerade(t *testing.T) {
 	bad := &Enforcer{NetNS: n.host, Bridge: n.bridge, Network: n.network, Gateway: n.gateway, Masquerade: "up0 accept"}
 	if err := bad.Setup(); err == nil || !strings.Contains(err.Error(), "--egress-masquerade") {
 		t.Fatalf("Setup with a masquerade interface that is not a name: %v", err)
+	}
+}
+
+// TestSharedNamespaceMigration is kairon-local during a migration: two
+// agents on one bridge, the Machine's tap on each, the same address. The
+// target's rules take the address over; the source's removal leaves them.
+func TestSharedNamespaceMigration(t *testing.T) {
+	n := newTestNode(t)
+	g := n.guest(t, "team-a", "vm", "10.88.1.2")
+	serveTCP(t, n.outside, pkgAddr+":8050")
+	serveTCP(t, n.outside, otherAddr+":8050")
+	policy := mustCompile(t, kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{pkgAddr + "/32"}})
+	if err := n.enforcer.Apply(g.Machine, policy); err != nil {
+		t.Fatal(err)
+	}
+	target := n.newEnforcer(t)
+	onTarget := g.Machine
+	onTarget.Tap = network.TapName("node-2", "team-a_vm")
+	if err := target.Apply(onTarget, policy); err != nil {
+		t.Fatalf("the target confining the same address: %v", err)
+	}
+	if err := n.enforcer.Remove(g.Tap); err != nil {
+		t.Fatalf("the source removing its tap: %v", err)
+	}
+	if rs := n.ruleset(t); strings.Contains(rs, g.Tap) || !strings.Contains(rs, "10.88.1.2 : goto e_"+onTarget.Tap) {
+		t.Fatalf("after the source's removal:\n%s", rs)
+	}
+	// The guest (still on the source's veth here) is confined by the
+	// target's chain, which matches its address.
+	mustReach(t, g, pkgAddr+":8050")
+	mustNotReach(t, g, otherAddr+":8050")
+	if repaired, err := target.Repair(); err != nil || repaired {
+		t.Fatalf("Repair = %v, %v", repaired, err)
+	}
+	if err := target.Remove(onTarget.Tap); err != nil {
+		t.Fatal(err)
+	}
+	if rs := n.ruleset(t); strings.Contains(rs, "10.88.1.2") || strings.Contains(rs, onTarget.Tap) {
+		t.Fatalf("objects left:\n%s", rs)
 	}
 }
