@@ -121,6 +121,8 @@ type Answer struct {
 	RCode dnsmessage.RCode
 	Addrs []netip.Addr
 	TTL   time.Duration
+	// Longest is the longest TTL of any answer record.
+	Longest time.Duration
 }
 
 // ParseAnswer reads the upstream's response to q defensively: it must
@@ -154,6 +156,7 @@ func ParseAnswer(q Query, msg []byte) (Answer, error) {
 		if err != nil {
 			return Answer{}, err
 		}
+		a.Longest = max(a.Longest, time.Duration(rh.TTL)*time.Second)
 		owner := canonicalName(rh.Name.String())
 		if rh.Class != dnsmessage.ClassINET || !chain[owner] {
 			if err := p.SkipAnswer(); err != nil {
@@ -231,7 +234,31 @@ func (d *DNSProxy) Handle(ctx context.Context, from netip.Addr, msg []byte, netw
 			return refusal(id, &q, dnsmessage.RCodeServerFailure)
 		}
 	}
+	if limit := d.Enforcer.MaxTTL; limit > 0 && a.Longest > limit {
+		// The guest must not cache an address longer than it stays
+		// allowed: it would connect to it without asking again.
+		capped, err := capTTL(resp, limit)
+		if err != nil {
+			return refusal(id, &q, dnsmessage.RCodeServerFailure)
+		}
+		return capped
+	}
 	return resp
+}
+
+// capTTL lowers every answer record's TTL above limit to limit.
+func capTTL(msg []byte, limit time.Duration) ([]byte, error) {
+	var m dnsmessage.Message
+	if err := m.Unpack(msg); err != nil {
+		return nil, err
+	}
+	secs := uint32(limit / time.Second)
+	for i := range m.Answers {
+		if m.Answers[i].Header.TTL > secs {
+			m.Answers[i].Header.TTL = secs
+		}
+	}
+	return m.Pack()
 }
 
 func (d *DNSProxy) forward(ctx context.Context, network string, msg []byte) ([]byte, error) {

@@ -345,3 +345,33 @@ func FuzzParseQuery(f *testing.F) {
 		_, _ = ParseAnswer(q, msg)
 	})
 }
+
+func TestCapTTL(t *testing.T) {
+	name := dnsmessage.MustNewName("pkg.test.")
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: 1, Response: true})
+	_ = b.StartQuestions()
+	_ = b.Question(dnsmessage.Question{Name: name, Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET})
+	_ = b.StartAnswers()
+	_ = b.AResource(dnsmessage.ResourceHeader{Name: name, Class: dnsmessage.ClassINET, TTL: 86400}, dnsmessage.AResource{A: [4]byte{203, 0, 113, 10}})
+	_ = b.AResource(dnsmessage.ResourceHeader{Name: name, Class: dnsmessage.ClassINET, TTL: 60}, dnsmessage.AResource{A: [4]byte{203, 0, 113, 11}})
+	msg, err := b.Finish()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := Query{ID: 1, Name: "pkg.test", Type: dnsmessage.TypeA}
+	a, err := ParseAnswer(q, msg)
+	if err != nil || a.Longest != 24*time.Hour || a.TTL != time.Minute {
+		t.Fatalf("ParseAnswer = %+v, %v", a, err)
+	}
+	capped, err := capTTL(msg, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m dnsmessage.Message
+	if err := m.Unpack(capped); err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Answers) != 2 || m.Answers[0].Header.TTL != 3600 || m.Answers[1].Header.TTL != 60 || m.Header.ID != 1 {
+		t.Fatalf("capped answer %+v", m)
+	}
+}
