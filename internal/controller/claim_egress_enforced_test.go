@@ -73,7 +73,10 @@ func TestClaimEgressEnforcedFollowsTheAgent(t *testing.T) {
 		c.Spec.Egress = &kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24"}, AllowPorts: []kaironv1.PortRange{"443"}}
 	})
 	bound := waitClaimBound(t, env, ns, "c")
-	waitEnforced := func(what string) *kaironv1.MachineNetworkPolicy {
+	// waitEnforced waits for the claim to say its policy is enforced at the
+	// policy's generation, once that generation is at least minGeneration
+	// (an edit of spec.egress reaches the policy a moment after it was made).
+	waitEnforced := func(what string, minGeneration int64) *kaironv1.MachineNetworkPolicy {
 		t.Helper()
 		var p kaironv1.MachineNetworkPolicy
 		eventually(t, what, func() (bool, string) {
@@ -82,12 +85,13 @@ func TestClaimEgressEnforcedFollowsTheAgent(t *testing.T) {
 				return false, err.Error()
 			}
 			cond := meta.FindStatusCondition(c.Status.Conditions, kaironv1.ConditionEgressEnforced.String())
-			return cond != nil && cond.Status == metav1.ConditionTrue && cond.Message == fmt.Sprintf("policy %s (generation %d) enforced on node %s-a", p.Name, p.Generation, ns),
-				fmt.Sprintf("%+v, policy status %s", cond, fmtJSON(p.Status))
+			return p.Generation >= minGeneration && cond != nil && cond.Status == metav1.ConditionTrue &&
+					cond.Message == fmt.Sprintf("policy %s (generation %d) enforced on node %s-a", p.Name, p.Generation, ns),
+				fmt.Sprintf("policy generation %d; %+v, policy status %s", p.Generation, cond, fmtJSON(p.Status))
 		})
 		return &p
 	}
-	first := waitEnforced("the claim's egress enforced")
+	first := waitEnforced("the claim's egress enforced", 1)
 	if len(first.Status.Nodes) != 1 || first.Status.Nodes[0].Machines[0] != bound.Status.MachineName {
 		t.Fatalf("policy status %s, want the bound machine %s", fmtJSON(first.Status), bound.Status.MachineName)
 	}
@@ -98,12 +102,16 @@ func TestClaimEgressEnforcedFollowsTheAgent(t *testing.T) {
 		return err == nil && p.Status.Machines == 1, fmt.Sprint(err, fmtJSON(p.Status))
 	})
 
-	c := getClaim(t, env, ns, "c")
-	c.Spec.Egress.AllowPorts = []kaironv1.PortRange{"8443"}
-	if err := env.Client.Update(ctx, c); err != nil {
-		t.Fatal(err)
-	}
-	second := waitEnforced("the edited egress enforced at the policy's new generation")
+	// The controllers write the claim too: edit it on its latest version.
+	eventually(t, "spec.egress edited", func() (bool, string) {
+		c := getClaim(t, env, ns, "c")
+		c.Spec.Egress.AllowPorts = []kaironv1.PortRange{"8443"}
+		if err := env.Client.Update(ctx, c); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
+	second := waitEnforced("the edited egress enforced at the policy's new generation", first.Generation+1)
 	if second.Generation <= first.Generation {
 		t.Fatalf("policy generation %d after the edit, was %d", second.Generation, first.Generation)
 	}
