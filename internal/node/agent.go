@@ -89,6 +89,9 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 			}
 			// Before any tap: a guest must never send a frame unfiltered.
 			a.baseline = &network.Baseline{NetNS: n.NetNS, Bridge: n.Bridge, Network: n.CIDR, Gateway: ipam.Gateway().Addr()}
+			if eo := opts.Egress; eo != nil {
+				a.baseline.ProxyPort = eo.DNSPort
+			}
 			if err := a.baseline.Setup(); err != nil {
 				return nil, fmt.Errorf("node network: %w", err)
 			}

@@ -165,13 +165,14 @@ func mustResolve(t *testing.T, g *testGuest, network, server, name, want string)
 	})
 }
 
-// allowDNSProxy adds to the baseline what it lacks for the DNS proxy: the
-// baseline rejects every new connection from a guest to the node, the
-// redirected DNS included. TODO(baseline owner): this rule belongs in
-// internal/node/network's inet input chain.
+// allowDNSProxy tells the baseline the proxy's port, as the agent does
+// with --egress-dns-port: the baseline refuses every other new connection
+// from a guest to the node.
 func (n *testNode) allowDNSProxy(t *testing.T) {
-	run(t, "ip", "netns", "exec", n.host, "nft", "insert", "rule", "inet", "kairon", "input",
-		"iifname", "@bridges", "meta", "l4proto", "{", "tcp,", "udp", "}", "th", "dport", fmt.Sprint(dnsProxyPort), "ct", "status", "dnat", "accept")
+	n.baseline.ProxyPort = dnsProxyPort
+	if err := n.baseline.Setup(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestDNSProxy(t *testing.T) {

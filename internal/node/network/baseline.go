@@ -59,6 +59,9 @@ type Baseline struct {
 	// it: the only address of the network the host sends to guests from.
 	Network netip.Prefix
 	Gateway netip.Addr
+	// ProxyPort is the node port of the egress DNS proxy (0: none): a guest
+	// may reach it, and only when an egress rule redirected its query there.
+	ProxyPort uint16
 
 	mu sync.Mutex
 	// applied is what this process last wrote per tap; a zero Guest means
@@ -117,7 +120,7 @@ func nsSet(namespace string) string { return "ns_" + namespace }
 // this agent's bridge, network and gateway. Running it again, from this
 // agent or another sharing the namespace, gives the same ruleset: the base
 // chains are flushed and refilled in the same transaction.
-func setupScript(bridge string, network netip.Prefix, gateway netip.Addr) string {
+func setupScript(bridge string, network netip.Prefix, gateway netip.Addr, proxyPort uint16) string {
 	t := "bridge " + BaselineTable
 	i := "inet " + BaselineTable
 	var s strings.Builder
@@ -150,12 +153,21 @@ func setupScript(bridge string, network netip.Prefix, gateway netip.Addr) string
 
 	w("add table %s", i)
 	w("add set %s bridges { type ifname; }", i)
+	// The node's ports that guests' traffic may reach only because an egress
+	// rule redirected it there (the DNS proxy). Matching the port after the
+	// redirect, not any redirected traffic, keeps out what other NAT rules on
+	// the node (a kube-proxy Service whose endpoint is the node) would send.
+	w("add set %s proxy_ports { type inet_service; }", i)
 	w("add chain %s input { type filter hook input priority -10; policy accept; }", i)
 	w("flush chain %s input", i)
 	w("add rule %s input iifname @bridges ct state established,related accept", i)
+	w("add rule %s input iifname @bridges meta l4proto { tcp, udp } th dport @proxy_ports ct status dnat accept", i)
 	w("add rule %s input iifname @bridges icmp type echo-request accept", i)
 	w("add rule %s input iifname @bridges reject with icmpx admin-prohibited", i)
 	w("add element %s bridges { %q }", i, bridge)
+	if proxyPort != 0 {
+		w("add element %s proxy_ports { %d }", i, proxyPort)
+	}
 	return s.String()
 }
 
@@ -235,7 +247,7 @@ func (b *Baseline) Setup() error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if err := b.nft(setupScript(b.Bridge, b.Network, b.Gateway)); err != nil {
+	if err := b.nft(setupScript(b.Bridge, b.Network, b.Gateway, b.ProxyPort)); err != nil {
 		return err
 	}
 	out, err := b.output("list", "table", "bridge", BaselineTable)
@@ -312,7 +324,7 @@ func (b *Baseline) Repair() (bool, error) {
 		return false, nil
 	}
 	var script strings.Builder
-	script.WriteString(setupScript(b.Bridge, b.Network, b.Gateway))
+	script.WriteString(setupScript(b.Bridge, b.Network, b.Gateway, b.ProxyPort))
 	for tap, g := range b.applied {
 		if g == (Guest{}) {
 			// Found in the kernel at Setup, never written by this agent:
@@ -342,7 +354,7 @@ func intact(bridgeTable, inetTable, bridge string, applied map[string]Guest) boo
 	if !has(bridgeObjects, "prerouting", "iifname vmap @guest_vmap", kt) ||
 		!has(bridgeObjects, "forward", "iifname vmap @forward_vmap", kt) ||
 		!has(bridgeObjects, "output", "oifname @guests ip saddr @guest_networks ip saddr != @gateways drop") ||
-		!has(inetObjects, "input", "iifname @bridges reject with icmpx admin-prohibited") ||
+		!has(inetObjects, "input", "iifname @bridges meta l4proto { tcp, udp } th dport @proxy_ports ct status dnat accept", "iifname @bridges reject with icmpx admin-prohibited") ||
 		!has(inetObjects, "bridges", fmt.Sprintf("%q", bridge)) {
 		return false
 	}

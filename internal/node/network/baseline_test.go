@@ -37,7 +37,7 @@ func TestBaselineScripts(t *testing.T) {
 		script string
 		want   []string
 	}{
-		{"setup", setupScript("kairon0", netip.MustParsePrefix("10.88.0.0/16"), netip.MustParseAddr("10.88.0.1")), []string{
+		{"setup", setupScript("kairon0", netip.MustParsePrefix("10.88.0.0/16"), netip.MustParseAddr("10.88.0.1"), 5353), []string{
 			"add chain bridge kairon prerouting { type filter hook prerouting priority -200; policy accept; }\nflush chain bridge kairon prerouting\n",
 			"add rule bridge kairon prerouting iifname vmap @guest_vmap\nadd rule bridge kairon prerouting iifname \"kt*\" drop\n",
 			"add rule bridge kairon forward iifname vmap @forward_vmap\nadd rule bridge kairon forward iifname \"kt*\" drop\n",
@@ -45,9 +45,11 @@ func TestBaselineScripts(t *testing.T) {
 			"add element bridge kairon guest_networks { 10.88.0.0/16 }\n",
 			"add element bridge kairon gateways { 10.88.0.1 }\n",
 			"add rule inet kairon input iifname @bridges ct state established,related accept\n" +
+				"add rule inet kairon input iifname @bridges meta l4proto { tcp, udp } th dport @proxy_ports ct status dnat accept\n" +
 				"add rule inet kairon input iifname @bridges icmp type echo-request accept\n" +
 				"add rule inet kairon input iifname @bridges reject with icmpx admin-prohibited\n",
 			"add element inet kairon bridges { \"kairon0\" }\n",
+			"add element inet kairon proxy_ports { 5353 }\n",
 		}},
 		{"guest", guestScript(g), []string{
 			"add chain bridge kairon g_kt0123456789\nflush chain bridge kairon g_kt0123456789\n" +
