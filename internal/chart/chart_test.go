@@ -131,7 +131,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"ServiceAccount/" + nodeAgentName,
 	}
 	// The admission policies (confinement_test.go checks their content).
-	for _, p := range []string{"machine-placement", "node-confinement-machines", "node-confinement-migrations", "node-confinement-nodes", "claim-creation-stamp"} {
+	for _, p := range []string{"machine-placement", "node-confinement-machines", "node-confinement-migrations", "node-confinement-networkpolicies", "node-confinement-nodes", "claim-creation-stamp"} {
 		want = append(want, "ValidatingAdmissionPolicy/"+testRelease+"-kairon-"+p, "ValidatingAdmissionPolicyBinding/"+testRelease+"-kairon-"+p)
 	}
 	slices.Sort(want)

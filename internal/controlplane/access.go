@@ -60,11 +60,12 @@ const (
 // Policies maps the name of each ValidatingAdmissionPolicy KaironAccess
 // installs (and its binding's) to its file in config/admission.
 var Policies = map[string]string{
-	"kairon-node-confinement-nodes":      "node-confinement-nodes.yaml",
-	"kairon-node-confinement-machines":   "node-confinement-machines.yaml",
-	"kairon-node-confinement-migrations": "node-confinement-migrations.yaml",
-	MachinePlacementPolicy:               machinePlacementPolicyFile,
-	"kairon-claim-creation-stamp":        "claim-creation-stamp.yaml",
+	"kairon-node-confinement-nodes":           "node-confinement-nodes.yaml",
+	"kairon-node-confinement-machines":        "node-confinement-machines.yaml",
+	"kairon-node-confinement-migrations":      "node-confinement-migrations.yaml",
+	"kairon-node-confinement-networkpolicies": "node-confinement-networkpolicies.yaml",
+	MachinePlacementPolicy:                    machinePlacementPolicyFile,
+	"kairon-claim-creation-stamp":             "claim-creation-stamp.yaml",
 }
 
 // ReadRules reads one file of config/rbac: a YAML list of PolicyRules.

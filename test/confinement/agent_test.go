@@ -2,12 +2,17 @@ package confinement_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/testenv"
 )
 
 // TestAgentCertificateConfinedToItsNode: node agent A, with the client
@@ -115,5 +120,40 @@ func TestAgentCertificateConfinedToItsNode(t *testing.T) {
 		allowed(t, "publish a transfer token as the target", mergePatch(ctx, agentA, toA, token, false))
 		allowed(t, "consume a transfer token as the source", mergePatch(ctx, agentA, fromA, token, false))
 		allowed(t, "fail as the target", mergePatch(ctx, agentA, toA, failed, true))
+	})
+
+	// Each agent reports its own enforcement of a network policy; a claim
+	// binds on its node's report, so another node's entry is not its to
+	// write.
+	t.Run("network policies", func(t *testing.T) {
+		ns := makeNamespace(t, adm)
+		p := &kaironv1.MachineNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "egress"}, Spec: kaironv1.MachineNetworkPolicySpec{MachineName: "vm-b"}}
+		if err := adm.Create(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		entry := func(node string, machines ...string) map[string]any {
+			return map[string]any{"node": node, "machines": machines, "observedGeneration": 1}
+		}
+		nodes := func(entries ...map[string]any) map[string]any {
+			return map[string]any{"status": map[string]any{"nodes": entries}}
+		}
+		if err := mergePatch(ctx, adm, p, nodes(entry(b, "vm-b")), true); err != nil {
+			t.Fatalf("node B's report, as its agent would write it: %v", err)
+		}
+		// The policy is the last one made; the API server takes it in a
+		// moment after the others.
+		testenv.Eventually(t, time.Minute, "reporting node B's Machines as confined to be refused", func() (bool, string) {
+			err := mergePatch(ctx, agentA, p, nodes(entry(b, "vm-b", "vm-x")), true)
+			return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "only its own entry of status.nodes"), fmt.Sprint(err)
+		})
+		refused(t, "drop node B's report", mergePatch(ctx, agentA, p, nodes(entry(a, "vm-a")), true), "only its own entry of status.nodes")
+		refused(t, "set the MACHINES count", mergePatch(ctx, agentA, p, map[string]any{"status": map[string]any{"machines": 9}}, true), "may write only status.nodes")
+		allowed(t, "add its own report", mergePatch(ctx, agentA, p, nodes(entry(b, "vm-b"), entry(a, "vm-a")), true))
+		fresh := &kaironv1.MachineNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fresh"}, Spec: kaironv1.MachineNetworkPolicySpec{MachineName: "vm-a"}}
+		if err := adm.Create(ctx, fresh); err != nil {
+			t.Fatal(err)
+		}
+		allowed(t, "the first report on a policy without a status", mergePatch(ctx, agentA, fresh, nodes(entry(a, "vm-a")), true))
+		allowed(t, "change its own report", mergePatch(ctx, agentA, p, nodes(entry(b, "vm-b"), entry(a, "vm-a", "vm-a2")), true))
 	})
 }
