@@ -12,7 +12,7 @@ TEST_FLAGS ?= -race -timeout 20m -count=1
 CONTROLLER_GEN := $(BIN)/controller-gen
 STATICCHECK    := $(BIN)/staticcheck
 
-.PHONY: all deps tools guest generate build up test test-unit lint bench fmt clean help
+.PHONY: all deps tools guest generate build up test test-unit lint bench bench-egress fmt clean help
 
 all: build
 
@@ -63,6 +63,9 @@ bench: deps tools guest build ## Run the benchmarks recorded in docs/benchmarks.
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench EvacuateSim20 -benchtime 3x -timeout 15m ./test/e2e/
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench ColdBoot -benchtime 3x ./internal/backend/qemu/
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench Migration -benchtime 10x ./internal/backend/qemu/
+
+bench-egress: deps tools ## MachineNetworkPolicy create to enforced on a node (real nftables), p50/p99 over 50.
+	KAIRON_BIN_DIR=$(BIN) KAIRON_EGRESS_BENCH=1 $(GO) test -count=1 -run TestEgressEnforcementLatency -v ./internal/node/
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
