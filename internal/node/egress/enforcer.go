@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/zyvor/kairon/internal/node/network"
 )
 
 // Enforcement is split over two tables of the agent's network namespace,
@@ -719,21 +721,7 @@ func (e *Enforcer) intact(bridgeTable, inetTable string) bool {
 // Keep calls Repair every interval until ctx ends: between a flush and the
 // next look, confined guests are unconfined.
 func (e *Enforcer) Keep(ctx context.Context, interval time.Duration, logger func(error, string)) error {
-	ticker := time.NewTicker(interval)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
-		}
-		repaired, err := e.Repair()
-		if err != nil {
-			logger(err, "could not repair the egress rules")
-		} else if repaired {
-			logger(nil, "the egress rules had been removed from nftables; written again")
-		}
-	}
+	return network.KeepRepaired(ctx, interval, "the egress rules", e.Repair, logger)
 }
 
 // Reasons a confined guest's packet is dropped, the reason label of

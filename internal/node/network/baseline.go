@@ -404,6 +404,12 @@ func objects(listing string) map[string]map[string]bool {
 // Keep calls Repair every interval until ctx ends: between a flush and the
 // next look, guests are unfiltered.
 func (b *Baseline) Keep(ctx context.Context, interval time.Duration, logger func(error, string)) error {
+	return KeepRepaired(ctx, interval, "the guest baseline", b.Repair, logger)
+}
+
+// KeepRepaired calls repair every interval until ctx ends, and tells logger
+// when it failed or had to write what (rules of the node's nftables) again.
+func KeepRepaired(ctx context.Context, interval time.Duration, what string, repair func() (bool, error), logger func(error, string)) error {
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
 	for {
@@ -412,11 +418,11 @@ func (b *Baseline) Keep(ctx context.Context, interval time.Duration, logger func
 			return nil
 		case <-ticker.C:
 		}
-		repaired, err := b.Repair()
+		repaired, err := repair()
 		if err != nil {
-			logger(err, "could not repair the guest baseline")
+			logger(err, "could not repair "+what)
 		} else if repaired {
-			logger(nil, "the guest baseline had been removed from nftables; written again")
+			logger(nil, what+" had been removed from nftables; written again")
 		}
 	}
 }
