@@ -24,6 +24,7 @@ import (
 	"github.com/zyvor/kairon/internal/backend/qemu"
 	"github.com/zyvor/kairon/internal/backend/sim"
 	"github.com/zyvor/kairon/internal/node"
+	"github.com/zyvor/kairon/internal/node/egress"
 )
 
 type flags struct {
@@ -42,6 +43,7 @@ type flags struct {
 	bridge       string
 	netns        string
 	egressDNS    uint
+	egressSNI    uint
 	egressUp     string
 	metrics      string
 	masquerade   string
@@ -87,8 +89,9 @@ func run(args []string) error {
 	fs.StringVar(&f.netns, "netns", "", "keep the bridge, taps and VMs in this existing network namespace")
 	fs.BoolVar(&f.noNetwork, "no-network", false, "run VMs without a network interface")
 	fs.UintVar(&f.egressDNS, "egress-dns-port", 0, "port of the DNS proxy for guests confined by a MachineNetworkPolicy, in the bridge's namespace; their DNS is redirected to it (0: no proxy, allowFqdns learns nothing; docs/guides/egress.md)")
-	fs.StringVar(&f.egressUp, "egress-dns-upstream", "", "resolver (host:port) the egress DNS proxy forwards allowed queries to; required with --egress-dns-port")
-	fs.StringVar(&f.masquerade, "egress-masquerade", "", "uplink interface on which guests' traffic leaves with the node's address (masquerade), \"auto\" for the interface of the default route (empty: no NAT; docs/guides/egress.md)")
+	fs.StringVar(&f.egressUp, "egress-dns-upstream", "auto", "resolver (host:port) the egress DNS proxy forwards allowed queries to; \"auto\": the first nameserver of /etc/resolv.conf")
+	fs.UintVar(&f.egressSNI, "egress-sni-port", 0, "port of the SNI proxy for guests confined by a MachineNetworkPolicy with allowSNI, in the bridge's namespace (0: no proxy, and TCP that only an allowSNI grant allows is dropped; docs/guides/egress.md)")
+	fs.StringVar(&f.masquerade, "egress-masquerade", "auto", "uplink interface on which guests' traffic leaves with the node's address (masquerade), with IPv4 forwarding on;\n\"auto\": the interface of the default route, if there is one; \"none\": no NAT (docs/guides/egress.md)")
 	fs.StringVar(&f.metrics, "metrics-bind-address", "", "address serving Prometheus metrics (kairon_egress_denied_total) over plain HTTP (empty: off); bind it to the node's own address, not the guests' gateway")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:10250", "address serving consoles to the API server's node proxy")
 	fs.StringVar(&f.healthProbe, "health-probe-bind-address", "", "address serving /healthz and /readyz for liveness and readiness probes (empty: off); bind it to the node's own address, not the guests' gateway")
@@ -143,10 +146,26 @@ func run(args []string) error {
 	if f.egressDNS > 65535 {
 		return fmt.Errorf("--egress-dns-port %d: must be a port, 1-65535 (0: no proxy)", f.egressDNS)
 	}
-	if f.egressDNS != 0 && f.egressUp == "" {
+	if f.egressSNI > 65535 {
+		return fmt.Errorf("--egress-sni-port %d: must be a port, 1-65535 (0: no proxy)", f.egressSNI)
+	}
+	if f.egressSNI != 0 && f.egressSNI == f.egressDNS {
+		return fmt.Errorf("--egress-sni-port %d: the DNS proxy has this port already", f.egressSNI)
+	}
+	upstream := f.egressUp
+	if f.egressDNS != 0 && upstream == "auto" {
+		if upstream, err = egress.ResolvConfUpstream("/etc/resolv.conf"); err != nil {
+			return fmt.Errorf("--egress-dns-upstream auto: %w; name the resolver", err)
+		}
+	}
+	if f.egressDNS != 0 && upstream == "" {
 		return errors.New("--egress-dns-upstream is required with --egress-dns-port")
 	}
-	egressOpts := &node.EgressOptions{DNSPort: uint16(f.egressDNS), DNSUpstream: f.egressUp, Masquerade: f.masquerade}
+	masquerade := f.masquerade
+	if masquerade == "none" {
+		masquerade = ""
+	}
+	egressOpts := &node.EgressOptions{DNSPort: uint16(f.egressDNS), DNSUpstream: upstream, SNIPort: uint16(f.egressSNI), Masquerade: masquerade}
 	cfg, err := clientcmd.BuildConfigFromFlags("", f.kubeconfig)
 	if err != nil {
 		return fmt.Errorf("--kubeconfig: %w", err)

@@ -47,6 +47,7 @@ type Agent struct {
 	// without a node network. dnsProxy answers confined guests' DNS.
 	egress   EgressEnforcer
 	dnsProxy *egress.DNSProxy
+	sniProxy *egress.SNIProxy
 	// egressDenials counts refused DNS queries per Machine
 	// (egress_metrics.go).
 	egressDenials sync.Map
@@ -90,7 +91,7 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 			// Before any tap: a guest must never send a frame unfiltered.
 			a.baseline = &network.Baseline{NetNS: n.NetNS, Bridge: n.Bridge, Network: n.CIDR, Gateway: ipam.Gateway().Addr()}
 			if eo := opts.Egress; eo != nil {
-				a.baseline.ProxyPort = eo.DNSPort
+				a.baseline.ProxyPorts = []uint16{eo.DNSPort, eo.SNIPort}
 			}
 			if err := a.baseline.Setup(); err != nil {
 				return nil, fmt.Errorf("node network: %w", err)
@@ -210,6 +211,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.dnsProxy != nil {
 		runnables = append(runnables, a.serveEgressDNS)
+	}
+	if a.sniProxy != nil {
+		runnables = append(runnables, a.serveEgressSNI)
 	}
 	if _, ok := a.egress.(*egress.Enforcer); ok {
 		runnables = append(runnables, a.keepEgress)

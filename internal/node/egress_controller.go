@@ -205,11 +205,14 @@ func (a *Agent) setupEgress() error {
 	if eo != nil && eo.Masquerade != "" {
 		e.Masquerade = eo.Masquerade
 		if e.Masquerade == "auto" {
-			uplink, err := egress.DefaultRouteInterface(n.NetNS)
-			if err != nil {
+			// A namespace without a default route has no uplink: guests
+			// reach what the node routes to, without NAT.
+			e.Masquerade, _ = egress.DefaultRouteInterface(n.NetNS)
+		}
+		if e.Masquerade != "" {
+			if err := egress.EnableForwarding(n.NetNS); err != nil {
 				return err
 			}
-			e.Masquerade = uplink
 		}
 	}
 	if eo != nil && eo.DNSPort != 0 {
@@ -219,11 +222,33 @@ func (a *Agent) setupEgress() error {
 		e.DNSPort = eo.DNSPort
 		a.dnsProxy = &egress.DNSProxy{Enforcer: e, Upstream: eo.DNSUpstream}
 	}
+	if eo != nil && eo.SNIPort != 0 {
+		e.SNIPort = eo.SNIPort
+		a.sniProxy = &egress.SNIProxy{Enforcer: e, Dial: egress.DialIn(n.NetNS)}
+	}
 	if err := e.Setup(); err != nil {
 		return fmt.Errorf("node network: %w", err)
 	}
 	a.egress = e
 	return nil
+}
+
+// serveEgressSNI runs the SNI proxy in the bridge's namespace.
+func (a *Agent) serveEgressSNI(ctx context.Context) error {
+	ln, err := egress.ListenTCP(a.opts.Network.NetNS, fmt.Sprintf(":%d", a.opts.Egress.SNIPort))
+	if err != nil {
+		return err
+	}
+	logger := log.FromContext(ctx).WithName("egress-sni")
+	a.sniProxy.Denied = func(m egress.Machine, dst netip.AddrPort, name string) {
+		what := fmt.Sprintf("reset a TCP connection to %s that did not open with a TLS ClientHello naming an allowed server", dst)
+		if name != "" {
+			what = fmt.Sprintf("reset a TLS connection to %s naming server %q", dst, name)
+		}
+		logger.V(1).Info("reset a connection", "machine", m.Namespace+"/"+m.Name, "destination", dst.String(), "serverName", name)
+		a.deniedInAgent(ctx, m, egress.ReasonSNI, what)
+	}
+	return a.sniProxy.Serve(ctx, ln)
 }
 
 // serveEgressDNS runs the DNS proxy in the bridge's namespace.
@@ -235,7 +260,7 @@ func (a *Agent) serveEgressDNS(ctx context.Context) error {
 	logger := log.FromContext(ctx).WithName("egress-dns")
 	a.dnsProxy.Denied = func(m egress.Machine, name string) {
 		logger.V(1).Info("refused a DNS query", "machine", m.Namespace+"/"+m.Name, "name", name)
-		a.deniedDNS(ctx, m, name)
+		a.deniedInAgent(ctx, m, egress.ReasonDNS, fmt.Sprintf("refused the DNS query for %q", name))
 	}
 	return a.dnsProxy.Serve(ctx, uc, ln)
 }

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -22,7 +23,7 @@ type EgressDeniedCounter interface {
 }
 
 var egressDeniedDesc = prometheus.NewDesc("kairon_egress_denied_total",
-	"Packets and DNS queries of Machines confined by a MachineNetworkPolicy that were refused, by reason: ip (destination allowed by no policy), port (destination allowed, not the port or protocol), icmp, dns (a name no policy allows).",
+	"Packets and DNS queries of Machines confined by a MachineNetworkPolicy that were refused, by reason: ip (destination allowed by no policy), port (destination allowed, not the port or protocol), icmp, dns (a name no policy allows), sni (a TLS connection whose server name its grant does not allow).",
 	[]string{"namespace", "machine", "reason"}, nil)
 
 // egressCollector reads the counters at scrape time. One for the process:
@@ -70,7 +71,9 @@ func (c *egressCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		a.egressDenials.Range(func(k, v any) bool {
 			m := k.(egressMachine)
-			sums[key{m.namespace, m.name, egress.ReasonDNS}] += v.(*dnsDenials).count()
+			for reason, n := range v.(*egressDenials).counts() {
+				sums[key{m.namespace, m.name, reason}] += n
+			}
 			return true
 		})
 	}
@@ -81,38 +84,57 @@ func (c *egressCollector) Collect(ch chan<- prometheus.Metric) {
 
 type egressMachine struct{ namespace, name string }
 
-// dnsDenials counts one Machine's refused queries and limits its Warning
-// events to one a minute.
-type dnsDenials struct {
+// egressDenials are one Machine's refusals counted in the agent (DNS
+// queries, TLS server names), by reason, and the time of its last egress
+// Warning event: one a minute at most, whatever the reason.
+type egressDenials struct {
 	mu        sync.Mutex
-	n         uint64
+	n         map[string]uint64
 	lastEvent time.Time
 }
 
-func (d *dnsDenials) count() uint64 {
+func (a *Agent) denialsOf(m egress.Machine) *egressDenials {
+	v, _ := a.egressDenials.LoadOrStore(egressMachine{m.Namespace, m.Name}, &egressDenials{n: map[string]uint64{}})
+	return v.(*egressDenials)
+}
+
+func (d *egressDenials) counts() map[string]uint64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.n
+	return maps.Clone(d.n)
+}
+
+// mayReport tells whether the Machine's next egress event may be recorded
+// now, and if so takes its turn.
+func (d *egressDenials) mayReport(now time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.lastEvent.IsZero() && now.Sub(d.lastEvent) < egressEventInterval {
+		return false
+	}
+	d.lastEvent = now
+	return true
 }
 
 // egressEventInterval is the least time between two egress Warning events
 // of one Machine.
 const egressEventInterval = time.Minute
 
-// deniedDNS counts a refused query and records a Warning event on the
-// Machine naming it, the first of each minute.
-func (a *Agent) deniedDNS(ctx context.Context, m egress.Machine, name string) {
-	v, _ := a.egressDenials.LoadOrStore(egressMachine{m.Namespace, m.Name}, &dnsDenials{})
-	d := v.(*dnsDenials)
+// deniedInAgent counts a refusal the agent made itself (reason dns or sni)
+// and reports it as deniedEvent does.
+func (a *Agent) deniedInAgent(ctx context.Context, m egress.Machine, reason, what string) {
+	d := a.denialsOf(m)
 	d.mu.Lock()
-	d.n++
-	now := time.Now()
-	record := d.lastEvent.IsZero() || now.Sub(d.lastEvent) >= egressEventInterval
-	if record {
-		d.lastEvent = now
-	}
+	d.n[reason]++
 	d.mu.Unlock()
-	if !record {
+	a.deniedEvent(ctx, m, what)
+}
+
+// deniedEvent records a Warning event on the Machine saying what its
+// policy refused, the first refusal of each minute; the others are only
+// counted.
+func (a *Agent) deniedEvent(ctx context.Context, m egress.Machine, what string) {
+	if !a.denialsOf(m).mayReport(time.Now()) {
 		return
 	}
 	machine := &kaironv1.Machine{}
@@ -120,7 +142,7 @@ func (a *Agent) deniedDNS(ctx context.Context, m egress.Machine, name string) {
 		return
 	}
 	a.event(machine, corev1.EventTypeWarning, kaironv1.EventReasonEgressDenied,
-		fmt.Sprintf("egress policy refused the DNS query for %q (further refusals within a minute are counted in kairon_egress_denied_total, not reported)", name))
+		fmt.Sprintf("egress policy %s (further refusals within a minute are counted in kairon_egress_denied_total, not reported)", what))
 }
 
 // metricsAddress is the manager's metrics bind address: "0" turns it off.

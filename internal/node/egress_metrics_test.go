@@ -15,7 +15,7 @@ import (
 	"github.com/zyvor/kairon/internal/node/egress"
 )
 
-func TestDeniedDNSIsCountedAndReportedOnceAMinute(t *testing.T) {
+func TestAgentDenialsAreCountedAndReportedOnceAMinute(t *testing.T) {
 	scheme := runtime.NewScheme()
 	if err := kaironv1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
@@ -26,15 +26,16 @@ func TestDeniedDNSIsCountedAndReportedOnceAMinute(t *testing.T) {
 	m := egress.Machine{Namespace: "team-a", Name: "vm"}
 	ctx := context.Background()
 	for i := range 3 {
-		a.deniedDNS(ctx, m, fmt.Sprintf("x%d.test", i))
+		a.deniedInAgent(ctx, m, egress.ReasonDNS, fmt.Sprintf("refused the DNS query for %q", fmt.Sprintf("x%d.test", i)))
 	}
+	a.deniedInAgent(ctx, m, egress.ReasonSNI, `reset a TLS connection naming "z.test"`)
 	v, _ := a.egressDenials.Load(egressMachine{"team-a", "vm"})
-	d := v.(*dnsDenials)
-	if got := d.count(); got != 3 {
-		t.Fatalf("counted %d refusals, want 3", got)
+	d := v.(*egressDenials)
+	if got := d.counts(); got[egress.ReasonDNS] != 3 || got[egress.ReasonSNI] != 1 {
+		t.Fatalf("counted %v, want 3 dns and 1 sni", got)
 	}
 	if len(rec.Events) != 1 {
-		t.Fatalf("%d events for three refusals within a minute, want 1", len(rec.Events))
+		t.Fatalf("%d events for four refusals within a minute, want 1", len(rec.Events))
 	}
 	if e := <-rec.Events; !strings.Contains(e, "Warning "+kaironv1.EventReasonEgressDenied) || !strings.Contains(e, `"x0.test"`) {
 		t.Fatalf("event %q, want a Warning naming the first refused name", e)
@@ -43,13 +44,13 @@ func TestDeniedDNSIsCountedAndReportedOnceAMinute(t *testing.T) {
 	d.mu.Lock()
 	d.lastEvent = d.lastEvent.Add(-egressEventInterval)
 	d.mu.Unlock()
-	a.deniedDNS(ctx, m, "y.test")
+	a.deniedInAgent(ctx, m, egress.ReasonDNS, `refused the DNS query for "y.test"`)
 	select {
 	case e := <-rec.Events:
 		if !strings.Contains(e, `"y.test"`) {
 			t.Fatalf("event %q, want it to name y.test", e)
 		}
-	default: // deniedDNS records synchronously
+	default: // deniedInAgent records synchronously
 		t.Fatal("no event for the first refusal of the next minute")
 	}
 }

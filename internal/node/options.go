@@ -126,8 +126,13 @@ type EgressOptions struct {
 	// DNSUpstream is the resolver the proxy forwards allowed queries to
 	// (host:port).
 	DNSUpstream string
+	// SNIPort is where the SNI proxy listens in the bridge's namespace;
+	// confined guests' TCP that only an allowSNI grant allows is redirected
+	// there. 0: no proxy, and such TCP is dropped.
+	SNIPort uint16
 	// Masquerade is the uplink guests' traffic leaves by with the node's
-	// address; "auto": the default route's interface; empty: no NAT.
+	// address; "auto": the default route's interface (none: no NAT);
+	// empty: no NAT.
 	Masquerade string
 	// Enforcer replaces nftables (tests).
 	Enforcer EgressEnforcer

@@ -169,7 +169,7 @@ func mustResolve(t *testing.T, g *testGuest, network, server, name, want string)
 // with --egress-dns-port: the baseline refuses every other new connection
 // from a guest to the node.
 func (n *testNode) allowDNSProxy(t *testing.T) {
-	n.baseline.ProxyPort = dnsProxyPort
+	n.baseline.ProxyPorts = []uint16{dnsProxyPort, sniProxyPort}
 	if err := n.baseline.Setup(); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -69,6 +70,9 @@ type Enforcer struct {
 	// DNSPort is where the DNS proxy listens on the node; 0 leaves DNS to
 	// the policy like any other traffic.
 	DNSPort uint16
+	// SNIPort is where the SNI proxy listens on the node; 0: a grant
+	// restricted by allowSNI allows no TCP at all (closed, not unchecked).
+	SNIPort uint16
 	// Masquerade, when set, is the node's uplink: what guests send out of
 	// it leaves with the node's address, so that answers from networks
 	// that do not route the guest network back to the node arrive.
@@ -189,6 +193,15 @@ func (e *Enforcer) setupScript() string {
 		w("flush chain %s %s", i, e.dnsSet())
 		w("add rule %s %s ip saddr @%s meta l4proto { tcp, udp } th dport 53 redirect to :%d", i, e.dnsSet(), e.dnsSet(), e.DNSPort)
 	}
+	if e.SNIPort != 0 {
+		// As the DNS proxy's: one map and chain per proxy port. A map
+		// entry sends a guest's new connections to its own nat chain,
+		// which redirects those its allowSNI grants must check.
+		w("add map %s %s { type ipv4_addr : verdict; }", i, e.sniMap())
+		w("add chain %s %s { type nat hook prerouting priority -110; policy accept; }", i, e.sniMap())
+		w("flush chain %s %s", i, e.sniMap())
+		w("add rule %s %s meta l4proto tcp ip saddr vmap @%s", i, e.sniMap(), e.sniMap())
+	}
 	if e.Masquerade != "" {
 		// One chain per uplink, as the proxy's: agents sharing the
 		// namespace may name different ones.
@@ -220,9 +233,11 @@ func (e *Enforcer) explicit(p netip.Prefix) bool {
 
 func learnedSetName(tap, grantID string) string { return "l4_" + tap + "_" + grantID }
 
-// l4 is the transport match of a grant: its ports for TCP and UDP, or
-// every protocol but ICMP. Until the SNI proxy exists, a grant restricted
-// by SNI allows no TCP at all (closed rather than unchecked).
+// l4 is the transport match of a grant in the filter chain: its ports for
+// TCP and UDP, or every protocol but ICMP. A grant restricted by SNI
+// allows no TCP here: its connections go to the SNI proxy in the nat chain
+// and never reach this chain, and without the proxy (SNIPort 0) they are
+// closed rather than unchecked.
 func l4(g Grant) string {
 	protos := "{ tcp, udp }"
 	if len(g.SNI) > 0 {
@@ -326,12 +341,113 @@ func (e *Enforcer) machineScript(m Machine, p *Policy, staleSets []string) strin
 	}
 	w("add rule %s e_%s counter name %q drop", i, tap, counterName(tap, ReasonIP))
 
+	if e.SNIPort != 0 {
+		s.WriteString(e.sniScript(m, p))
+	}
 	w("add element %s egress_vmap { %q : goto e_%s }", b, tap, tap)
 	w("add element %s egress4 { %s : goto e_%s }", i, m.IP, tap)
 	if e.DNSPort != 0 {
 		w("add element %s %s { %s }", i, e.dnsSet(), m.IP)
 	}
 	return s.String()
+}
+
+// sniScript writes m's nat chain: the TCP connections that only a grant
+// with allowSNI allows go to the SNI proxy; those another grant allows
+// without it pass on to the filter (union: a name check is a restriction
+// of its own grant, never of another's). The chain follows the filter
+// chain's order, so that what the filter drops is never redirected.
+func (e *Enforcer) sniScript(m Machine, p *Policy) string {
+	var s strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&s, format+"\n", args...) }
+	i := "inet " + Table
+	tap := m.Tap
+	w("add chain %s s_%s", i, tap)
+	w("flush chain %s s_%s", i, tap)
+	// Out of the map first (added so that the delete cannot fail): a
+	// policy without allowSNI leaves no entry behind.
+	w("add element %s %s { %s : goto s_%s }", i, e.sniMap(), m.IP, tap)
+	w("delete element %s %s { %s }", i, e.sniMap(), m.IP)
+	checked := slices.ContainsFunc(p.Grants, func(g Grant) bool { return len(g.SNI) > 0 })
+	if !checked {
+		return s.String()
+	}
+	rules := func(explicit bool) {
+		for _, sni := range []bool{false, true} {
+			for _, g := range p.Grants {
+				if (len(g.SNI) > 0) != sni {
+					continue
+				}
+				var dests []string
+				if set := nets4(g.Nets, e.explicit, explicit); set != "" {
+					dests = append(dests, set)
+				}
+				if !explicit && len(g.FQDNs) > 0 {
+					dests = append(dests, "@"+learnedSetName(tap, g.ID()))
+				}
+				verdict := "return"
+				if sni {
+					verdict = fmt.Sprintf("redirect to :%d", e.SNIPort)
+				}
+				for _, d := range dests {
+					w("add rule %s s_%s ip daddr %s %s %s", i, tap, d, tcpPorts(g), verdict)
+				}
+			}
+		}
+	}
+	rules(true)
+	w("add rule %s s_%s ip daddr @denied4 return", i, tap)
+	rules(false)
+	w("add element %s %s { %s : goto s_%s }", i, e.sniMap(), m.IP, tap)
+	return s.String()
+}
+
+// tcpPorts matches the TCP a grant allows.
+func tcpPorts(g Grant) string {
+	if len(g.Ports) == 0 {
+		return "meta l4proto tcp"
+	}
+	ports := make([]string, len(g.Ports))
+	for i, p := range g.Ports {
+		ports[i] = p.String()
+	}
+	return fmt.Sprintf("tcp dport { %s }", strings.Join(ports, ", "))
+}
+
+// sniMap sends confined guests' new TCP connections to their nat chain;
+// the base chain redirecting through it has the same name.
+func (e *Enforcer) sniMap() string { return fmt.Sprintf("sni_%d", e.SNIPort) }
+
+// serverNamesFor lists the server names that m may open a TLS connection
+// to dst with: those of the allowSNI grants whose destination and port
+// match. The nat chain redirected the connection only if one did.
+func (e *Enforcer) serverNamesFor(m Machine, p *Policy, dst netip.AddrPort) []Pattern {
+	denied := slices.ContainsFunc(append([]netip.Prefix{e.Network.Masked()}, AlwaysDenied...), func(d netip.Prefix) bool { return d.Contains(dst.Addr()) })
+	var names []Pattern
+	for _, g := range p.Grants {
+		if len(g.SNI) == 0 || !g.allowsPort(dst.Port()) {
+			continue
+		}
+		match := slices.ContainsFunc(g.Nets, func(n netip.Prefix) bool {
+			return n.Contains(dst.Addr()) && (!denied || e.explicit(n))
+		})
+		if !match && !denied && len(g.FQDNs) > 0 {
+			match = e.learned(m.Tap, g.ID(), dst.Addr())
+		}
+		if match {
+			names = append(names, g.SNI...)
+		}
+	}
+	return names
+}
+
+// learned tells whether ip is in a grant's learned set now.
+func (e *Enforcer) learned(tap, grantID string, ip netip.Addr) bool {
+	if !ip.Is4() {
+		return false
+	}
+	_, err := e.run("nft", "get", "element", "inet", Table, learnedSetName(tap, grantID), "{", ip.String(), "}")
+	return err == nil
 }
 
 // dnsSet holds the confined guests whose DNS goes to this agent's proxy;
@@ -350,6 +466,10 @@ func (e *Enforcer) forgetAddress(tap string, ip netip.Addr, owner string) string
 	}
 	if e.DNSPort != 0 {
 		s += fmt.Sprintf("add element %[1]s %[2]s { %[3]s }\ndelete element %[1]s %[2]s { %[3]s }\n", i, e.dnsSet(), ip)
+	}
+	if e.SNIPort != 0 {
+		// This agent's own map, as the DNS set: never another tap's entry.
+		s += fmt.Sprintf("add chain %[1]s s_%[4]s\nadd element %[1]s %[2]s { %[3]s : goto s_%[4]s }\ndelete element %[1]s %[2]s { %[3]s }\n", i, e.sniMap(), ip, tap)
 	}
 	return s
 }
@@ -373,6 +493,9 @@ func (e *Enforcer) removeScript(tap string, ip netip.Addr, owner string, sets []
 	}
 	w("flush chain %s e_%s", i, tap)
 	w("delete chain %s e_%s", i, tap)
+	w("add chain %s s_%s", i, tap)
+	w("flush chain %s s_%s", i, tap)
+	w("delete chain %s s_%s", i, tap)
 	for _, set := range sets {
 		w("delete set %s %s", i, set)
 	}
@@ -697,6 +820,9 @@ func (e *Enforcer) intact(bridgeTable, inetTable string) bool {
 	if e.DNSPort != 0 && !strings.Contains(inetTable, fmt.Sprintf("redirect to :%d", e.DNSPort)) {
 		return false
 	}
+	if e.SNIPort != 0 && !strings.Contains(inetTable, fmt.Sprintf("ip saddr vmap @%s", e.sniMap())) {
+		return false
+	}
 	if e.Masquerade != "" && !strings.Contains(inetTable, fmt.Sprintf("oifname %q ip saddr %s masquerade", e.Masquerade, e.Network.Masked())) {
 		return false
 	}
@@ -728,12 +854,14 @@ func (e *Enforcer) Keep(ctx context.Context, interval time.Duration, logger func
 // kairon_egress_denied_total: the destination is allowed by no grant
 // (ip, also the always-denied ranges), a grant allows the destination but
 // not the port or protocol (port), ICMP to no ICMP-allowing grant (icmp).
-// The DNS proxy counts refused names (dns).
+// The DNS proxy counts refused names (dns), the SNI proxy reset
+// connections (sni).
 const (
 	ReasonIP   = "ip"
 	ReasonPort = "port"
 	ReasonICMP = "icmp"
 	ReasonDNS  = "dns"
+	ReasonSNI  = "sni"
 )
 
 // DenyReasons are the reasons counted in nftables.

@@ -251,3 +251,16 @@ func Compile(policies []NamedPolicy) (*Policy, error) {
 	p.DNS = slices.Compact(p.DNS)
 	return p, nil
 }
+
+// allowsPort tells whether the grant allows TCP or UDP to port.
+func (g Grant) allowsPort(port uint16) bool {
+	if len(g.Ports) == 0 {
+		return true
+	}
+	for _, r := range g.Ports {
+		if r.Lo <= port && port <= r.Hi {
+			return true
+		}
+	}
+	return false
+}

@@ -59,9 +59,10 @@ type Baseline struct {
 	// it: the only address of the network the host sends to guests from.
 	Network netip.Prefix
 	Gateway netip.Addr
-	// ProxyPort is the node port of the egress DNS proxy (0: none): a guest
-	// may reach it, and only when an egress rule redirected its query there.
-	ProxyPort uint16
+	// ProxyPorts are the node ports of the egress DNS and SNI proxies: a
+	// guest may reach them, and only when an egress rule redirected its
+	// traffic there.
+	ProxyPorts []uint16
 
 	mu sync.Mutex
 	// applied is what this process last wrote per tap; a zero Guest means
@@ -120,7 +121,7 @@ func nsSet(namespace string) string { return "ns_" + namespace }
 // this agent's bridge, network and gateway. Running it again, from this
 // agent or another sharing the namespace, gives the same ruleset: the base
 // chains are flushed and refilled in the same transaction.
-func setupScript(bridge string, network netip.Prefix, gateway netip.Addr, proxyPort uint16) string {
+func setupScript(bridge string, network netip.Prefix, gateway netip.Addr, proxyPorts []uint16) string {
 	t := "bridge " + BaselineTable
 	i := "inet " + BaselineTable
 	var s strings.Builder
@@ -165,8 +166,11 @@ func setupScript(bridge string, network netip.Prefix, gateway netip.Addr, proxyP
 	w("add rule %s input iifname @bridges icmp type echo-request accept", i)
 	w("add rule %s input iifname @bridges reject with icmpx admin-prohibited", i)
 	w("add element %s bridges { %q }", i, bridge)
-	if proxyPort != 0 {
-		w("add element %s proxy_ports { %d }", i, proxyPort)
+	for _, port := range proxyPorts {
+		if port == 0 {
+			continue
+		}
+		w("add element %s proxy_ports { %d }", i, port)
 	}
 	return s.String()
 }
@@ -247,7 +251,7 @@ func (b *Baseline) Setup() error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if err := b.nft(setupScript(b.Bridge, b.Network, b.Gateway, b.ProxyPort)); err != nil {
+	if err := b.nft(setupScript(b.Bridge, b.Network, b.Gateway, b.ProxyPorts)); err != nil {
 		return err
 	}
 	out, err := b.output("list", "table", "bridge", BaselineTable)
@@ -324,7 +328,7 @@ func (b *Baseline) Repair() (bool, error) {
 		return false, nil
 	}
 	var script strings.Builder
-	script.WriteString(setupScript(b.Bridge, b.Network, b.Gateway, b.ProxyPort))
+	script.WriteString(setupScript(b.Bridge, b.Network, b.Gateway, b.ProxyPorts))
 	for tap, g := range b.applied {
 		if g == (Guest{}) {
 			// Found in the kernel at Setup, never written by this agent:

@@ -37,7 +37,7 @@ func TestBaselineScripts(t *testing.T) {
 		script string
 		want   []string
 	}{
-		{"setup", setupScript("kairon0", netip.MustParsePrefix("10.88.0.0/16"), netip.MustParseAddr("10.88.0.1"), 5353), []string{
+		{"setup", setupScript("kairon0", netip.MustParsePrefix("10.88.0.0/16"), netip.MustParseAddr("10.88.0.1"), []uint16{5353, 0, 5354}), []string{
 			"add chain bridge kairon prerouting { type filter hook prerouting priority -200; policy accept; }\nflush chain bridge kairon prerouting\n",
 			"add rule bridge kairon prerouting iifname vmap @guest_vmap\nadd rule bridge kairon prerouting iifname \"kt*\" drop\n",
 			"add rule bridge kairon forward iifname vmap @forward_vmap\nadd rule bridge kairon forward iifname \"kt*\" drop\n",
@@ -49,7 +49,7 @@ func TestBaselineScripts(t *testing.T) {
 				"add rule inet kairon input iifname @bridges icmp type echo-request accept\n" +
 				"add rule inet kairon input iifname @bridges reject with icmpx admin-prohibited\n",
 			"add element inet kairon bridges { \"kairon0\" }\n",
-			"add element inet kairon proxy_ports { 5353 }\n",
+			"add element inet kairon proxy_ports { 5353 }\nadd element inet kairon proxy_ports { 5354 }\n",
 		}},
 		{"guest", guestScript(g), []string{
 			"add chain bridge kairon g_kt0123456789\nflush chain bridge kairon g_kt0123456789\n" +
