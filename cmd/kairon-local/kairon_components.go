@@ -154,6 +154,10 @@ func nodeComponent(binDir, dataDir string, i int, o nodeOptions) Component {
 		// saves its VMs into its state dir and stops them, and the next
 		// agent restores them.
 		"--on-shutdown", "suspend", "--suspend-timeout", suspendTimeout.String(),
+		// Egress policies: each agent's DNS and SNI proxies on ports of
+		// its own on the shared bridge's address, forwarding to the host's
+		// resolver.
+		"--egress-dns-port", strconv.Itoa(egressProxyBase + 2*(i-1)), "--egress-sni-port", strconv.Itoa(egressProxyBase + 2*(i-1) + 1),
 	}
 	if o.netns != "" {
 		args = append(args, "--netns", o.netns)
@@ -190,6 +194,10 @@ func nodeComponent(binDir, dataDir string, i int, o nodeOptions) Component {
 		},
 	}
 }
+
+// egressProxyBase is node-1's DNS proxy port; its SNI proxy has the next,
+// node-2 the two after, and so on.
+const egressProxyBase = 10153
 
 func freeLoopbackAddress() (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

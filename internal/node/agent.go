@@ -216,7 +216,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		runnables = append(runnables, a.serveEgressSNI)
 	}
 	if _, ok := a.egress.(*egress.Enforcer); ok {
-		runnables = append(runnables, a.keepEgress)
+		runnables = append(runnables, a.keepEgress, a.reportEgressDrops)
 	}
 	if a.egress != nil {
 		egressMetrics.add(a)

@@ -235,7 +235,7 @@ func (a *Agent) setupEgress() error {
 
 // serveEgressSNI runs the SNI proxy in the bridge's namespace.
 func (a *Agent) serveEgressSNI(ctx context.Context) error {
-	ln, err := egress.ListenTCP(a.opts.Network.NetNS, fmt.Sprintf(":%d", a.opts.Egress.SNIPort))
+	ln, err := egress.ListenTCP(a.opts.Network.NetNS, a.proxyAddress(a.opts.Egress.SNIPort))
 	if err != nil {
 		return err
 	}
@@ -251,9 +251,16 @@ func (a *Agent) serveEgressSNI(ctx context.Context) error {
 	return a.sniProxy.Serve(ctx, ln)
 }
 
+// proxyAddress is where a proxy listens: the bridge's address, where the
+// nat chains redirect guests' traffic, and nowhere else (a DNS forwarder
+// on the node's uplink would serve anyone who reaches it).
+func (a *Agent) proxyAddress(port uint16) string {
+	return netip.AddrPortFrom(a.ipam.Gateway().Addr(), port).String()
+}
+
 // serveEgressDNS runs the DNS proxy in the bridge's namespace.
 func (a *Agent) serveEgressDNS(ctx context.Context) error {
-	uc, ln, err := egress.Listen(a.opts.Network.NetNS, fmt.Sprintf(":%d", a.opts.Egress.DNSPort))
+	uc, ln, err := egress.Listen(a.opts.Network.NetNS, a.proxyAddress(a.opts.Egress.DNSPort))
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
@@ -133,16 +134,73 @@ func (a *Agent) deniedInAgent(ctx context.Context, m egress.Machine, reason, wha
 // deniedEvent records a Warning event on the Machine saying what its
 // policy refused, the first refusal of each minute; the others are only
 // counted.
-func (a *Agent) deniedEvent(ctx context.Context, m egress.Machine, what string) {
+func (a *Agent) deniedEvent(ctx context.Context, m egress.Machine, what string) bool {
 	if !a.denialsOf(m).mayReport(time.Now()) {
-		return
+		return false
 	}
 	machine := &kaironv1.Machine{}
 	if err := a.client.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Name}, machine); err != nil {
-		return
+		return false
 	}
 	a.event(machine, corev1.EventTypeWarning, kaironv1.EventReasonEgressDenied,
 		fmt.Sprintf("egress policy %s (further refusals within a minute are counted in kairon_egress_denied_total, not reported)", what))
+	return true
+}
+
+// EgressDropRecorder is an enforcer that keeps the destinations it
+// dropped lately (nftables sets); the agent names them in events.
+type EgressDropRecorder interface {
+	DeniedDestinations() ([]egress.DeniedDestination, error)
+}
+
+// dropReasons say why a packet was dropped, in events.
+var dropReasons = map[string]string{
+	egress.ReasonIP:   "no policy allows the destination",
+	egress.ReasonPort: "the destination is allowed, not this port or protocol",
+	egress.ReasonICMP: "no policy allows ICMP to the destination",
+}
+
+// reportEgressDrops names, every interval, the first packet each confined
+// Machine had dropped since its last report, in a Warning event (one a
+// minute, shared with the DNS and SNI refusals).
+func (a *Agent) reportEgressDrops(ctx context.Context) error {
+	rec, ok := a.egress.(EgressDropRecorder)
+	if !ok {
+		return nil
+	}
+	reported := map[egressMachine]time.Time{}
+	ticker := time.NewTicker(a.opts.Interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+		ds, err := rec.DeniedDestinations()
+		if err != nil {
+			log.FromContext(ctx).Error(err, "reading the egress drop records")
+			continue
+		}
+		a.reportDrops(ctx, ds, time.Now(), reported)
+	}
+}
+
+// reportDrops reports, per Machine, the oldest drop of ds (oldest first)
+// that happened after the Machine's last report.
+func (a *Agent) reportDrops(ctx context.Context, ds []egress.DeniedDestination, now time.Time, reported map[egressMachine]time.Time) {
+	done := map[egressMachine]bool{}
+	for _, d := range ds {
+		k := egressMachine{d.Machine.Namespace, d.Machine.Name}
+		if done[k] || !now.Add(-d.Age).After(reported[k]) {
+			continue
+		}
+		done[k] = true
+		what := fmt.Sprintf("dropped %s (%s: %s)", d, d.Reason, dropReasons[d.Reason])
+		if a.deniedEvent(ctx, d.Machine, what) {
+			reported[k] = now
+		}
+	}
 }
 
 // metricsAddress is the manager's metrics bind address: "0" turns it off.

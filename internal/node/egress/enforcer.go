@@ -303,6 +303,16 @@ func (e *Enforcer) machineScript(m Machine, p *Policy, staleSets []string) strin
 	}
 	for _, r := range DenyReasons {
 		w("add counter %s %s", i, counterName(tap, r))
+		// The destinations dropped in the last minute, a few of them, for
+		// the Machine's Warning event (DeniedDestinations).
+		w("add set %s %s { type ipv4_addr . inet_proto . inet_service; size %d; flags dynamic,timeout; timeout %ds; }", i, recentName(tap, r), recentSize, int(recentWindow/time.Second))
+	}
+	// deny drops what match matches, counting it under reason and
+	// recording its destination. The record is a rule of its own: adding
+	// to a full set fails the rule, which must not spare the packet.
+	deny := func(match, reason string) {
+		w("add rule %s e_%s %s add @%s { ip daddr . meta l4proto . th dport }", i, tap, match, recentName(tap, reason))
+		w("add rule %s e_%s %s counter name %q drop", i, tap, match, counterName(tap, reason))
 	}
 	w("add rule %s e_%s ct state established,related accept", i, tap)
 	rules := func(explicit bool) {
@@ -323,10 +333,10 @@ func (e *Enforcer) machineScript(m Machine, p *Policy, staleSets []string) strin
 		}
 	}
 	rules(true)
-	w("add rule %s e_%s ip daddr @denied4 counter name %q drop", i, tap, counterName(tap, ReasonIP))
+	deny("ip daddr @denied4", ReasonIP)
 	rules(false)
 	// What no grant accepted, by why, for kairon_egress_denied_total.
-	w("add rule %s e_%s meta l4proto { icmp, ipv6-icmp } counter name %q drop", i, tap, counterName(tap, ReasonICMP))
+	deny("meta l4proto { icmp, ipv6-icmp }", ReasonICMP)
 	for _, g := range p.Grants {
 		var dests []string
 		if set := nets4(g.Nets, func(netip.Prefix) bool { return true }, true); set != "" {
@@ -336,10 +346,10 @@ func (e *Enforcer) machineScript(m Machine, p *Policy, staleSets []string) strin
 			dests = append(dests, "@"+learnedSetName(tap, g.ID()))
 		}
 		for _, d := range dests {
-			w("add rule %s e_%s ip daddr %s counter name %q drop", i, tap, d, counterName(tap, ReasonPort))
+			deny("ip daddr "+d, ReasonPort)
 		}
 	}
-	w("add rule %s e_%s counter name %q drop", i, tap, counterName(tap, ReasonIP))
+	deny("meta nfproto ipv4", ReasonIP)
 
 	if e.SNIPort != 0 {
 		s.WriteString(e.sniScript(m, p))
@@ -502,6 +512,8 @@ func (e *Enforcer) removeScript(tap string, ip netip.Addr, owner string, sets []
 	for _, r := range DenyReasons {
 		w("add counter %s %s", i, counterName(tap, r))
 		w("delete counter %s %s", i, counterName(tap, r))
+		w("add set %s %s { type ipv4_addr . inet_proto . inet_service; size %d; flags dynamic,timeout; timeout %ds; }", i, recentName(tap, r), recentSize, int(recentWindow/time.Second))
+		w("delete set %s %s", i, recentName(tap, r))
 	}
 	return s.String()
 }
@@ -900,5 +912,80 @@ func (e *Enforcer) DeniedCounts() ([]Denied, error) {
 		}
 		ds = append(ds, Denied{Machine: a.m, Reason: m[2], Packets: n})
 	}
+	return ds, nil
+}
+
+// recentWindow is how long a dropped destination stays in its Machine's
+// record, and recentSize how many the record holds: enough to name the
+// first of each minute in an event.
+const (
+	recentWindow = time.Minute
+	recentSize   = 16
+)
+
+func recentName(tap, reason string) string { return "dd_" + tap + "_" + reason }
+
+var recentElement = regexp.MustCompile(`([0-9.]+) \. ([a-z0-9-]+) \. ([0-9]+)(?: timeout \S+)? expires ((?:[0-9]+[a-z]+)+)`)
+var recentSetPattern = regexp.MustCompile(`(?m)^\s*set dd_([A-Za-z0-9_.-]+)_(ip|port|icmp) \{`)
+
+// DeniedDestination is a destination a confined Machine was refused.
+type DeniedDestination struct {
+	Machine  Machine
+	Reason   string
+	Address  netip.Addr
+	Protocol string // tcp, udp, icmp, or the protocol number
+	Port     uint16 // for tcp and udp
+	// Age is how long ago the packet was dropped (within recentWindow,
+	// to the precision of the kernel's timeout).
+	Age time.Duration
+}
+
+func (d DeniedDestination) String() string {
+	if d.Protocol == "tcp" || d.Protocol == "udp" {
+		return fmt.Sprintf("%s %s", d.Protocol, netip.AddrPortFrom(d.Address, d.Port))
+	}
+	return d.Protocol + " " + d.Address.String()
+}
+
+// DeniedDestinations lists what the Machines this agent confined were
+// refused within the last recentWindow, oldest first.
+func (e *Enforcer) DeniedDestinations() ([]DeniedDestination, error) {
+	out, err := e.run("nft", "list", "table", "inet", Table)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var ds []DeniedDestination
+	starts := recentSetPattern.FindAllStringSubmatchIndex(out, -1)
+	for k, loc := range starts {
+		tap, reason := out[loc[2]:loc[3]], out[loc[4]:loc[5]]
+		a := e.machines[tap]
+		if a == nil || a.policy == nil {
+			continue
+		}
+		end := len(out)
+		if k+1 < len(starts) {
+			end = starts[k+1][0]
+		}
+		body := out[loc[1]:end]
+		if j := strings.Index(body, "\n\t}"); j >= 0 {
+			body = body[:j]
+		}
+		for _, m := range recentElement.FindAllStringSubmatch(body, -1) {
+			ip, err1 := netip.ParseAddr(m[1])
+			port, err2 := strconv.ParseUint(m[3], 10, 16)
+			left, err3 := time.ParseDuration(m[4])
+			if err1 != nil || err2 != nil || err3 != nil {
+				continue
+			}
+			d := DeniedDestination{Machine: a.m, Reason: reason, Address: ip, Protocol: m[2], Port: uint16(port), Age: max(recentWindow-left, 0)}
+			if d.Protocol != "tcp" && d.Protocol != "udp" {
+				d.Port = 0
+			}
+			ds = append(ds, d)
+		}
+	}
+	sort.SliceStable(ds, func(i, j int) bool { return ds[i].Age > ds[j].Age })
 	return ds, nil
 }

@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -46,6 +47,7 @@ func TestMachineScript(t *testing.T) {
 		"add rule inet kairon_egress e_kt0123456789 ct state established,related accept\n" +
 			"add rule inet kairon_egress e_kt0123456789 ip daddr { 10.88.1.3/32, 169.254.169.254/32 } meta l4proto { tcp, udp } th dport { 443, 8000-8100 } accept\n" +
 			"add rule inet kairon_egress e_kt0123456789 ip daddr { 10.88.1.3/32, 169.254.169.254/32 } icmp type echo-request accept\n" +
+			"add rule inet kairon_egress e_kt0123456789 ip daddr @denied4 add @dd_kt0123456789_ip { ip daddr . meta l4proto . th dport }\n" +
 			"add rule inet kairon_egress e_kt0123456789 ip daddr @denied4 counter name \"d_kt0123456789_ip\" drop\n" +
 			"add rule inet kairon_egress e_kt0123456789 ip daddr { 203.0.113.0/24 } meta l4proto { tcp, udp } th dport { 443, 8000-8100 } accept\n" +
 			"add rule inet kairon_egress e_kt0123456789 ip daddr { 203.0.113.0/24 } icmp type echo-request accept\n",
@@ -53,8 +55,12 @@ func TestMachineScript(t *testing.T) {
 		// SNI without the proxy: no TCP at all.
 		"add rule inet kairon_egress e_kt0123456789 ip daddr @" + sni + " meta l4proto udp th dport { 443 } accept\n",
 		"add rule inet kairon_egress e_kt0123456789 meta l4proto { icmp, ipv6-icmp } counter name \"d_kt0123456789_icmp\" drop\n",
-		"add rule inet kairon_egress e_kt0123456789 ip daddr @" + fqdn + " counter name \"d_kt0123456789_port\" drop\n",
-		"add rule inet kairon_egress e_kt0123456789 counter name \"d_kt0123456789_ip\" drop\n",
+		"add rule inet kairon_egress e_kt0123456789 ip daddr @" + fqdn + " add @dd_kt0123456789_port { ip daddr . meta l4proto . th dport }\n" +
+			"add rule inet kairon_egress e_kt0123456789 ip daddr @" + fqdn + " counter name \"d_kt0123456789_port\" drop\n",
+		// The default drop, recording its destination first.
+		"add rule inet kairon_egress e_kt0123456789 meta nfproto ipv4 add @dd_kt0123456789_ip { ip daddr . meta l4proto . th dport }\n" +
+			"add rule inet kairon_egress e_kt0123456789 meta nfproto ipv4 counter name \"d_kt0123456789_ip\" drop\n",
+		"add set inet kairon_egress dd_kt0123456789_port { type ipv4_addr . inet_proto . inet_service; size 16; flags dynamic,timeout; timeout 60s; }\n",
 		"add element bridge kairon_egress egress_vmap { \"kt0123456789\" : goto e_kt0123456789 }\n",
 		"add element inet kairon_egress egress4 { 10.88.1.2 : goto e_kt0123456789 }\n",
 		"add element inet kairon_egress dns_5353 { 10.88.1.2 }\n",
@@ -74,9 +80,64 @@ func TestMachineScript(t *testing.T) {
 		"delete element inet kairon_egress dns_5353 { 10.88.1.2 }\n",
 		"delete chain inet kairon_egress e_kt0123456789\n",
 		"delete set inet kairon_egress " + fqdn + "\n",
+		"delete set inet kairon_egress dd_kt0123456789_icmp\n",
 	} {
 		if !strings.Contains(rm, want) {
 			t.Errorf("remove script lacks\n%s\nscript:\n%s", want, rm)
+		}
+	}
+}
+
+// TestSNIScript: with the SNI proxy, the nat chain redirects TCP that
+// only an allowSNI grant allows, lets what another grant allows without a
+// name pass to the filter, and follows the filter's order around the
+// always-denied ranges.
+func TestSNIScript(t *testing.T) {
+	e := &Enforcer{Network: netip.MustParsePrefix("10.88.0.0/16"), Gateway: netip.MustParseAddr("10.88.0.1"), SNIPort: 5354}
+	m := Machine{Namespace: "team-a", Name: "vm", Tap: "kt0123456789", IP: netip.MustParseAddr("10.88.1.2")}
+	p := mustCompile(t,
+		kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24", "169.254.169.254/32"}, AllowSNI: []kaironv1.ServerName{"*.pkg.test"}, AllowPorts: []kaironv1.PortRange{"443"}},
+		kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.7/32"}},
+		kaironv1.EgressRules{AllowFqdns: []kaironv1.Hostname{"tls.test"}, AllowSNI: []kaironv1.ServerName{"tls.test"}},
+	)
+	s := e.machineScript(m, p, nil)
+	learned := learnedSetName(m.Tap, p.Grants[2].ID())
+	want := "add chain inet kairon_egress s_kt0123456789\n" +
+		"flush chain inet kairon_egress s_kt0123456789\n" +
+		"add element inet kairon_egress sni_5354 { 10.88.1.2 : goto s_kt0123456789 }\n" +
+		"delete element inet kairon_egress sni_5354 { 10.88.1.2 }\n" +
+		"add rule inet kairon_egress s_kt0123456789 ip daddr { 169.254.169.254/32 } tcp dport { 443 } redirect to :5354\n" +
+		"add rule inet kairon_egress s_kt0123456789 ip daddr @denied4 return\n" +
+		"add rule inet kairon_egress s_kt0123456789 ip daddr { 203.0.113.7/32 } meta l4proto tcp return\n" +
+		"add rule inet kairon_egress s_kt0123456789 ip daddr { 203.0.113.0/24 } tcp dport { 443 } redirect to :5354\n" +
+		"add rule inet kairon_egress s_kt0123456789 ip daddr @" + learned + " meta l4proto tcp redirect to :5354\n" +
+		"add element inet kairon_egress sni_5354 { 10.88.1.2 : goto s_kt0123456789 }\n"
+	if !strings.Contains(s, want) {
+		t.Errorf("script lacks\n%s\nscript:\n%s", want, s)
+	}
+	for _, c := range []struct {
+		dst  string
+		want []Pattern
+	}{
+		{"203.0.113.9:443", []Pattern{"*.pkg.test"}},
+		{"203.0.113.9:80", nil},
+		{"169.254.169.254:443", []Pattern{"*.pkg.test"}},
+		{"198.51.100.1:443", nil},
+	} {
+		got := e.serverNamesFor(m, p, netip.MustParseAddrPort(c.dst))
+		if fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("server names for %s: %v, want %v", c.dst, got, c.want)
+		}
+	}
+	// Without allowSNI, no entry: the Machine's TCP is not redirected.
+	plain := e.machineScript(m, mustCompile(t, kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24"}}), nil)
+	if strings.Count(plain, "sni_5354 { 10.88.1.2 : goto") != 1 || !strings.Contains(plain, "delete element inet kairon_egress sni_5354 { 10.88.1.2 }\n") || strings.Contains(plain, "redirect") {
+		t.Errorf("a policy without allowSNI is redirected:\n%s", plain)
+	}
+	rm := e.removeScript(m.Tap, m.IP, m.Tap, nil)
+	for _, w := range []string{"delete element inet kairon_egress sni_5354 { 10.88.1.2 }\n", "delete chain inet kairon_egress s_kt0123456789\n"} {
+		if !strings.Contains(rm, w) {
+			t.Errorf("remove script lacks %q:\n%s", w, rm)
 		}
 	}
 }
@@ -140,6 +201,24 @@ func TestEnforcement(t *testing.T) {
 	t.Run("ICMP off", func(t *testing.T) {
 		if err := ping(confined.netns, pkgAddr); err == nil {
 			t.Fatal("ping passed without allowIcmp")
+		}
+	})
+	t.Run("dropped destinations recorded", func(t *testing.T) {
+		ds, err := n.enforcer.DeniedDestinations()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]bool{}
+		for _, d := range ds {
+			if d.Machine.Name != "confined" || d.Age < 0 || d.Age > recentWindow {
+				t.Errorf("unexpected record %+v", d)
+			}
+			got[d.Reason+" "+d.String()] = true
+		}
+		for _, want := range []string{"port tcp " + pkgAddr + ":9000", "ip tcp " + otherAddr + ":8050", "ip tcp " + metadataAddr + ":80", "icmp icmp " + pkgAddr} {
+			if !got[want] {
+				t.Errorf("no record of %q among %v", want, got)
+			}
 		}
 	})
 	t.Run("drops counted by reason", func(t *testing.T) {
