@@ -15,6 +15,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/testenv"
+	"github.com/zyvor/kairon/internal/testenv/netlab"
 )
 
 const dnsProxyPort = 5353
@@ -23,65 +24,7 @@ const dnsProxyPort = 5353
 // answered with ttl.
 func upstreamDNS(t *testing.T, ns, addr string, ttl uint32, records map[string]string) {
 	t.Helper()
-	answer := func(msg []byte) []byte {
-		var p dnsmessage.Parser
-		h, err := p.Start(msg)
-		if err != nil {
-			return nil
-		}
-		q, err := p.Question()
-		if err != nil {
-			return nil
-		}
-		b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true})
-		_ = b.StartQuestions()
-		_ = b.Question(q)
-		_ = b.StartAnswers()
-		if ip, ok := records[canonicalName(q.Name.String())]; ok && q.Type == dnsmessage.TypeA {
-			_ = b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: ttl}, dnsmessage.AResource{A: netip.MustParseAddr(ip).As4()})
-		}
-		out, _ := b.Finish()
-		return out
-	}
-	var uc net.PacketConn
-	var ln net.Listener
-	if err := inNetNS(ns, func() (err error) {
-		if uc, err = net.ListenPacket("udp", addr); err != nil {
-			return err
-		}
-		ln, err = net.Listen("tcp", addr)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = uc.Close(); _ = ln.Close() })
-	go func() {
-		buf := make([]byte, 4096)
-		for {
-			n, from, err := uc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			if out := answer(buf[:n]); out != nil {
-				_, _ = uc.WriteTo(out, from)
-			}
-		}
-	}()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				msg, err := readTCPMessage(c)
-				if err == nil {
-					_ = writeTCPMessage(c, answer(msg))
-				}
-			}()
-		}
-	}()
+	netlab.ServeDNS(t, ns, addr, ttl, records)
 }
 
 // startDNSProxy runs the node's DNS proxy in the node namespace on

@@ -1,8 +1,6 @@
 package egress
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	mathrand "math/rand/v2"
 	"net"
@@ -18,7 +16,7 @@ import (
 
 	"github.com/zyvor/kairon/internal/node/network"
 	"github.com/zyvor/kairon/internal/testenv"
-	"github.com/zyvor/kairon/internal/testenv/host"
+	"github.com/zyvor/kairon/internal/testenv/netlab"
 )
 
 // blockedWindow is how long a connection that must fail is given anyway.
@@ -57,15 +55,7 @@ type testGuest struct {
 
 func testNetNS(t *testing.T) string {
 	t.Helper()
-	host.SkipIfShort(t, "root, to make network namespaces")
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	name := "kairon-egress-" + hex.EncodeToString(b)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v: %s (the egress tests need root and iproute2)", name, err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	return name
+	return netlab.Namespace(t, "kairon-egress")
 }
 
 func run(t *testing.T, args ...string) string {
@@ -154,21 +144,7 @@ func (n *testNode) guest(t *testing.T, namespace, name, ip string) *testGuest {
 // serveTCP listens on addr in ns and answers every connection with "hi".
 func serveTCP(t *testing.T, ns, addr string) {
 	t.Helper()
-	var ln net.Listener
-	if err := inNetNS(ns, func() (err error) { ln, err = net.Listen("tcp", addr); return err }); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte("hi"))
-			_ = c.Close()
-		}
-	}()
+	netlab.ServeGreeting(t, ns, addr, "hi")
 }
 
 func dialTCP(ns, addr string, timeout time.Duration) error {

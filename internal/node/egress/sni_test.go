@@ -3,16 +3,10 @@ package egress
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/netip"
 	"strings"
@@ -23,6 +17,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/testenv"
+	"github.com/zyvor/kairon/internal/testenv/netlab"
 )
 
 const sniProxyPort = 5354
@@ -31,39 +26,7 @@ const sniProxyPort = 5354
 // "hi", whatever server name it asks for.
 func serveTLS(t *testing.T, ns, addr string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "pkg.test"},
-		DNSNames: []string{"pkg.test", "*.pkg.test"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
-	var ln net.Listener
-	if err := inNetNS(ns, func() (err error) { ln, err = net.Listen("tcp", addr); return err }); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				tc := tls.Server(c, cfg)
-				_ = tc.SetDeadline(time.Now().Add(waitTimeout))
-				if tc.Handshake() == nil {
-					_, _ = tc.Write([]byte("hi"))
-					_ = tc.Close()
-				}
-			}()
-		}
-	}()
+	netlab.ServeTLS(t, ns, addr, "hi", "pkg.test", "*.pkg.test")
 }
 
 // dialTLS opens a TLS connection from ns to addr naming serverName and
