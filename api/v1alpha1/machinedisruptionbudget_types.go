@@ -32,16 +32,20 @@ type MachineDisruptionBudgetSpec struct {
 type MachineDisruptionBudgetStatus struct {
 	// ExpectedMachines is how many Machines match the selector.
 	// +optional
+	// +kubebuilder:default=0
 	ExpectedMachines int32 `json:"expectedMachines"`
 	// CurrentHealthy counts matching Machines that are Running and not the
 	// target of a Pending or Running MachineMigration.
 	// +optional
+	// +kubebuilder:default=0
 	CurrentHealthy int32 `json:"currentHealthy"`
 	// DesiredHealthy is the least number of healthy Machines the budget allows.
 	// +optional
+	// +kubebuilder:default=0
 	DesiredHealthy int32 `json:"desiredHealthy"`
 	// DisruptionsAllowed is currentHealthy - desiredHealthy, never below 0.
 	// +optional
+	// +kubebuilder:default=0
 	DisruptionsAllowed int32 `json:"disruptionsAllowed"`
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`

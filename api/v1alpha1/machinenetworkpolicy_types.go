@@ -30,6 +30,7 @@ type MachineNetworkPolicyStatus struct {
 	// Machines is how many Machines the nodes report the policy enforced
 	// for: the sum over status.nodes, kept by kairon-controller.
 	// +optional
+	// +kubebuilder:default=0
 	Machines int32 `json:"machines"`
 	// Nodes reports enforcement: one entry per node that runs a selected
 	// Machine, written by that node's agent (server-side apply, one field

@@ -24,16 +24,20 @@ type MachinePoolStatus struct {
 	// Replicas is the number of warm members, booted or booting; the scale
 	// subresource reports it.
 	// +optional
+	// +kubebuilder:default=0
 	Replicas int32 `json:"replicas"`
 	// Warm is the number of unclaimed members.
 	// +optional
+	// +kubebuilder:default=0
 	Warm int32 `json:"warm"`
 	// ReadyWarm is the number of unclaimed members in phase Running: the ones a
 	// claim can bind to now.
 	// +optional
+	// +kubebuilder:default=0
 	ReadyWarm int32 `json:"readyWarm"`
 	// Claimed is the number of members held by MachineClaims.
 	// +optional
+	// +kubebuilder:default=0
 	Claimed int32 `json:"claimed"`
 	// Selector selects every member, for the scale subresource and HPA.
 	// +optional

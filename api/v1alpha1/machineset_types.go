@@ -43,9 +43,11 @@ func (s *MachineSelector) LabelSelector() *metav1.LabelSelector {
 type MachineSetStatus struct {
 	// Replicas is how many Machines the set owns now.
 	// +optional
+	// +kubebuilder:default=0
 	Replicas int32 `json:"replicas"`
 	// ReadyReplicas are owned Machines in phase Running.
 	// +optional
+	// +kubebuilder:default=0
 	ReadyReplicas int32 `json:"readyReplicas"`
 	// Selector is spec.selector as a string, for the scale subresource.
 	// +optional

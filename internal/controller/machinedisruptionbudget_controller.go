@@ -95,8 +95,10 @@ func migrationPhaseChanged() predicate.Funcs {
 }
 
 // Reconcile runs one pass: it evaluates every budget, patches the statuses
-// that changed and sets the gauge. A failed patch is logged and tried again
-// on the next tick.
+// that changed and sets the gauge from what the object then says. A failed
+// patch is logged and tried again on the next tick; until then the gauge
+// keeps reporting the status the object still has, never the numbers that
+// failed to reach it.
 func (r *MachineDisruptionBudgetReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	logger := log.FromContext(ctx)
 	states, err := rules.LoadBudgetStates(ctx, r.Client)
@@ -107,24 +109,30 @@ func (r *MachineDisruptionBudgetReconciler) Reconcile(ctx context.Context, _ rec
 	for i := range states {
 		s := &states[i]
 		key := types.NamespacedName{Namespace: s.Namespace, Name: s.Name}
-		seen[key] = true
-		recordBudgetStatus(s)
 		b := s.Budget
 		if b.DeletionTimestamp != nil {
+			seen[key] = recordBudgetStatus(key, &b.Status)
 			continue
 		}
 		desired := b.DeepCopy()
 		setBudgetStatus(&desired.Status, s)
 		if equality.Semantic.DeepEqual(b.Status, desired.Status) {
+			seen[key] = recordBudgetStatus(key, &b.Status)
 			continue
 		}
-		// Last writer wins: the counts are recomputed every tick.
-		if err := patch.Status(ctx, r.Client, b, desired); err != nil {
+		// Last writer wins: the counts are recomputed every tick. The
+		// reconciler owns the whole status, so all of it is sent: a diff
+		// would leave out a count that stays 0 (disruptionsAllowed of an
+		// exhausted budget), and the object would never show it.
+		if err := patch.Status(ctx, r.Client, b, desired, patch.WholeStatus()); err != nil {
 			if !apierrors.IsNotFound(err) {
 				logger.Error(err, "Patching disruption budget status; trying again next tick", "budget", klog.KObj(b))
 			}
+			seen[key] = recordBudgetStatus(key, &b.Status)
 			continue
 		}
+		// desired now holds the object as the API server returned it.
+		seen[key] = recordBudgetStatus(key, &desired.Status)
 		logger.V(1).Info("Updated disruption budget status", "budget", klog.KObj(b),
 			"expected", s.ExpectedMachines, "healthy", s.CurrentHealthy, "desired", s.DesiredHealthy, "allowed", s.DisruptionsAllowed)
 	}
@@ -155,15 +163,24 @@ func setBudgetStatus(status *kaironv1.MachineDisruptionBudgetStatus, s *rules.Bu
 	meta.SetStatusCondition(&status.Conditions, cond)
 }
 
-func recordBudgetStatus(s *rules.BudgetState) {
-	for field, v := range map[string]int32{
-		BudgetFieldExpectedMachines:   s.ExpectedMachines,
-		BudgetFieldCurrentHealthy:     s.CurrentHealthy,
-		BudgetFieldDesiredHealthy:     s.DesiredHealthy,
-		BudgetFieldDisruptionsAllowed: s.DisruptionsAllowed,
-	} {
-		DisruptionBudgetStatus.WithLabelValues(s.Namespace, s.Name, field).Set(float64(v))
+// recordBudgetStatus sets the gauge series of one budget to status, the
+// status its object has, and reports whether it did. A budget whose status
+// was never written (it has no Ready condition yet) has no series: its
+// object shows no numbers either.
+func recordBudgetStatus(key types.NamespacedName, status *kaironv1.MachineDisruptionBudgetStatus) bool {
+	if meta.FindStatusCondition(status.Conditions, kaironv1.ConditionReady.String()) == nil {
+		DisruptionBudgetStatus.DeletePartialMatch(prometheus.Labels{"namespace": key.Namespace, "budget": key.Name})
+		return false
 	}
+	for field, v := range map[string]int32{
+		BudgetFieldExpectedMachines:   status.ExpectedMachines,
+		BudgetFieldCurrentHealthy:     status.CurrentHealthy,
+		BudgetFieldDesiredHealthy:     status.DesiredHealthy,
+		BudgetFieldDisruptionsAllowed: status.DisruptionsAllowed,
+	} {
+		DisruptionBudgetStatus.WithLabelValues(key.Namespace, key.Name, field).Set(float64(v))
+	}
+	return true
 }
 
 // forgetDeleted deletes the gauge series of budgets this reconciler

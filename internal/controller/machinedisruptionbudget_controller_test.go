@@ -227,8 +227,10 @@ func TestBudgetStatusTick(t *testing.T) {
 	waitBudget(t, env, ns, "web-tier", budgetNumbers{1, 1, 0, 1, 1})
 }
 
-// A failed status patch is logged and left for the next tick; the gauge is
-// still set in that pass.
+// A failed status patch is logged and left for the next tick, and the
+// gauge keeps saying what the object says: it is set from what was written,
+// so it is never ahead of the object. A budget whose status was never
+// written has no series.
 func TestBudgetStatusPatchFailureWaitsForTick(t *testing.T) {
 	env := testenv.Get(t)
 	ctx := context.Background()
@@ -240,12 +242,26 @@ func TestBudgetStatusPatchFailureWaitsForTick(t *testing.T) {
 		s.MinAvailable = ptr.To(intstr.FromInt32(0))
 	})
 
-	// Only this namespace, straight from the API server; status patches of
-	// this namespace's budgets fail.
+	// Only this namespace, straight from the API server. The working
+	// client keeps the status patches it sends; the failing one fails
+	// every status patch of this namespace's budgets.
+	var sentMu sync.Mutex
+	var sent []string
 	inNamespace := interceptor.Funcs{
 		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
 			return c.List(ctx, list, append(opts, client.InNamespace(ns))...)
 		},
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			if body, err := patch.Data(obj); err == nil {
+				sentMu.Lock()
+				sent = append(sent, obj.GetName()+" "+string(body))
+				sentMu.Unlock()
+			}
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		},
+	}
+	failingPatches := interceptor.Funcs{
+		List: inNamespace.List,
 		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
 			if obj.GetNamespace() == ns {
 				return errors.New("injected patch failure")
@@ -253,8 +269,25 @@ func TestBudgetStatusPatchFailureWaitsForTick(t *testing.T) {
 			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
 		},
 	}
-	failing := interceptor.NewClient(mdbDirectClient(t, env), inNamespace)
-	r := &MachineDisruptionBudgetReconciler{Client: failing, Interval: 7 * time.Second}
+	working := interceptor.NewClient(mdbDirectClient(t, env), inNamespace)
+	failing := interceptor.NewClient(mdbDirectClient(t, env), failingPatches)
+
+	// A first pass that succeeds: 1 Running, none required, 1 allowed.
+	r := &MachineDisruptionBudgetReconciler{Client: working, Interval: 7 * time.Second}
+	if _, err := r.Reconcile(ctx, budgetPassKey); err != nil {
+		t.Fatal(err)
+	}
+	if ok, saw := checkBudget(t, env, ns, "web-tier", budgetNumbers{1, 1, 0, 1, 1}); !ok {
+		t.Fatalf("after the first pass: %s", saw)
+	}
+
+	// The world changes while status patches fail: web-1 stops being
+	// Running (0 allowed now), and a new budget appears.
+	setMachinePhase(t, env, m, kaironv1.MachineBooting)
+	createBudget(t, env, ns, "fresh", sel, func(s *kaironv1.MachineDisruptionBudgetSpec) {
+		s.MaxUnavailable = ptr.To(intstr.FromString("0%"))
+	})
+	r.Client = failing
 	var logs mdbLogLines
 	logCtx := log.IntoContext(ctx, funcr.New(logs.add, funcr.Options{}))
 	res, err := r.Reconcile(logCtx, budgetPassKey)
@@ -266,24 +299,43 @@ func TestBudgetStatusPatchFailureWaitsForTick(t *testing.T) {
 	if got := logs.String(); !strings.Contains(got, "trying again next tick") || !strings.Contains(got, budget) || !strings.Contains(got, "injected patch failure") {
 		t.Errorf("log does not report the failed patch:\n%s", got)
 	}
-	var b kaironv1.MachineDisruptionBudget
-	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "web-tier"}, &b); err != nil {
-		t.Fatal(err)
+	// The object still has the first pass's numbers, and so does the gauge;
+	// the budget never written has neither numbers nor series.
+	if ok, saw := checkBudget(t, env, ns, "web-tier", budgetNumbers{1, 1, 0, 1, 1}); !ok {
+		t.Errorf("after the failed pass, object and gauge should still say the first pass's numbers: %s", saw)
 	}
-	if b.Status.ExpectedMachines != 0 || len(b.Status.Conditions) != 0 {
-		t.Errorf("status patched despite the failure: %s", fmtJSON(b.Status))
+	fresh := getObject[kaironv1.MachineDisruptionBudget](t, env, ns, "fresh")
+	if len(fresh.Status.Conditions) != 0 {
+		t.Errorf("status patched despite the failure: %s", fmtJSON(fresh.Status))
 	}
-	if got := gaugeSeries(t, ns, "web-tier"); got[BudgetFieldExpectedMachines] != 1 || got[BudgetFieldDisruptionsAllowed] != 1 {
-		t.Errorf("gauge not set in the failed pass: %v", got)
+	if got := gaugeSeries(t, ns, "fresh"); len(got) != 0 {
+		t.Errorf("gauge series %v for a budget whose status was never written", got)
 	}
 
-	// The next tick, with the API server answering again, catches up.
-	r.Client = interceptor.NewClient(mdbDirectClient(t, env), interceptor.Funcs{List: inNamespace.List})
+	// The next tick, with the API server answering again, catches up; the
+	// patch carries every count, the ones that stayed 0 too.
+	r.Client = working
 	if _, err := r.Reconcile(ctx, budgetPassKey); err != nil {
 		t.Fatal(err)
 	}
-	if ok, saw := checkBudget(t, env, ns, "web-tier", budgetNumbers{1, 1, 0, 1, 1}); !ok {
+	if ok, saw := checkBudget(t, env, ns, "web-tier", budgetNumbers{1, 0, 0, 0, 1}); !ok {
 		t.Errorf("after the next tick: %s", saw)
+	}
+	if ok, saw := checkBudget(t, env, ns, "fresh", budgetNumbers{1, 0, 1, 0, 1}); !ok {
+		t.Errorf("after the next tick: %s", saw)
+	}
+	sentMu.Lock()
+	defer sentMu.Unlock()
+	var webTier string
+	for _, s := range sent {
+		if strings.HasPrefix(s, "web-tier ") {
+			webTier = s
+		}
+	}
+	for _, key := range []string{`"expectedMachines":1`, `"currentHealthy":0`, `"desiredHealthy":0`, `"disruptionsAllowed":0`} {
+		if !strings.Contains(webTier, key) {
+			t.Errorf("the last status patch of web-tier lacks %s: %s", key, webTier)
+		}
 	}
 }
 

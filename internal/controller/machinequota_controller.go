@@ -69,8 +69,9 @@ func (r *MachineQuotaReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	if equality.Semantic.DeepEqual(quota.Status, desired.Status) {
 		return reconcile.Result{RequeueAfter: r.Interval}, nil
 	}
-	// Last writer wins: the usage is recomputed every pass.
-	if err := patch.Status(ctx, r.Client, &quota, desired); err != nil {
+	// Last writer wins: the usage is recomputed every pass. The reconciler
+	// owns the whole status, so all of it is sent, zero counts included.
+	if err := patch.Status(ctx, r.Client, &quota, desired, patch.WholeStatus()); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	log.FromContext(ctx).V(1).Info("Updated quota usage", "used", rules.QuotaSummary(quota.Spec.Hard, used))

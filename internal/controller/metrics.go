@@ -92,11 +92,14 @@ const (
 )
 
 // DisruptionBudgetStatus is the gauge kairon_disruption_budget_status
-// {namespace, budget, field}: each budget's status numbers, set in the same
-// pass that patches the status. It is registered with controller-runtime's
-// metrics.Registry, which the manager serves on its metrics endpoint.
+// {namespace, budget, field}: each budget's status numbers as its object has
+// them, set after the pass's status patch from what the API server returned
+// (or, when the patch failed, from the status the object still has), so the
+// gauge is never ahead of the object. A budget whose status was never written
+// has no series. It is registered with controller-runtime's metrics.Registry,
+// which the manager serves on its metrics endpoint.
 var DisruptionBudgetStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 	Name: "kairon_disruption_budget_status",
-	Help: "Status of a MachineDisruptionBudget as kairon-controller last computed it; " +
+	Help: "Status of a MachineDisruptionBudget as last written to the object by kairon-controller; " +
 		"field is expected_machines, current_healthy, desired_healthy or disruptions_allowed.",
 }, []string{"namespace", "budget", "field"})
