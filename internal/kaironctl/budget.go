@@ -368,12 +368,8 @@ func printBudgetState(w io.Writer, s *rules.BudgetState) error {
 		fmt.Fprintf(w, "Invalid budget: %v; until fixed, it blocks every disruption of the Machines it matches.\n", s.Err)
 	}
 	if len(s.Machines) == 0 {
-		if len(s.Selector) == 0 {
-			fmt.Fprintln(w, "No Machines exist in any namespace (the selector is empty, so it matches every Machine); check with: kaironctl get machines -A")
-			return nil
-		}
-		sel := labels.Set(s.Selector).String()
-		fmt.Fprintf(w, "No Machines match selector %s in any namespace; check the labels with: kaironctl get machines -A -l %s\n", sel, sel)
+		// A budget counts matching Machines of every namespace.
+		fmt.Fprintln(w, zeroMatchHint(machineMatch{Kind: "budget", Name: s.Name, Selector: labels.SelectorFromSet(s.Selector)}))
 		return nil
 	}
 	// The budget's own namespace first, by name; then the others.

@@ -272,7 +272,7 @@ func TestDescribeBudget(t *testing.T) {
 	_, text, _ = strings.Cut(r.stdout, "}\n\n")
 	want = "" +
 		"Status (recomputed fresh from Machines/MachineMigrations right now): 0 matching, 0 healthy, 0 desired healthy, 0 disruptions allowed\n" +
-		"No Machines match selector app=none-" + ns + " in any namespace; check the labels with: kaironctl get machines -A -l app=none-" + ns + "\n"
+		"No Machines match budget nothing (selector app=none-" + ns + ", in any namespace); check with: kaironctl get machines -A -l app=none-" + ns + "\n"
 	if text != want {
 		t.Errorf("describe budget with no matches:\n%s\nwant\n%s", text, want)
 	}

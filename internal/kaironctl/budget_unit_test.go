@@ -70,7 +70,7 @@ func TestPrintBudgetStateOtherNamespacesAndHints(t *testing.T) {
 	_ = printBudgetState(&buf, none)
 	want = "" +
 		"Status (recomputed fresh from Machines/MachineMigrations right now): 0 matching, 0 healthy, 2 desired healthy, 0 disruptions allowed\n" +
-		"No Machines match selector tier=web,zone=a in any namespace; check the labels with: kaironctl get machines -A -l tier=web,zone=a\n"
+		"No Machines match budget x (selector tier=web,zone=a, in any namespace); check with: kaironctl get machines -A -l tier=web,zone=a\n"
 	if buf.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", buf.String(), want)
 	}

@@ -27,7 +27,9 @@ apiVersion and kind, and nothing else.
 Two exceptions add text after a blank line, recomputed now rather than read
 from the status: describe quota lists the Machines the quota counts and why,
 and describe budget the budget's numbers and every Machine it matches, in any
-namespace, as healthy or not and why.`,
+namespace, as healthy or not and why. When no Machine matches, both print the
+same one-line hint instead of an empty list: the object, what it selects and
+where, and the kaironctl get command that lists those Machines.`,
 		Example: `  kaironctl describe machine web-1
   kaironctl describe quota team-a -n team-a
   kaironctl describe budget web-tier`,
@@ -97,7 +99,8 @@ func printQuotaUsage(w io.Writer, q *kaironv1.MachineQuota, used kaironv1.Machin
 		usedInt(used.CPU), limitInt(hard.CPU),
 		usedQuantity(used.Memory), limitQuantity(hard.Memory))
 	if len(charges) == 0 {
-		fmt.Fprintf(w, "No Machines in namespace %s.\n", q.Namespace)
+		// A quota charges every Machine of its namespace.
+		fmt.Fprintln(w, zeroMatchHint(machineMatch{Kind: "quota", Name: q.Name, Namespace: q.Namespace}))
 		return nil
 	}
 	sorted := append([]rules.QuotaCharge(nil), charges...)

@@ -536,7 +536,8 @@ func TestDescribeQuota(t *testing.T) {
 	empty := env.Namespace(t)
 	create(t, env, &kaironv1.MachineQuota{ObjectMeta: meta(empty, "q"), Spec: kaironv1.MachineQuotaSpec{Hard: kaironv1.MachineResources{Machines: ptr.To[int32](1)}}})
 	r = kctl(t, env, "describe", "mq", "q", "-n", empty).ok(t)
-	if _, text, _ := strings.Cut(r.stdout, "}\n\n"); text != "Usage (recomputed now from Machines): machines 0/1, cpu 0/unlimited, memory 0/unlimited\nNo Machines in namespace "+empty+".\n" {
+	if _, text, _ := strings.Cut(r.stdout, "}\n\n"); text != "Usage (recomputed now from Machines): machines 0/1, cpu 0/unlimited, memory 0/unlimited\n"+
+		"No Machines match quota q (every Machine, in namespace "+empty+"); check with: kaironctl get machines -n "+empty+"\n" {
 		t.Errorf("empty namespace:\n%s", r.stdout)
 	}
 }

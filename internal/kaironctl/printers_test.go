@@ -352,7 +352,7 @@ func TestPrintQuotaUsage(t *testing.T) {
 	}
 	want = "" +
 		"Usage (recomputed now from Machines): machines 0/unlimited, cpu 0/4, memory 0/unlimited\n" +
-		"No Machines in namespace team-a.\n"
+		"No Machines match quota team-a (every Machine, in namespace team-a); check with: kaironctl get machines -n team-a\n"
 	if got := buf.String(); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
