@@ -64,6 +64,10 @@ const (
 	// TypeCancel asks the guest to end a session now (a signal, or the
 	// timeout reached on the host).
 	TypeCancel Type = 10
+	// TypeWindow grants the other side more bytes of one data stream:
+	// flow control, so that neither side ever buffers past a bound or
+	// stalls the channel for a slow stream.
+	TypeWindow Type = 11
 )
 
 func (t Type) String() string {
@@ -88,6 +92,8 @@ func (t Type) String() string {
 		return "Resize"
 	case TypeCancel:
 		return "Cancel"
+	case TypeWindow:
+		return "Window"
 	}
 	return fmt.Sprintf("Type(%d)", uint8(t))
 }
@@ -95,7 +101,7 @@ func (t Type) String() string {
 // IsData says whether frames of t carry raw bytes rather than JSON.
 func (t Type) IsData() bool { return t == TypeStdin || t == TypeStdout || t == TypeStderr }
 
-func (t Type) known() bool { return t >= TypeHello && t <= TypeCancel }
+func (t Type) known() bool { return t >= TypeHello && t <= TypeWindow }
 
 // Frame is one decoded frame. Payload is the reader's own buffer, valid
 // until its next ReadFrame.

@@ -20,6 +20,7 @@ func FuzzReadFrame(f *testing.F) {
 		{0, &Hello{Versions: []int{1}, Agent: "kairon-guest-agent"}},
 		{1, &Request{Op: OpExec, Exec: &Exec{Args: []string{"sh", "-c", "true"}}}},
 		{1, &Exit{Code: 0}},
+		{1, &Window{Stream: "stdout", Bytes: InitialWindow}},
 	} {
 		fr, err := Encode(m.stream, m.m)
 		if err != nil {

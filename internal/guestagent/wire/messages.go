@@ -28,6 +28,12 @@ const (
 	MaxHostnameLen = 63
 	// MaxTimeoutSeconds bounds an exec's timeout (a day).
 	MaxTimeoutSeconds = 24 * 60 * 60
+	// InitialWindow is how many bytes of each data stream of a session a
+	// side may send before the receiver grants more (Window): the most a
+	// receiver ever buffers for one stream.
+	InitialWindow = 256 << 10
+	// MaxWindowGrant bounds one Window message.
+	MaxWindowGrant = 16 << 20
 )
 
 // Hello is the first frame each side sends on stream 0.
@@ -132,6 +138,15 @@ type Cancel struct {
 	Signal string `json:"signal,omitempty"`
 }
 
+// Window lets the receiver's peer send Bytes more of Stream ("stdin" from
+// the host, "stdout" or "stderr" from the guest) on the frame's session.
+// Each stream starts with InitialWindow; data past what was granted is a
+// protocol violation.
+type Window struct {
+	Stream string `json:"stream"`
+	Bytes  int    `json:"bytes"`
+}
+
 // Encode is the control frame carrying m on stream.
 func Encode(stream uint32, m any) (Frame, error) {
 	t, err := typeOf(m)
@@ -166,12 +181,14 @@ func typeOf(m any) (Type, error) {
 		return TypeResize, nil
 	case *Cancel:
 		return TypeCancel, nil
+	case *Window:
+		return TypeWindow, nil
 	}
 	return 0, fmt.Errorf("wire: %T is not a control message", m)
 }
 
 // Decode decodes and validates a control frame's message: a *Hello,
-// *Request, *Response, *Close, *Exit, *Resize or *Cancel.
+// *Request, *Response, *Close, *Exit, *Resize, *Cancel or *Window.
 func Decode(f Frame) (any, error) {
 	var m any
 	switch f.Type {
@@ -189,6 +206,8 @@ func Decode(f Frame) (any, error) {
 		m = &Resize{}
 	case TypeCancel:
 		m = &Cancel{}
+	case TypeWindow:
+		m = &Window{}
 	default:
 		return nil, fmt.Errorf("wire: %s frames carry data, not a message", f.Type)
 	}
@@ -402,6 +421,17 @@ func (r *Resize) Validate() error {
 func (c *Cancel) Validate() error {
 	if c.Signal != "" && !validSignal(c.Signal) {
 		return fmt.Errorf("wire: cancel.signal %q: want TERM, KILL, INT or HUP", clip(c.Signal))
+	}
+	return nil
+}
+
+// Validate checks w.
+func (w *Window) Validate() error {
+	if err := (&Close{Stream: w.Stream}).Validate(); err != nil {
+		return fmt.Errorf("wire: window.stream %q: want stdin, stdout or stderr", clip(w.Stream))
+	}
+	if w.Bytes <= 0 || w.Bytes > MaxWindowGrant {
+		return fmt.Errorf("wire: window.bytes %d: 1 to %d", w.Bytes, MaxWindowGrant)
 	}
 	return nil
 }

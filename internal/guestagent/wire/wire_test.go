@@ -33,6 +33,7 @@ func TestFramesRoundTrip(t *testing.T) {
 		{9, &Resize{Rows: 40, Cols: 120}},
 		{9, &Cancel{Signal: "TERM"}},
 		{10, &Request{Op: OpPing}},
+		{10, &Window{Stream: "stdout", Bytes: InitialWindow}},
 	}
 	for _, m := range msgs {
 		f, err := Encode(m.stream, m.m)
@@ -94,6 +95,7 @@ func TestReadFrameRefuses(t *testing.T) {
 		{"bad magic", append([]byte("GET / HTTP/1.1\r\n"), 0), ErrBadMagic},
 		{"another version", header(2, byte(TypeHello), 0, 2), ErrVersion},
 		{"unknown type", header(1, 99, 1, 0), ErrUnknownType},
+		{"the type after the last", header(1, byte(TypeWindow)+1, 1, 2), ErrUnknownType},
 		{"type zero", header(1, 0, 1, 0), ErrUnknownType},
 		{"a 4 GiB data frame", header(1, byte(TypeStdout), 1, 0xffffffff), ErrTooLarge},
 		{"a control frame over its limit", header(1, byte(TypeExit), 1, MaxControlPayload+1), ErrTooLarge},
@@ -148,6 +150,9 @@ func TestDecodeRefuses(t *testing.T) {
 		{"unknown signal", TypeCancel, `{"signal":"STOP"}`, "cancel.signal"},
 		{"unknown close", TypeClose, `{"stream":"stdwhat"}`, "close.stream"},
 		{"zero window", TypeResize, `{"rows":0,"cols":80}`, "must be positive"},
+		{"empty grant", TypeWindow, `{"stream":"stdout","bytes":0}`, "window.bytes"},
+		{"grant past the limit", TypeWindow, `{"stream":"stdin","bytes":16777217}`, "window.bytes"},
+		{"grant on no stream", TypeWindow, `{"stream":"tty","bytes":1}`, "window.stream"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
