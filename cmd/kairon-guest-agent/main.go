@@ -1,0 +1,96 @@
+// Command kairon-guest-agent runs in a Kairon guest, started by its init.
+// It serves the guest agent protocol (docs/design/guest-agent.md) on the
+// virtio-serial port named kairon.agent: kairon-node runs commands, copies
+// files, pings and configures the guest through it, with no guest network.
+//
+// Built static (CGO_ENABLED=0); the guest's initramfs has no udev, so the
+// port is found by name under /sys/class/virtio-ports.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/zyvor/kairon/internal/guestagent/agent"
+)
+
+// version is set at build time (-ldflags -X main.version=…).
+var version = "dev"
+
+func main() {
+	port := flag.String("port", "kairon.agent", "name of the virtio-serial port, or a device path")
+	iface := flag.String("interface", "eth0", "network interface that configure requests set up")
+	wait := flag.Duration("wait", 30*time.Second, "how long to wait for the port to appear")
+	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+
+	dev, err := findPort(*port, *wait)
+	if err != nil {
+		log.Error("no agent port", "err", err)
+		os.Exit(1)
+	}
+	// Blocking I/O on a plain descriptor: the port reads 0 bytes while the
+	// host is not connected, which the loop below waits out.
+	fd, err := syscall.Open(dev, syscall.O_RDWR|syscall.O_CLOEXEC|syscall.O_NOCTTY, 0)
+	if err != nil {
+		log.Error("opening the agent port", "dev", dev, "err", err)
+		os.Exit(1)
+	}
+	f := os.NewFile(uintptr(fd), dev)
+	a := agent.New(agent.Options{
+		Name:      "kairon-guest-agent/" + version,
+		Log:       log,
+		Configure: agent.System{Interface: *iface}.Configure,
+	})
+	log.Info("serving", "port", dev)
+	for {
+		err := a.Serve(f)
+		switch {
+		case errors.Is(err, io.EOF):
+			// The host is not connected (or hung up): the port reads EOF
+			// until it is again.
+			time.Sleep(10 * time.Millisecond)
+		default:
+			// Out of step (or cut mid-frame): skip what is left of this
+			// connection, until the host hangs up and connects again.
+			log.Warn("dropping the connection", "err", err)
+			if _, err := io.Copy(io.Discard, f); err != nil {
+				log.Error("reading the agent port", "err", err)
+				time.Sleep(time.Second)
+			}
+		}
+	}
+}
+
+// findPort returns the device of the virtio-serial port called name (or
+// name itself if it is a path), waiting up to wait for it to appear.
+func findPort(name string, wait time.Duration) (string, error) {
+	if strings.HasPrefix(name, "/") {
+		return name, nil
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		ents, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
+		for _, e := range ents {
+			b, err := os.ReadFile(e)
+			if err == nil && strings.TrimSpace(string(b)) == name {
+				dev := "/dev/" + filepath.Base(filepath.Dir(e))
+				if _, err := os.Stat(dev); err == nil {
+					return dev, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no virtio-serial port named %q after %s", name, wait)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

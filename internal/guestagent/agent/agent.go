@@ -1,0 +1,222 @@
+// Package agent is kairon-guest-agent's logic: it serves the guest agent
+// protocol (docs/design/guest-agent.md, package wire) on one byte stream,
+// the virtio-serial port in a guest or a pipe in a test. It runs commands,
+// reads and writes files, answers pings and applies configure requests.
+//
+// The host is trusted here (the guest is the untrusted side), but the agent
+// still bounds what it buffers: each data stream has a window (wire.Window),
+// so stdin the program does not read stays on the host, and output the host
+// does not take stays in the program's pipe.
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/zyvor/kairon/internal/guestagent/wire"
+)
+
+// Options configure an Agent.
+type Options struct {
+	// Name is what Hello names this agent as.
+	Name string
+	// Log receives what the agent does; nil discards it.
+	Log *slog.Logger
+	// Configure applies a configure request; nil: the guest's own network
+	// and RNG (System).
+	Configure func(*wire.Configure) error
+	// Env is the base environment of commands; nil: DefaultEnv.
+	Env []string
+}
+
+// DefaultEnv is the base environment of a command.
+var DefaultEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"}
+
+// Agent serves the protocol; one connection at a time.
+type Agent struct {
+	opts Options
+	log  *slog.Logger
+}
+
+// New returns an Agent.
+func New(opts Options) *Agent {
+	if opts.Name == "" {
+		opts.Name = "kairon-guest-agent"
+	}
+	if opts.Configure == nil {
+		opts.Configure = System{}.Configure
+	}
+	if opts.Env == nil {
+		opts.Env = DefaultEnv
+	}
+	log := opts.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Agent{opts: opts, log: log}
+}
+
+// ErrProtocol is returned by Serve when the host broke the protocol; the
+// channel is out of step until the host reconnects.
+var ErrProtocol = errors.New("agent: protocol violation")
+
+// Serve serves one connection on rw until reading fails: io.EOF when the
+// host hung up between frames. Every session is ended (its program killed)
+// before Serve returns.
+func (a *Agent) Serve(rw io.ReadWriter) error {
+	c := &conn{a: a, w: rw, sessions: map[uint32]*session{}}
+	defer c.shutdown()
+	rd := wire.NewReader(rw)
+	for {
+		f, err := rd.ReadFrame()
+		if err != nil {
+			return err
+		}
+		if err := c.handle(f); err != nil {
+			a.log.Warn("host broke the protocol; dropping the connection's sessions", "err", err)
+			return fmt.Errorf("%w: %v", ErrProtocol, err)
+		}
+	}
+}
+
+// conn is one connection's state.
+type conn struct {
+	a     *Agent
+	w     io.Writer
+	wmu   sync.Mutex
+	wbuf  []byte
+	dead  atomic.Bool // a write failed or the connection ended
+	hello bool
+
+	mu       sync.Mutex
+	sessions map[uint32]*session
+}
+
+// send writes m as a control frame on stream.
+func (c *conn) send(stream uint32, m any) error {
+	f, err := wire.Encode(stream, m)
+	if err != nil {
+		return err
+	}
+	return c.write(f)
+}
+
+func (c *conn) write(f wire.Frame) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.dead.Load() {
+		return io.ErrClosedPipe
+	}
+	var err error
+	if c.wbuf, err = wire.AppendFrame(c.wbuf[:0], f); err != nil {
+		return err
+	}
+	if _, err := c.w.Write(c.wbuf); err != nil {
+		c.dead.Store(true)
+		return err
+	}
+	return nil
+}
+
+func (c *conn) handle(f wire.Frame) error {
+	if f.Type == wire.TypeHello {
+		m, err := wire.Decode(f)
+		if err != nil {
+			return err
+		}
+		h := m.(*wire.Hello)
+		if c.hello {
+			// A second Hello: the host starts over.
+			c.endSessions()
+		}
+		c.hello = true
+		v, _ := h.Shared()
+		c.a.log.Info("host connected", "host", h.Agent, "version", v)
+		return c.send(0, &wire.Hello{Versions: []int{wire.Version}, Agent: c.a.opts.Name})
+	}
+	if !c.hello {
+		return fmt.Errorf("%s frame before Hello", f.Type)
+	}
+	if f.Type == wire.TypeRequest {
+		c.mu.Lock()
+		_, busy := c.sessions[f.Stream]
+		c.mu.Unlock()
+		if busy {
+			return fmt.Errorf("request on stream %d, which is in use", f.Stream)
+		}
+		m, err := wire.Decode(f)
+		if err != nil {
+			return c.send(f.Stream, &wire.Response{Error: clip(err.Error())})
+		}
+		c.start(f.Stream, m.(*wire.Request))
+		return nil
+	}
+	c.mu.Lock()
+	s := c.sessions[f.Stream]
+	c.mu.Unlock()
+	switch f.Type {
+	case wire.TypeStdin:
+		if s == nil {
+			return nil // a session that ended meanwhile
+		}
+		return s.stdinData(f.Payload)
+	case wire.TypeClose, wire.TypeResize, wire.TypeCancel, wire.TypeWindow:
+		m, err := wire.Decode(f)
+		if err != nil {
+			return err
+		}
+		if s == nil {
+			return nil
+		}
+		return s.control(m)
+	}
+	return fmt.Errorf("%s frame from the host", f.Type)
+}
+
+// start runs a request's session in its own goroutine.
+func (c *conn) start(id uint32, req *wire.Request) {
+	s := newSession(c, id)
+	c.mu.Lock()
+	c.sessions[id] = s
+	c.mu.Unlock()
+	go func() {
+		defer func() {
+			c.mu.Lock()
+			if c.sessions[id] == s {
+				delete(c.sessions, id)
+			}
+			c.mu.Unlock()
+			s.end()
+		}()
+		s.run(req)
+	}()
+}
+
+func (c *conn) endSessions() {
+	c.mu.Lock()
+	all := c.sessions
+	c.sessions = map[uint32]*session{}
+	c.mu.Unlock()
+	for _, s := range all {
+		s.abort()
+	}
+}
+
+// shutdown ends the connection. A write blocked on a host that hung up
+// finishes (or fails) by itself; nothing waits for it.
+func (c *conn) shutdown() {
+	c.dead.Store(true)
+	c.endSessions()
+}
+
+// clip bounds an error message to what wire allows.
+func clip(s string) string {
+	if len(s) > wire.MaxErrorLen {
+		return s[:wire.MaxErrorLen]
+	}
+	return s
+}

@@ -1,0 +1,396 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/zyvor/kairon/internal/guestagent/agent"
+	"github.com/zyvor/kairon/internal/guestagent/wire"
+)
+
+// socketPair is a connected pair: the host's net.Conn and the guest's end.
+func socketPair(t *testing.T) (net.Conn, *os.File) {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hf := os.NewFile(uintptr(fds[0]), "host")
+	host, err := net.FileConn(hf)
+	hf.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	guest := os.NewFile(uintptr(fds[1]), "guest")
+	t.Cleanup(func() { host.Close(); guest.Close() })
+	return host, guest
+}
+
+// agentPair runs the real agent on one end of a socket pair and returns a
+// Client on the other.
+func agentPair(t *testing.T, opts agent.Options) *Client {
+	t.Helper()
+	host, guest := socketPair(t)
+	a := agent.New(opts)
+	served := make(chan error, 1)
+	go func() { served <- a.Serve(guest) }()
+	c, err := New(context.Background(), host, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		if err := <-served; !errors.Is(err, io.EOF) {
+			t.Errorf("agent ended with %v, want EOF", err)
+		}
+	})
+	return c
+}
+
+func run(t *testing.T, c *Client, req *wire.Exec, stdin io.Reader) (Result, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	res, err := c.Exec(context.Background(), req, stdin, &out, &errb)
+	if err != nil {
+		t.Fatalf("exec %q: %v", req.Args, err)
+	}
+	return res, out.String(), errb.String()
+}
+
+func TestExec(t *testing.T) {
+	c := agentPair(t, agent.Options{})
+	if !strings.HasPrefix(c.Agent(), "kairon-guest-agent") {
+		t.Errorf("agent name %q", c.Agent())
+	}
+	if err := c.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("echo", func(t *testing.T) {
+		res, out, _ := run(t, c, &wire.Exec{Args: []string{"echo", "hello", "kairon"}}, nil)
+		if res.Code != 0 || out != "hello kairon\n" {
+			t.Errorf("got %+v %q", res, out)
+		}
+	})
+	t.Run("exit codes and stderr", func(t *testing.T) {
+		res, out, errs := run(t, c, &wire.Exec{Args: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}}, nil)
+		if res.Code != 3 || out != "out\n" || errs != "err\n" {
+			t.Errorf("got %+v %q %q", res, out, errs)
+		}
+	})
+	t.Run("env and dir", func(t *testing.T) {
+		dir := t.TempDir()
+		_, out, _ := run(t, c, &wire.Exec{Args: []string{"sh", "-c", `echo "$GREETING $(pwd)"`}, Env: []string{"GREETING=hi"}, Dir: dir}, nil)
+		if out != "hi "+dir+"\n" {
+			t.Errorf("got %q", out)
+		}
+	})
+	t.Run("stdin", func(t *testing.T) {
+		in := bytes.Repeat([]byte("stdin passes through\n"), 100000) // 2 MiB: past the window
+		_, out, _ := run(t, c, &wire.Exec{Args: []string{"cat"}}, bytes.NewReader(in))
+		if out != string(in) {
+			t.Errorf("cat gave back %d bytes of %d", len(out), len(in))
+		}
+	})
+	t.Run("10 MB of output", func(t *testing.T) {
+		const size = 10 << 20
+		h := sha256.New()
+		res, err := c.Exec(context.Background(), &wire.Exec{Args: []string{"sh", "-c", "yes 0123456789abcdef | head -c 10485760"}}, nil, h, nil)
+		if err != nil || res.Code != 0 {
+			t.Fatal(res, err)
+		}
+		want := sha256.Sum256(bytes.Repeat([]byte("0123456789abcdef\n"), size/17+1)[:size])
+		if !bytes.Equal(h.Sum(nil), want[:]) {
+			t.Error("output checksum differs")
+		}
+	})
+	t.Run("not found", func(t *testing.T) {
+		res, err := c.Exec(context.Background(), &wire.Exec{Args: []string{"/no/such/program"}}, nil, nil, nil)
+		var ee *ExitError
+		if !errors.As(err, &ee) || res.Code != 127 {
+			t.Errorf("got %+v, %v", res, err)
+		}
+	})
+	t.Run("timeout", func(t *testing.T) {
+		res, err := c.Exec(context.Background(), &wire.Exec{Args: []string{"sleep", "60"}, TimeoutSeconds: 1}, nil, nil, nil)
+		if err != nil || !res.TimedOut || res.Code != -1 || res.Signal != "KILL" {
+			t.Errorf("got %+v, %v", res, err)
+		}
+	})
+	t.Run("cancel", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		started := &signalWriter{ch: make(chan struct{})}
+		errc := make(chan error, 1)
+		go func() {
+			_, err := c.Exec(ctx, &wire.Exec{Args: []string{"sh", "-c", "echo started; exec sleep 60"}}, nil, started, nil)
+			errc <- err
+		}()
+		<-started.ch
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Errorf("got %v", err)
+		}
+		// The channel is still usable.
+		if err := c.Ping(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Run("tty", func(t *testing.T) {
+		res, out, _ := run(t, c, &wire.Exec{Args: []string{"sh", "-c", "tty; stty size"}, TTY: true, Rows: 40, Cols: 120}, nil)
+		if res.Code != 0 || !strings.HasPrefix(out, "/dev/pts/") || !strings.Contains(out, "40 120\r\n") {
+			t.Errorf("got %+v %q", res, out)
+		}
+	})
+}
+
+type signalWriter struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+func (w *signalWriter) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.ch) })
+	return len(p), nil
+}
+
+func TestFiles(t *testing.T) {
+	c := agentPair(t, agent.Options{})
+	ctx := context.Background()
+	dir := t.TempDir()
+	data := make([]byte, 20<<20)
+	for i := range data {
+		data[i] = byte(i*7 + i>>13)
+	}
+	path := filepath.Join(dir, "big.bin")
+	n, err := c.WriteFile(ctx, path, 0o600, bytes.NewReader(data))
+	if err != nil || n != int64(len(data)) {
+		t.Fatalf("wrote %d: %v", n, err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("written file: %v %v", fi, err)
+	}
+	h := sha256.New()
+	n, err = c.ReadFile(ctx, path, h)
+	if err != nil || n != int64(len(data)) {
+		t.Fatalf("read %d: %v", n, err)
+	}
+	if want := sha256.Sum256(data); !bytes.Equal(h.Sum(nil), want[:]) {
+		t.Error("checksum differs")
+	}
+	if _, err := c.ReadFile(ctx, filepath.Join(dir, "missing"), io.Discard); err == nil {
+		t.Error("reading a missing file succeeded")
+	}
+	if _, err := c.ReadFile(ctx, dir, io.Discard); err == nil {
+		t.Error("reading a directory succeeded")
+	}
+	if _, err := c.WriteFile(ctx, "/no/such/dir/x", 0, strings.NewReader("x")); err == nil {
+		t.Error("writing into a missing directory succeeded")
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 1 {
+		t.Errorf("left in the directory: %v", ents)
+	}
+}
+
+func TestConfigure(t *testing.T) {
+	var got *wire.Configure
+	c := agentPair(t, agent.Options{Configure: func(cfg *wire.Configure) error {
+		got = cfg
+		if cfg.Hostname == "bad" {
+			return errors.New("cannot")
+		}
+		return nil
+	}})
+	cfg := &wire.Configure{Hostname: "web-1", Addresses: []string{"10.88.0.5/24"}, Gateway: "10.88.0.1", DNS: []string{"10.88.0.1"}, Seed: []byte{1, 2, 3}}
+	if err := c.Configure(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got == nil || got.Hostname != "web-1" || string(got.Seed) != "\x01\x02\x03" {
+		t.Errorf("agent got %+v", got)
+	}
+	if err := c.Configure(context.Background(), &wire.Configure{Hostname: "bad"}); err == nil || !strings.Contains(err.Error(), "cannot") {
+		t.Errorf("failed configure: %v", err)
+	}
+}
+
+// A caller that stops taking one session's output stalls that session
+// only: the guest fills its window and waits, and the channel still serves
+// the others.
+func TestStalledSessionDoesNotBlockOthers(t *testing.T) {
+	c := agentPair(t, agent.Options{})
+	release := make(chan struct{})
+	stuck := &blockingWriter{entered: make(chan struct{}), release: release}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Exec(ctx, &wire.Exec{Args: []string{"yes"}}, nil, stuck, nil)
+		done <- err
+	}()
+	<-stuck.entered
+	for range 3 {
+		if err := c.Ping(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if _, out, _ := run(t, c, &wire.Exec{Args: []string{"echo", "still here"}}, nil); out != "still here\n" {
+			t.Fatalf("got %q", out)
+		}
+	}
+	cancel()
+	close(release)
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("stalled exec ended with %v", err)
+	}
+}
+
+type blockingWriter struct {
+	once    sync.Once
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (w *blockingWriter) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.entered) })
+	<-w.release
+	return len(p), nil
+}
+
+// fakeGuest is the guest's end of a channel driven by a test: it answers
+// Hello, then does what the test says.
+func fakeGuest(t *testing.T) (*Client, *os.File, *wire.Reader) {
+	t.Helper()
+	host, guest := socketPair(t)
+	rd := wire.NewReader(guest)
+	helloed := make(chan error, 1)
+	go func() {
+		f, err := rd.ReadFrame()
+		if err == nil && f.Type != wire.TypeHello {
+			err = errors.New("first frame is not Hello")
+		}
+		if err == nil {
+			err = send(guest, 0, &wire.Hello{Versions: []int{1}, Agent: "fake\x1b[31m guest\n"})
+		}
+		helloed <- err
+	}()
+	c, err := New(context.Background(), host, Options{WriteTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-helloed; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, guest, rd
+}
+
+func send(w io.Writer, stream uint32, m any) error {
+	f, err := wire.Encode(stream, m)
+	if err != nil {
+		return err
+	}
+	return wire.WriteFrame(w, f)
+}
+
+// A guest that writes garbage, an oversized frame, data past its window or
+// a message out of place gets its channel closed; sessions waiting on it
+// fail at once, and nothing on the host crashes or waits.
+func TestHostileGuest(t *testing.T) {
+	cases := []struct {
+		name string
+		act  func(guest *os.File, stream uint32) error
+	}{
+		{"garbage", func(g *os.File, _ uint32) error {
+			_, err := g.Write([]byte("\x00\xffGET / HTTP/1.1\r\n\r\n rm -rf / ; KAIRON-READY"))
+			return err
+		}},
+		{"oversized frame", func(g *os.File, stream uint32) error {
+			// 4 GiB announced: refused from the header, nothing allocated.
+			_, err := g.Write([]byte{'K', 'G', 1, byte(wire.TypeStdout), 0, 0, 0, byte(stream), 0xff, 0xff, 0xff, 0xff})
+			return err
+		}},
+		{"oversized control frame", func(g *os.File, stream uint32) error {
+			_, err := g.Write([]byte{'K', 'G', 1, byte(wire.TypeExit), 0, 0, 0, byte(stream), 0, 1, 0, 0})
+			return err
+		}},
+		{"data past the window", func(g *os.File, stream uint32) error {
+			if err := send(g, stream, &wire.Response{OK: true}); err != nil {
+				return err
+			}
+			return wire.WriteData(g, wire.TypeStdout, stream, make([]byte, wire.InitialWindow+1))
+		}},
+		{"a request from the guest", func(g *os.File, stream uint32) error {
+			return send(g, stream, &wire.Request{Op: wire.OpPing})
+		}},
+		{"invalid exit", func(g *os.File, stream uint32) error {
+			return wire.WriteFrame(g, wire.Frame{Type: wire.TypeExit, Stream: stream, Payload: []byte(`{"code":999}`)})
+		}},
+		{"a second hello", func(g *os.File, _ uint32) error {
+			return send(g, 0, &wire.Hello{Versions: []int{1}})
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, guest, rd := fakeGuest(t)
+			if !strings.HasPrefix(c.Agent(), "fake ") || strings.ContainsAny(c.Agent(), "\x1b\n") {
+				t.Errorf("agent name not cleaned: %q", c.Agent())
+			}
+			// A caller that takes no output: nothing is granted again, so
+			// data past the first window is the guest's doing.
+			release := make(chan struct{})
+			stuck := &blockingWriter{entered: make(chan struct{}), release: release}
+			errc := make(chan error, 1)
+			go func() {
+				_, err := c.Exec(context.Background(), &wire.Exec{Args: []string{"yes"}}, nil, stuck, nil)
+				errc <- err
+			}()
+			f, err := rd.ReadFrame()
+			if err != nil || f.Type != wire.TypeRequest {
+				t.Fatalf("guest read %v, %v", f.Type, err)
+			}
+			if err := tc.act(guest, f.Stream); err != nil {
+				t.Fatal(err)
+			}
+			<-c.Done()
+			if err := c.Err(); !errors.Is(err, ErrProtocol) {
+				t.Errorf("channel closed with %v, want ErrProtocol", err)
+			}
+			close(release)
+			if err := <-errc; !errors.Is(err, ErrProtocol) {
+				t.Errorf("the session ended with %v", err)
+			}
+			if err := c.Ping(context.Background()); err == nil {
+				t.Error("ping on a closed channel succeeded")
+			}
+		})
+	}
+}
+
+// A guest that stops answering does not hold a caller past its context.
+func TestStalledGuest(t *testing.T) {
+	c, _, rd := fakeGuest(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- c.Ping(ctx) }()
+	if f, err := rd.ReadFrame(); err != nil || f.Type != wire.TypeRequest {
+		t.Fatalf("guest read %v, %v", f.Type, err)
+	}
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Errorf("ping ended with %v", err)
+	}
+	// The host told the guest to give up.
+	if f, err := rd.ReadFrame(); err != nil || f.Type != wire.TypeCancel {
+		t.Errorf("guest read %v, %v; want Cancel", f.Type, err)
+	}
+}
