@@ -18,16 +18,18 @@ type EgressRules struct {
 	AllowFqdns []Hostname `json:"allowFqdns,omitempty"`
 
 	// AllowSNI are TLS server names, an exact name or "*.suffix" for every
-	// name below suffix. It restricts, never allows: TCP to this policy's
-	// destinations must name one of them. The user-space check is not
-	// built yet, so today a policy with allowSNI allows no TCP at all.
+	// name below suffix. It restricts, never allows: a TCP connection that
+	// only this policy allows must open with a TLS ClientHello naming one of
+	// them, or the node's SNI proxy (kairon-node --egress-sni-port) resets
+	// it. Without the proxy such TCP is dropped.
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=64
 	AllowSNI []ServerName `json:"allowSNI,omitempty"`
 
 	// AllowCidrs are destination networks the guest may reach, e.g.
-	// 10.0.0.0/8. Link-local (the metadata service), multicast and the
+	// 10.0.0.0/8. IPv6 networks are accepted; guests have no IPv6 yet, so
+	// they allow nothing today. Link-local (the metadata service), multicast and the
 	// guest network are reached only through a CIDR inside them.
 	// +optional
 	// +listType=set

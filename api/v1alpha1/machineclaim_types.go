@@ -53,7 +53,11 @@ type MachineClaimSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	TTLSeconds *int64 `json:"ttlSeconds,omitempty"`
 
-	// Egress confines the claimed Machine to these destinations while bound.
+	// Egress confines the claimed Machine to these destinations while bound:
+	// the binder makes it a MachineNetworkPolicy (claim-egress-<claim>), and
+	// the claim turns Bound only once the Machine's node reports that policy
+	// enforced in nftables (condition EgressEnforced). Releasing deletes the
+	// policy before the Machine goes back or is deleted.
 	// +optional
 	Egress *EgressRules `json:"egress,omitempty"`
 }

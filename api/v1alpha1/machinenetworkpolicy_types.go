@@ -70,8 +70,9 @@ type PolicyEnforcement struct {
 
 // MachineNetworkPolicy confines the egress of Machines to an allowlist.
 // Each node agent (kairon-node) enforces it with nftables at the selected
-// Machines' taps: a selected Machine may send only what one of its policies
-// allows (docs/guides/egress.md).
+// Machines' taps, with a DNS proxy for allowFqdns and an SNI proxy for
+// allowSNI, and reports it in status.nodes: a selected Machine may send
+// only what one of its policies allows, replies aside (docs/guides/egress.md).
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status

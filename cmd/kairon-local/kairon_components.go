@@ -26,6 +26,7 @@ type nodeOptions struct {
 	netns        string
 	cpu          int
 	memory       string
+	dnsUpstream  string
 }
 
 // suspendTimeout bounds how long each agent may take to save its VMs when
@@ -155,9 +156,10 @@ func nodeComponent(binDir, dataDir string, i int, o nodeOptions) Component {
 		// agent restores them.
 		"--on-shutdown", "suspend", "--suspend-timeout", suspendTimeout.String(),
 		// Egress policies: each agent's DNS and SNI proxies on ports of
-		// its own on the shared bridge's address, forwarding to the host's
-		// resolver.
+		// its own on the shared bridge's address, forwarding to the
+		// resolver of --egress-dns-upstream.
 		"--egress-dns-port", strconv.Itoa(egressProxyBase + 2*(i-1)), "--egress-sni-port", strconv.Itoa(egressProxyBase + 2*(i-1) + 1),
+		"--egress-dns-upstream", o.dnsUpstream,
 	}
 	if o.netns != "" {
 		args = append(args, "--netns", o.netns)

@@ -45,6 +45,7 @@ func up(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.node.netns, "netns", "", "keep every node's bridge, taps and VMs in this existing network namespace")
 	fs.IntVar(&f.node.cpu, "node-cpu", 4, "vCPUs each node offers to Machines")
 	fs.StringVar(&f.node.memory, "node-memory", "4Gi", "memory each node offers to Machines")
+	fs.StringVar(&f.node.dnsUpstream, "egress-dns-upstream", "auto", "resolver (host:port) the nodes' egress DNS proxies forward the allowed queries of confined guests to; auto: the first nameserver of /etc/resolv.conf")
 	fs.BoolVar(&f.verbose, "v", false, "log each startup step")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "Usage: kairon-local up [flags]\n\nStarts the control plane with Kairon's CRDs and runs until Ctrl-C or SIGTERM,\nwhich save every VM and stop it; the next up resumes them.\n\nFlags:\n")

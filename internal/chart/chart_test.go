@@ -829,6 +829,8 @@ func TestTemplateNodeAgent(t *testing.T) {
 		// rather than one in plain TCP on every address.
 		"--listen=", "--interval=5s",
 		"--health-probe-bind-address=$(HOST_IP):9440",
+		// Egress: both proxies and NAT on the default route, by default.
+		"--egress-dns-port=10053", "--egress-dns-upstream=auto", "--egress-sni-port=10054", "--egress-masquerade=auto",
 	}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("node agent args %q, want %q", c.Args, wantArgs)
@@ -849,6 +851,11 @@ func TestTemplateNodeAgent(t *testing.T) {
 		t.Errorf("node agent ports %+v, want health 9440", c.Ports)
 	}
 	// A console server verifies client certificates against the cluster CA.
+	if _, noEgress := nodeDaemonSet(t, render(t, setArgs([]string{"node.egress.dnsPort=0", "node.egress.sniPort=0", "node.egress.masquerade="})...)); slices.ContainsFunc(noEgress.Args, func(a string) bool {
+		return strings.HasPrefix(a, "--egress-dns") || strings.HasPrefix(a, "--egress-sni")
+	}) || !slices.Contains(noEgress.Args, "--egress-masquerade=none") {
+		t.Errorf("egress proxies and NAT off: args %q", noEgress.Args)
+	}
 	if _, withConsole := nodeDaemonSet(t, render(t, setArgs([]string{"node.listen=0.0.0.0:10251"})...)); !slices.Contains(withConsole.Args, "--client-ca-file=/var/run/secrets/kubernetes.io/serviceaccount/ca.crt") {
 		t.Errorf("node.listen set: args %q lack the console client CA", withConsole.Args)
 	}

@@ -209,18 +209,19 @@ func (a *Agent) setupEgress() error {
 			// reach what the node routes to, without NAT.
 			e.Masquerade, _ = egress.DefaultRouteInterface(n.NetNS)
 		}
-		if e.Masquerade != "" {
-			if err := egress.EnableForwarding(n.NetNS); err != nil {
-				return err
-			}
-		}
+	}
+	// Guests reach the outside through the node: it routes for them.
+	if err := egress.EnableForwarding(n.NetNS); err != nil {
+		return err
 	}
 	if eo != nil && eo.DNSPort != 0 {
 		if eo.DNSUpstream == "" {
 			return errors.New("--egress-dns-upstream is required with --egress-dns-port")
 		}
 		e.DNSPort = eo.DNSPort
-		a.dnsProxy = &egress.DNSProxy{Enforcer: e, Upstream: eo.DNSUpstream}
+		// Forwarded from the bridge's namespace, as the guests' own
+		// queries would leave.
+		a.dnsProxy = &egress.DNSProxy{Enforcer: e, Upstream: eo.DNSUpstream, Dial: egress.DialIn(n.NetNS)}
 	}
 	if eo != nil && eo.SNIPort != 0 {
 		e.SNIPort = eo.SNIPort
