@@ -153,6 +153,38 @@ func TestExec(t *testing.T) {
 			t.Errorf("got %+v %q", res, out)
 		}
 	})
+	t.Run("tty resize", func(t *testing.T) {
+		resize := make(chan wire.Resize, 1)
+		ready := &signalWriter{ch: make(chan struct{})}
+		out := &lockedBuffer{}
+		go func() {
+			<-ready.ch
+			resize <- wire.Resize{Rows: 50, Cols: 132}
+		}()
+		script := `trap 'stty size; exit 0' WINCH; echo ready; while :; do sleep 1; done`
+		res, err := c.Exec(context.Background(), &wire.Exec{Args: []string{"sh", "-c", script}, TTY: true, Rows: 24, Cols: 80}, nil,
+			io.MultiWriter(out, ready), nil, WithResize(resize))
+		if err != nil || res.Code != 0 || !strings.Contains(out.String(), "50 132") {
+			t.Errorf("got %+v %v %q", res, err, out.String())
+		}
+	})
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 type signalWriter struct {

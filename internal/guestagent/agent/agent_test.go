@@ -1,0 +1,109 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/zyvor/kairon/internal/guestagent/wire"
+	"github.com/zyvor/kairon/internal/testenv"
+)
+
+// hostEnd runs Serve on one end of a socket pair and returns the other,
+// after Hello.
+func hostEnd(t *testing.T) (*os.File, *wire.Reader, chan error) {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, guest := os.NewFile(uintptr(fds[0]), "host"), os.NewFile(uintptr(fds[1]), "guest")
+	t.Cleanup(func() { host.Close(); guest.Close() })
+	served := make(chan error, 1)
+	go func() { served <- New(Options{}).Serve(guest) }()
+	send(t, host, 0, &wire.Hello{Versions: []int{1}})
+	rd := wire.NewReader(host)
+	if f := next(t, rd); f.Type != wire.TypeHello {
+		t.Fatalf("first frame %s", f.Type)
+	}
+	return host, rd, served
+}
+
+func send(t *testing.T, w io.Writer, stream uint32, m any) {
+	t.Helper()
+	f, err := wire.Encode(stream, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wire.WriteFrame(w, f); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func next(t *testing.T, rd *wire.Reader) wire.Frame {
+	t.Helper()
+	f, err := rd.ReadFrame()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// A host that sends stdin past the window breaks the protocol: Serve ends
+// with ErrProtocol and kills the session's program.
+func TestServeRefusesStdinPastTheWindow(t *testing.T) {
+	host, rd, served := hostEnd(t)
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	send(t, host, 1, &wire.Request{Op: wire.OpExec, Exec: &wire.Exec{Args: []string{"sh", "-c", "echo $$ > " + pidFile + "; echo started; exec sleep 60"}}})
+	if f := next(t, rd); f.Type != wire.TypeResponse {
+		t.Fatalf("got %s", f.Type)
+	}
+	if f := next(t, rd); f.Type != wire.TypeStdout || string(f.Payload) != "started\n" {
+		t.Fatalf("got %s %q", f.Type, f.Payload)
+	}
+	pid, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// sleep never reads stdin: the window fills and the next byte is one
+	// too many.
+	if err := wire.WriteData(host, wire.TypeStdin, 1, make([]byte, wire.InitialWindow+1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; !errors.Is(err, ErrProtocol) {
+		t.Fatalf("Serve ended with %v", err)
+	}
+	// The program was killed (and reaped by its session).
+	n, err := strconv.Atoi(strings.TrimSpace(string(pid)))
+	if err != nil {
+		t.Fatalf("pid file %q", pid)
+	}
+	testenv.Eventually(t, 30*time.Second, "the session's program to be killed", func() (bool, string) {
+		err := syscall.Kill(n, 0)
+		return errors.Is(err, syscall.ESRCH), fmt.Sprintf("kill -0 %d: %v", n, err)
+	})
+}
+
+// A host that hangs up ends Serve with io.EOF; a garbled frame with
+// ErrProtocol.
+func TestServeEnds(t *testing.T) {
+	host, _, served := hostEnd(t)
+	host.Close()
+	if err := <-served; !errors.Is(err, io.EOF) {
+		t.Errorf("after hang-up: %v", err)
+	}
+	host, _, served = hostEnd(t)
+	if _, err := host.Write([]byte("garbage that is no frame")); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; !errors.Is(err, ErrProtocol) && !errors.Is(err, wire.ErrBadMagic) {
+		t.Errorf("after garbage: %v", err)
+	}
+}
