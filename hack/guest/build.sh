@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Builds Kairon's default guest image from Debian packages only:
 #   OUT_DIR/default/vmlinux            uncompressed kernel (ELF) for direct boot
-#   OUT_DIR/default/initramfs.cpio.gz  busybox, the kernel's virtio modules, /init
+#   OUT_DIR/default/initramfs.cpio.gz  busybox, the kernel's virtio modules, /init,
+#                                      /sbin/kairon-guest-agent (built here, static)
 # Usage: hack/guest/build.sh OUT_DIR
 #
 # The result is cached: OUT_DIR/default/.stamp holds a hash of this script,
-# hack/guest/init and the exact package versions; a matching stamp skips the
-# build. Environment:
+# hack/guest/init, the guest agent binary and the exact package versions; a
+# matching stamp skips the build. Environment:
 #   KAIRON_GUEST_KERNEL_PKG  kernel package (default: the newest
 #                            linux-image-6.1.0-N-amd64 that apt knows)
 #   KAIRON_GUEST_FORCE=1     rebuild even when the stamp matches
@@ -41,7 +42,16 @@ kver=$(echo "$versions" | awk -v p="$kpkg" '$1 == p {print $2}')
 bver=$(echo "$versions" | awk '$1 == "busybox-static" {print $2}')
 [ -n "$bver" ] || die "apt has no installable version of busybox-static; run 'apt-get update'"
 
-stamp=$( (cat "$0" "$here/init"; echo "$kpkg=$kver busybox-static=$bver") | sha256sum | cut -d' ' -f1)
+# The guest agent, static and reproducible (so its hash is a fair stamp).
+go=$(command -v go || echo /usr/local/go/bin/go)
+[ -x "$go" ] || die "go not found (needed to build cmd/kairon-guest-agent)"
+agent_bin=$(mktemp "${TMPDIR:-/tmp}/kairon-guest-agent.XXXXXX")
+trap 'rm -f "$agent_bin"' EXIT
+(cd "$here/../.." && CGO_ENABLED=0 GOOS=linux GOARCH=amd64 "$go" build -trimpath -buildvcs=false \
+	-ldflags "-s -w -X main.version=$(git rev-parse --short HEAD 2>/dev/null || echo dev)" \
+	-o "$agent_bin" ./cmd/kairon-guest-agent) || die "building cmd/kairon-guest-agent failed"
+
+stamp=$( (cat "$0" "$here/init" "$agent_bin"; echo "$kpkg=$kver busybox-static=$bver") | sha256sum | cut -d' ' -f1)
 if [ "${KAIRON_GUEST_FORCE:-0}" != 1 ] && [ -f "$dest/.stamp" ] &&
 	[ "$(cat "$dest/.stamp")" = "$stamp" ] && [ -s "$dest/vmlinux" ] && [ -s "$dest/initramfs.cpio.gz" ]; then
 	echo "guest: $dest is up to date ($kpkg $kver, busybox-static $bver)"
@@ -50,7 +60,7 @@ fi
 
 echo "guest: building $dest from $kpkg $kver and busybox-static $bver" >&2
 work=$(mktemp -d "${TMPDIR:-/tmp}/kairon-guest.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work" "$agent_bin"' EXIT
 (cd "$work" && apt-get download -q -o APT::Sandbox::User=root "$kpkg=$kver" "busybox-static=$bver" >/dev/null) ||
 	die "apt-get download $kpkg=$kver busybox-static=$bver failed"
 dpkg-deb -x "$work"/linux-image-*.deb "$work/kernel"
@@ -92,6 +102,7 @@ for app in $("$root/bin/busybox" --list); do
 	[ "$app" = busybox ] || ln -s busybox "$root/bin/$app"
 done
 install -m 0755 "$here/init" "$root/init"
+install -m 0755 "$agent_bin" "$root/sbin/kairon-guest-agent"
 
 moddir=$work/kernel/lib/modules/$kabi
 config=$work/kernel/boot/config-$kabi
@@ -101,7 +112,7 @@ config=$work/kernel/boot/config-$kabi
 # when VIRTIO is, and must load before virtio.
 wanted=()
 for opt in VIRTIO:virtio_ring VIRTIO:virtio VIRTIO_MMIO:virtio_mmio VIRTIO_PCI:virtio_pci \
-	VIRTIO_NET:virtio_net VIRTIO_BLK:virtio_blk; do
+	VIRTIO_NET:virtio_net VIRTIO_BLK:virtio_blk VIRTIO_CONSOLE:virtio_console; do
 	val=$(grep -E "^CONFIG_${opt%%:*}=" "$config" | cut -d= -f2 || true)
 	case "$val" in
 	m) wanted+=("${opt#*:}") ;;
