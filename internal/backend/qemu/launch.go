@@ -39,6 +39,8 @@ type launchSpec struct {
 	// tapFD is the descriptor number of the tap QEMU inherits; 0 has QEMU
 	// open the tap by name.
 	tapFD int
+	// agentPort adds the guest agent's virtio-serial port.
+	agentPort bool
 }
 
 // proc is a QEMU process this Backend started and reaps.
@@ -150,6 +152,9 @@ func (b *Backend) args(ls launchSpec) []string {
 		}
 		a = append(a, "-netdev", netdev, "-device", "virtio-net-device,netdev=net0"+macOpt(n.MAC))
 	}
+	if ls.agentPort {
+		a = append(a, agentArgs()...)
+	}
 	if ls.incoming != nil {
 		a = append(a, "-incoming", "fd:3")
 	}
@@ -157,6 +162,20 @@ func (b *Backend) args(ls launchSpec) []string {
 		a = append(a, jailArgs()...)
 	}
 	return a
+}
+
+// agentArgs is the guest agent's channel: a virtio-serial device on the
+// microvm's virtio-mmio bus with one port, kairon.agent, whose host end is
+// agentSock in the state directory (created, like the console's, before a
+// jailed QEMU chroots). It comes after the NIC, so the NIC keeps its
+// transport, and its properties are fixed: a saved or migrating VM's
+// target gets the same device.
+func agentArgs() []string {
+	return []string{
+		"-chardev", "socket,id=agent,path=" + agentSock + ",server=on,wait=off",
+		"-device", "virtio-serial-device,id=agentbus,max_ports=2",
+		"-device", "virtserialport,bus=agentbus.0,nr=1,chardev=agent,name=kairon.agent",
+	}
 }
 
 // tcgTBSizeMiB bounds TCG's translated-code cache (1 GiB by default), which

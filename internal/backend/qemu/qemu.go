@@ -296,7 +296,8 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return backend.Instance{}, err
 	}
-	m := meta{Spec: spec, Acceleration: b.accel, StartedAt: time.Now(), RestoredFrom: origin, RestoredReady: hdr.Ready}
+	m := meta{Spec: spec, Acceleration: b.accel, StartedAt: time.Now(), RestoredFrom: origin, RestoredReady: hdr.Ready,
+		AgentPort: in == nil || hdr.AgentPort}
 	if err := writeJSON(filepath.Join(dir, specFile), m); err != nil {
 		return backend.Instance{}, err
 	}
@@ -309,8 +310,9 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 	ls := launchSpec{
 		dir: dir, name: spec.Name, accel: b.accel, cpu: spec.CPU, memMiB: spec.MemoryMiB,
 		kernel: spec.Kernel, initrd: spec.Initrd, net: spec.Network, incoming: stream,
-		cmdline: b.cmdline(b.accel, hostnameFor(spec.Name), spec.Network, spec.KernelArgs),
-		jail:    jail,
+		cmdline:   b.cmdline(b.accel, hostnameFor(spec.Name), spec.Network, spec.KernelArgs),
+		jail:      jail,
+		agentPort: m.AgentPort,
 	}
 	m.StartedAt = time.Now()
 	if p, err = b.launch(ls); err != nil {

@@ -99,6 +99,7 @@ func (b *Backend) headerOf(id, dir string) (saveHeader, error) {
 	return saveHeader{
 		Format: saveFormat, ID: id, Name: m.Spec.Name, CPU: m.Spec.CPU, MemoryMiB: m.Spec.MemoryMiB,
 		NIC: m.Spec.Network != nil, Ready: ready, Acceleration: m.Acceleration, SavedAt: time.Now(),
+		AgentPort: m.AgentPort,
 	}, nil
 }
 
@@ -120,6 +121,9 @@ type saveHeader struct {
 	Ready        bool      `json:"ready"`
 	Acceleration string    `json:"acceleration"`
 	SavedAt      time.Time `json:"savedAt"`
+	// AgentPort: the saved VM has the guest agent's port (meta.AgentPort);
+	// absent in states saved before the port existed.
+	AgentPort bool `json:"agentPort,omitempty"`
 }
 
 // compatible tells whether spec has the shape the saved VM had; QEMU can only

@@ -25,6 +25,8 @@ const (
 	qmpSock = "qmp.sock"
 	// consoleSock is the serial console, interactive (one client at a time).
 	consoleSock = "console.sock"
+	// agentSock is the guest agent's virtio-serial port (kairon.agent).
+	agentSock = "agent.sock"
 	// consoleLogFile is everything the serial console printed.
 	consoleLogFile = "console.log"
 	// qemuLogFile is QEMU's stdout and stderr.
@@ -50,6 +52,14 @@ func (b *Backend) ConsoleSocket(id string) string {
 	return filepath.Join(b.opts.StateDir, id, consoleSock)
 }
 
+// AgentSocket is the unix socket of the VM's guest agent channel: the
+// virtio-serial port kairon.agent, spoken to with package
+// guestagent/client. One client at a time; a VM restored from a state
+// saved before the channel existed has none.
+func (b *Backend) AgentSocket(id string) string {
+	return filepath.Join(b.opts.StateDir, id, agentSock)
+}
+
 // QMPSocket is the VM's QMP socket.
 func (b *Backend) QMPSocket(id string) string {
 	return filepath.Join(b.opts.StateDir, id, qmpSock)
@@ -67,6 +77,10 @@ type meta struct {
 	// RestoredReady: the saved guest had been ready, so the restored VM is
 	// Running as soon as it runs.
 	RestoredReady bool `json:"restoredReady,omitempty"`
+	// AgentPort: the VM has the guest agent's virtio-serial port. Every VM
+	// started since it exists does; one restored keeps what it was saved
+	// with, since QEMU loads a state only into the same devices.
+	AgentPort bool `json:"agentPort,omitempty"`
 }
 
 // readyRecord is ready.json.
