@@ -135,7 +135,7 @@ func (c *conn) handle(f wire.Frame) error {
 		}
 		c.hello = true
 		v, _ := h.Shared()
-		c.a.log.Info("host connected", "host", h.Agent, "version", v)
+		c.a.log.Debug("host connected", "host", h.Agent, "version", v)
 		return c.send(0, &wire.Hello{Versions: []int{wire.Version}, Agent: c.a.opts.Name})
 	}
 	if !c.hello {
