@@ -64,8 +64,9 @@ bench: deps tools guest build ## Run the benchmarks recorded in docs/benchmarks.
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench ColdBoot -benchtime 3x ./internal/backend/qemu/
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench Migration -benchtime 10x ./internal/backend/qemu/
 
-bench-egress: deps tools ## MachineNetworkPolicy create to enforced on a node (real nftables), p50/p99 over 50.
-	KAIRON_BIN_DIR=$(BIN) KAIRON_EGRESS_BENCH=1 $(GO) test -count=1 -run TestEgressEnforcementLatency -v ./internal/node/
+bench-egress: deps tools ## Egress (real nftables): policy create to enforced, bind with and without spec.egress, TCP throughput.
+	KAIRON_BIN_DIR=$(BIN) KAIRON_EGRESS_BENCH=1 $(GO) test -count=1 -run 'TestEgressEnforcementLatency|TestEgressBindLatency' -v ./internal/node/
+	KAIRON_EGRESS_BENCH=1 $(GO) test -count=1 -timeout 20m -run TestEgressThroughput -v ./internal/node/egress/
 
 bench-exec: deps guest ## Guest agent on a real guest: exec round trip of `true` p50/p99, file copy MiB/s.
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench GuestAgent -benchtime 200x -v ./internal/backend/qemu/

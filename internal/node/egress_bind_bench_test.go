@@ -1,0 +1,333 @@
+package node_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/backend/sim"
+	"github.com/zyvor/kairon/internal/controller"
+	"github.com/zyvor/kairon/internal/node"
+	"github.com/zyvor/kairon/internal/testenv"
+	"github.com/zyvor/kairon/internal/testenv/host"
+)
+
+// TestEgressBindLatency measures, in one run, the bind latency of claims
+// with and without spec.egress on a warm MachinePool: a links-mode agent
+// (sim backend for the VMs, real bridge, taps and nftables in a network
+// namespace, so enforcement is real) and every Kairon controller in this
+// process. The claims are made one at a time, alternating with and without
+// egress, each once the one before is Bound. For each kind it logs
+// p50/p99/max of status.bindMillis and of create→Bound as a watching
+// client sees it. A measurement, not a check: run with
+// KAIRON_EGRESS_BENCH=1 (KAIRON_EGRESS_BENCH_CLAIMS of each kind,
+// default 30).
+func TestEgressBindLatency(t *testing.T) {
+	if os.Getenv("KAIRON_EGRESS_BENCH") != "1" {
+		t.Skip("a measurement: KAIRON_EGRESS_BENCH=1 runs it")
+	}
+	host.SkipIfShort(t, "root and the control plane")
+	perKind := 30
+	if v, err := strconv.Atoi(os.Getenv("KAIRON_EGRESS_BENCH_CLAIMS")); err == nil && v > 0 {
+		perKind = v
+	}
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	netns := "kairon-bind-bench-" + hex.EncodeToString(b)
+	if out, err := exec.Command("ip", "netns", "add", netns).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", netns).Run() })
+
+	// Warm members for every claim, and as many again for the pool to keep
+	// warm while claims take them: no claim waits for a boot.
+	warm := int32(2*perKind + 4)
+	state := t.TempDir()
+	nodeName := ns + "-node"
+	vms, err := sim.New(sim.Options{StateDir: filepath.Join(state, "instances"), BootDelay: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := node.New(env.Config, node.Options{
+		NodeName: nodeName, Register: true, Backend: vms, StateDir: state,
+		CPU: int64(4*warm + 16), Memory: resource.MustParse("256Gi"),
+		Network:  &node.NetworkOptions{CIDR: netip.MustParsePrefix("10.88.16.0/22"), Bridge: "kbr0", NetNS: netns},
+		Interval: 30 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Registered first, so that they run once the agent and the
+	// controllers stopped.
+	t.Cleanup(func() { _ = env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}) })
+	t.Cleanup(func() { stripFinalizers(env, ns) })
+	testenv.RunInBackground(t, "agent", agent.Run)
+
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme: env.Scheme,
+		// Conflicts and the like, routine for controllers, would drown
+		// the figures.
+		Logger:                 zap.New(zap.WriteTo(io.Discard)),
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := controller.SetupWithManager(mgr, controller.Options{Interval: 10 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.RunInBackground(t, "controllers", mgr.Start)
+
+	// The watching client: when each claim is first seen Bound.
+	type seen struct {
+		at         time.Time
+		bindMillis int64
+		enforced   bool
+	}
+	var mu sync.Mutex
+	bound := map[string]seen{}
+	boundCh := make(chan string, 4*perKind)
+	// And when each claim's egress policy is first seen, and first seen
+	// reported in force by the node: where an egress bind's time goes.
+	policyCreated, policyReported := map[string]time.Time{}, map[string]time.Time{}
+	watchList(t, env, ns, &kaironv1.MachineNetworkPolicyList{}, func(o client.Object) {
+		p := o.(*kaironv1.MachineNetworkPolicy)
+		now := time.Now()
+		claim := p.Labels[kaironv1.LabelMachineClaim]
+		mu.Lock()
+		defer mu.Unlock()
+		if _, ok := policyCreated[claim]; !ok {
+			policyCreated[claim] = now
+		}
+		for _, n := range p.Status.Nodes {
+			if _, ok := policyReported[claim]; !ok && n.Node == nodeName && n.ObservedGeneration == p.Generation && slices.Contains(n.Machines, p.Spec.MachineName) {
+				policyReported[claim] = now
+			}
+		}
+	})
+	watchList(t, env, ns, &kaironv1.MachineClaimList{}, func(o client.Object) {
+		c := o.(*kaironv1.MachineClaim)
+		if c.Status.Phase != kaironv1.ClaimBound {
+			return
+		}
+		now := time.Now()
+		cond := meta.FindStatusCondition(c.Status.Conditions, kaironv1.ConditionEgressEnforced.String())
+		mu.Lock()
+		defer mu.Unlock()
+		if _, ok := bound[c.Name]; ok {
+			return
+		}
+		bound[c.Name] = seen{at: now, bindMillis: c.Status.BindMillis, enforced: cond != nil && cond.Status == metav1.ConditionTrue}
+		boundCh <- c.Name
+	})
+
+	pool := &kaironv1.MachinePool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "warm"},
+		Spec: kaironv1.MachinePoolSpec{Replicas: ptr.To(warm), Template: kaironv1.MachineTemplateSpec{
+			Metadata: kaironv1.MachineTemplateMeta{Labels: map[string]string{"app": "bench"}},
+			Spec:     kaironv1.MachineSpec{CPU: 1, Memory: resource.MustParse("64Mi")},
+		}},
+	}
+	if err := env.Client.Create(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Minute, fmt.Sprintf("%d warm members", warm), func() (bool, string) {
+		p := &kaironv1.MachinePool{}
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(pool), p); err != nil {
+			return false, err.Error()
+		}
+		return p.Status.ReadyWarm == warm, fmt.Sprintf("%d ready warm", p.Status.ReadyWarm)
+	})
+
+	egress := &kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24"}, AllowPorts: []kaironv1.PortRange{"443"}}
+	type result struct {
+		bindMillis int64
+		watched    time.Duration
+		// Egress claims: create → policy seen → policy reported in force.
+		policySeen, reported time.Duration
+	}
+	results := map[bool][]result{}
+	for i := range 2 * perKind {
+		withEgress := i%2 == 0
+		c := &kaironv1.MachineClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("c%03d", i)}, Spec: kaironv1.MachineClaimSpec{PoolName: pool.Name}}
+		if withEgress {
+			c.Spec.Egress = egress.DeepCopy()
+		}
+		start := time.Now()
+		if err := env.Client.Create(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		for name := ""; name != c.Name; {
+			select {
+			case name = <-boundCh:
+			case <-time.After(waitTimeout):
+				t.Fatalf("claim %s not Bound within %v", c.Name, waitTimeout)
+			}
+		}
+		mu.Lock()
+		s := bound[c.Name]
+		mu.Unlock()
+		if s.enforced != withEgress {
+			t.Fatalf("claim %s (egress %v) Bound with EgressEnforced %v", c.Name, withEgress, s.enforced)
+		}
+		r := result{bindMillis: s.bindMillis, watched: s.at.Sub(start)}
+		if withEgress {
+			mu.Lock()
+			created, reported := policyCreated[c.Name], policyReported[c.Name]
+			mu.Unlock()
+			if created.IsZero() || reported.IsZero() {
+				// The policy's events may trail the claim's by a moment.
+				testenv.Eventually(t, waitTimeout, "the watch seeing "+c.Name+"'s policy reported", func() (bool, string) {
+					mu.Lock()
+					defer mu.Unlock()
+					created, reported = policyCreated[c.Name], policyReported[c.Name]
+					return !created.IsZero() && !reported.IsZero(), ""
+				})
+			}
+			r.policySeen, r.reported = created.Sub(start), reported.Sub(start)
+		}
+		results[withEgress] = append(results[withEgress], r)
+	}
+
+	// The rules were in the kernel: one chain per bound egress claim.
+	out, err := exec.Command("ip", "netns", "exec", netns, "nft", "list", "table", "bridge", "kairon_egress").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list table: %v: %s", err, out)
+	}
+	t.Logf("bridge kairon_egress chains in the node namespace: %d", strings.Count(string(out), "chain e_"))
+
+	pct := func(xs []time.Duration, p int) time.Duration { return xs[(len(xs)-1)*p/100] }
+	stats := func(withEgress bool) (bindMs, watched []time.Duration) {
+		for _, r := range results[withEgress] {
+			bindMs = append(bindMs, time.Duration(r.bindMillis)*time.Millisecond)
+			watched = append(watched, r.watched)
+		}
+		slices.Sort(bindMs)
+		slices.Sort(watched)
+		return bindMs, watched
+	}
+	r := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
+	plainBind, plainWatched := stats(false)
+	egressBind, egressWatched := stats(true)
+	t.Logf("%d claims of each kind, alternating; p99 is the %d-th fastest of %d (nearest rank)", perKind, (perKind-1)*99/100+1, perKind)
+	t.Logf("| measure | without egress p50 / p99 / max | with egress p50 / p99 / max | egress adds (p50 / p99) |")
+	t.Logf("| --- | --- | --- | --- |")
+	for _, m := range []struct {
+		name       string
+		plain, egr []time.Duration
+	}{{"status.bindMillis", plainBind, egressBind}, {"create → Bound (watch)", plainWatched, egressWatched}} {
+		t.Logf("| %s | %s / %s / %s | %s / %s / %s | %s / %s |", m.name,
+			r(pct(m.plain, 50)), r(pct(m.plain, 99)), r(m.plain[len(m.plain)-1]),
+			r(pct(m.egr, 50)), r(pct(m.egr, 99)), r(m.egr[len(m.egr)-1]),
+			r(pct(m.egr, 50)-pct(m.plain, 50)), r(pct(m.egr, 99)-pct(m.plain, 99)))
+	}
+	// Where an egress claim's time goes, each step's p50 / p99 / max.
+	var created, enforce, after []time.Duration
+	for _, e := range results[true] {
+		created = append(created, e.policySeen)
+		enforce = append(enforce, e.reported-e.policySeen)
+		after = append(after, e.watched-e.reported)
+	}
+	for _, xs := range [][]time.Duration{created, enforce, after} {
+		slices.Sort(xs)
+	}
+	three := func(xs []time.Duration) string {
+		return r(pct(xs, 50)) + " / " + r(pct(xs, 99)) + " / " + r(xs[len(xs)-1])
+	}
+	t.Logf("egress claims, seen by the watch: create → policy created %s; → policy reported in force by the node %s; → claim Bound %s",
+		three(created), three(enforce), three(after))
+}
+
+// watchList calls handle with every version of every object of list's
+// kind in ns until the test ends.
+func watchList(t *testing.T, env *testenv.Env, ns string, list client.ObjectList, handle func(client.Object)) {
+	t.Helper()
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := wc.List(ctx, list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	rv := list.GetResourceVersion()
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			w, err := wc.Watch(ctx, list, &client.ListOptions{Namespace: ns, Raw: &metav1.ListOptions{ResourceVersion: rv}})
+			if err != nil {
+				select {
+				case <-ctx.Done():
+				case <-time.After(testenv.PollInterval):
+				}
+				continue
+			}
+			for e := range w.ResultChan() {
+				if e.Type == watch.Error {
+					break
+				}
+				if o, ok := e.Object.(client.Object); ok {
+					rv = o.GetResourceVersion()
+					handle(o)
+				}
+			}
+			w.Stop()
+		}
+	}()
+}
+
+// stripFinalizers lets ns's Machines and claims go once nothing serves
+// them any more.
+func stripFinalizers(env *testenv.Env, ns string) {
+	ctx := context.Background()
+	var machines kaironv1.MachineList
+	var claims kaironv1.MachineClaimList
+	_ = env.Client.List(ctx, &machines, client.InNamespace(ns))
+	_ = env.Client.List(ctx, &claims, client.InNamespace(ns))
+	var objs []client.Object
+	for i := range machines.Items {
+		objs = append(objs, &machines.Items[i])
+	}
+	for i := range claims.Items {
+		objs = append(objs, &claims.Items[i])
+	}
+	for _, o := range objs {
+		if len(o.GetFinalizers()) > 0 {
+			_ = env.Client.Patch(ctx, o, client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`)))
+		}
+	}
+}
