@@ -13,12 +13,14 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/guestagent/client"
 	"github.com/zyvor/kairon/internal/guestagent/wire"
+	"github.com/zyvor/kairon/internal/testenv"
 )
 
 // dialAgent connects to the guest agent of a running VM. The agent starts
@@ -147,7 +149,26 @@ func TestGuestAgent(t *testing.T) {
 		}
 	})
 
+	t.Run("reconnect", func(t *testing.T) {
+		// A host that hangs up ends its sessions: the program is killed,
+		// and the agent serves the next connection. (QEMU serves one
+		// client at a time: the first one goes first.)
+		c.Close()
+		c1 := dialAgent(t, b, spec.ID)
+		started := make(chan struct{})
+		go func() {
+			_, _ = c1.Exec(ctx, &wire.Exec{Args: []string{"sh", "-c", "echo started; exec sleep 1000"}}, nil, closeOnWrite(started), nil)
+		}()
+		<-started
+		c1.Close()
+		c2 := dialAgent(t, b, spec.ID)
+		testenv.Eventually(t, 30*time.Second, "the hung-up session's program to be killed", func() (bool, string) {
+			_, out, _ := guestExec(t, c2, nil, "sh", "-c", "ps | grep -c '[s]leep 1000'")
+			return out == "0\n", out
+		})
+	})
 	t.Run("after save and restore", func(t *testing.T) {
+		c := dialAgent(t, b, spec.ID)
 		guestExec(t, c, nil, "sh", "-c", "echo kept > /tmp/kept")
 		saved := filepath.Join(t.TempDir(), "vm.state")
 		if err := b.Save(ctx, spec.ID, saved); err != nil {
@@ -166,6 +187,19 @@ func TestGuestAgent(t *testing.T) {
 		}
 	})
 }
+
+// closeOnWrite is a writer that closes ch at its first write.
+func closeOnWrite(ch chan struct{}) io.Writer {
+	var once sync.Once
+	return writerFunc(func(p []byte) (int, error) {
+		once.Do(func() { close(ch) })
+		return len(p), nil
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 // TestGuestAgentAfterLiveMigration: the target of a live migration has the
 // same agent port, and the guest's agent serves on it.

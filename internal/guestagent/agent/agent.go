@@ -40,6 +40,12 @@ var DefaultEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 type Agent struct {
 	opts Options
 	log  *slog.Logger
+	// wmu serializes writes across connections too: a write of a
+	// connection that ended may still be blocked on the port (it blocks
+	// while no host is connected) and must finish whole before the next
+	// connection's Hello, or the host would read a frame cut in two.
+	wmu  sync.Mutex
+	wbuf []byte
 }
 
 // New returns an Agent.
@@ -87,8 +93,6 @@ func (a *Agent) Serve(rw io.ReadWriter) error {
 type conn struct {
 	a     *Agent
 	w     io.Writer
-	wmu   sync.Mutex
-	wbuf  []byte
 	dead  atomic.Bool // a write failed or the connection ended
 	hello bool
 
@@ -106,16 +110,17 @@ func (c *conn) send(stream uint32, m any) error {
 }
 
 func (c *conn) write(f wire.Frame) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
+	a := c.a
+	a.wmu.Lock()
+	defer a.wmu.Unlock()
 	if c.dead.Load() {
 		return io.ErrClosedPipe
 	}
 	var err error
-	if c.wbuf, err = wire.AppendFrame(c.wbuf[:0], f); err != nil {
+	if a.wbuf, err = wire.AppendFrame(a.wbuf[:0], f); err != nil {
 		return err
 	}
-	if _, err := c.w.Write(c.wbuf); err != nil {
+	if _, err := c.w.Write(a.wbuf); err != nil {
 		c.dead.Store(true)
 		return err
 	}
