@@ -327,6 +327,10 @@ func (s *session) exec(e *wire.Exec) *wire.Exit {
 		}
 		_ = syscall.Kill(-pgid, sig)
 	}
+	if s.done {
+		// Aborted while starting: abort found no program to kill.
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	}
 	s.mu.Unlock()
 	if e.TimeoutSeconds > 0 {
 		t := time.AfterFunc(time.Duration(e.TimeoutSeconds)*time.Second, func() {

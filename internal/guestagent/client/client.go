@@ -81,17 +81,17 @@ func Dial(ctx context.Context, path string, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := New(ctx, conn, opts)
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	return c, nil
+	return New(ctx, conn, opts)
 }
 
 // New says Hello on conn and returns the Client over it; it owns conn from
-// then on.
-func New(ctx context.Context, conn net.Conn, opts Options) (*Client, error) {
+// then on (and closes it if it fails).
+func New(ctx context.Context, conn net.Conn, opts Options) (_ *Client, err error) {
+	defer func() {
+		if err != nil {
+			conn.Close()
+		}
+	}()
 	if opts.Name == "" {
 		opts.Name = "kairon-node"
 	}

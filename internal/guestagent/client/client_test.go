@@ -426,3 +426,45 @@ func TestStalledGuest(t *testing.T) {
 		t.Errorf("guest read %v, %v; want Cancel", f.Type, err)
 	}
 }
+
+// A guest that never says Hello, or says everything but, does not hold
+// Dial past its context or its frame limit.
+func TestHelloRefusals(t *testing.T) {
+	t.Run("silent", func(t *testing.T) {
+		host, guest := socketPair(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := New(ctx, host, Options{})
+			errc <- err
+		}()
+		if f, err := wire.NewReader(guest).ReadFrame(); err != nil || f.Type != wire.TypeHello {
+			t.Fatalf("guest read %v, %v", f.Type, err)
+		}
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Errorf("New ended with %v", err)
+		}
+	})
+	t.Run("chatter without hello", func(t *testing.T) {
+		host, guest := socketPair(t)
+		go func() {
+			f, _ := wire.Encode(7, &wire.Exit{Code: 0})
+			for range maxFramesBeforeHello + 1 {
+				if wire.WriteFrame(guest, f) != nil {
+					return
+				}
+			}
+		}()
+		if _, err := New(context.Background(), host, Options{}); !errors.Is(err, ErrProtocol) {
+			t.Errorf("New ended with %v", err)
+		}
+	})
+	t.Run("another version", func(t *testing.T) {
+		host, guest := socketPair(t)
+		go func() { _ = send(guest, 0, &wire.Hello{Versions: []int{2, 3}}) }()
+		if _, err := New(context.Background(), host, Options{}); err == nil || !strings.Contains(err.Error(), "versions") {
+			t.Errorf("New ended with %v", err)
+		}
+	})
+}
