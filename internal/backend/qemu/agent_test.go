@@ -186,6 +186,26 @@ func TestGuestAgent(t *testing.T) {
 			t.Errorf("restored guest: %q", out)
 		}
 	})
+
+	// Last, since it kills the agent: root in the guest takes the port
+	// over and writes garbage into the channel. The host closes the
+	// channel and fails the session waiting on it; nothing else happens.
+	t.Run("garbage from the guest", func(t *testing.T) {
+		c := dialAgent(t, b, spec.ID)
+		script := `for p in /sys/class/virtio-ports/*; do [ "$(cat $p/name)" = kairon.agent ] && dev=/dev/${p##*/}; done
+kill -9 $(pidof kairon-guest-agent)
+while pidof kairon-guest-agent >/dev/null; do usleep 10000; done
+yes 'this is no frame' | head -c 1000000 >$dev`
+		_, err := c.Exec(ctx, &wire.Exec{Args: []string{"setsid", "sh", "-c", script}}, nil, nil, nil)
+		if !errors.Is(err, client.ErrProtocol) {
+			t.Fatalf("exec ended with %v, want the channel closed for a protocol violation", err)
+		}
+		<-c.Done()
+		t.Logf("channel closed: %v", c.Err())
+		if got, err := b.Get(ctx, spec.ID); err != nil || got.Phase != backend.Running {
+			t.Errorf("VM after its guest wrote garbage: %+v %v", got, err)
+		}
+	})
 }
 
 // closeOnWrite is a writer that closes ch at its first write.
