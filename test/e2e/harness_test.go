@@ -92,6 +92,16 @@ func startAgent(t testing.TB, env *testenv.Env, nodeName, stateDir, ns string) *
 // startAgentWithCapacity runs bin/kairon-node offering cpu vCPUs and memory.
 func startAgentWithCapacity(t testing.TB, env *testenv.Env, nodeName, stateDir, ns string, cpu int, memory string) *agent {
 	t.Helper()
+	return startAgentWith(t, env, nodeName, stateDir, ns, cpu, memory)
+}
+
+// startAgentWith runs bin/kairon-node with extra flags; later flags
+// override the defaults.
+func startAgentWith(t testing.TB, env *testenv.Env, nodeName, stateDir, ns string, cpu int, memory string, flags ...string) *agent {
+	t.Helper()
+	if err := os.MkdirAll(stateDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	log := filepath.Join(stateDir, "agent.log")
 	f, err := os.OpenFile(log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -104,6 +114,7 @@ func startAgentWithCapacity(t testing.TB, env *testenv.Env, nodeName, stateDir, 
 		"--listen", "127.0.0.1:0", "--interval", "2s",
 		// kaironctl logs presents the admin's certificate.
 		"--client-ca-file", filepath.Join(env.DataDir, "pki", "ca.crt"))
+	cmd.Args = append(cmd.Args, flags...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

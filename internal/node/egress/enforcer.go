@@ -291,9 +291,6 @@ func (e *Enforcer) machineScript(m Machine, p *Policy, staleSets []string) strin
 
 	w("add chain %s e_%s", i, tap)
 	w("flush chain %s e_%s", i, tap)
-	for _, set := range staleSets {
-		w("delete set %s %s", i, set)
-	}
 	for _, g := range p.Grants {
 		if len(g.FQDNs) > 0 {
 			// Bounded: a full set refuses the answer (SERVFAIL) rather
@@ -353,6 +350,11 @@ func (e *Enforcer) machineScript(m Machine, p *Policy, staleSets []string) strin
 
 	if e.SNIPort != 0 {
 		s.WriteString(e.sniScript(m, p))
+	}
+	// Last: until both chains are rewritten, their old rules refer to
+	// these sets, and the kernel refuses to delete a set in use.
+	for _, set := range staleSets {
+		w("delete set %s %s", i, set)
 	}
 	w("add element %s egress_vmap { %q : goto e_%s }", b, tap, tap)
 	w("add element %s egress4 { %s : goto e_%s }", i, m.IP, tap)

@@ -183,6 +183,19 @@ func TestSNIProxy(t *testing.T) {
 			t.Fatalf("reported resets:\n%s\nwant:\n%s", strings.Join(denied, "\n"), strings.Join(want, "\n"))
 		}
 	})
+	t.Run("a grant with a name check replaced", func(t *testing.T) {
+		// Its learned set goes while the old nat and filter rules that
+		// use it are rewritten, in one transaction.
+		plain := mustCompile(t, kaironv1.EgressRules{AllowFqdns: []kaironv1.Hostname{"pkg.test"}, AllowPorts: []kaironv1.PortRange{"443"}})
+		if err := n.enforcer.Apply(byName.Machine, plain); err != nil {
+			t.Fatal(err)
+		}
+		if rs := n.ruleset(t); strings.Contains(rs, "s_"+byName.Tap+" {\n\t\tip daddr") || strings.Count(rs, "set l4_"+byName.Tap) != 1 {
+			t.Fatalf("the old grant's rules or set are left:\n%s", rs)
+		}
+		mustResolve(t, byName, "udp", n.gateway.String()+":53", "pkg.test", pkgAddr)
+		mustTLS(t, byName, pkgAddr+":443", "anything.test")
+	})
 	t.Run("removal leaves no proxy state", func(t *testing.T) {
 		for _, g := range []*testGuest{byCIDR, byName} {
 			if err := n.enforcer.Remove(g.Tap); err != nil {

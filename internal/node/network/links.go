@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
+	"regexp"
 	"strings"
 )
 
@@ -43,12 +44,57 @@ func (l *Links) EnsureBridge() error {
 			return err
 		}
 	}
+	// A bridge without an address of its own takes the lowest of its
+	// ports' addresses, and changes it as taps come and go: guests would
+	// keep sending to the gateway's old address, which the node no longer
+	// routes for (a guest that arrived by migration, or whose neighbour
+	// left, loses the outside). A fixed address, the same for every agent
+	// sharing the bridge, never moves; arp_notify announces it to guests
+	// that cached another one when it is first set.
+	if err := l.sysctl("net/ipv4/conf/"+l.Bridge+"/arp_notify", "1"); err != nil {
+		return err
+	}
+	if mac := BridgeMAC(l.Bridge); !l.hasAddress(mac) {
+		if err := l.ip("link", "set", l.Bridge, "address", mac); err != nil {
+			return err
+		}
+	}
 	if !l.hasGateway() {
 		if err := l.ip("addr", "add", l.Gateway.String(), "dev", l.Bridge); err != nil && !l.hasGateway() {
 			return err
 		}
 	}
 	return l.ip("link", "set", l.Bridge, "up")
+}
+
+var sysctlKey = regexp.MustCompile(`^[A-Za-z0-9_./-]+$`)
+
+// BridgeMAC is the bridge's own address: locally administered, from its
+// name.
+func BridgeMAC(bridge string) string {
+	sum := sha256.Sum256([]byte("bridge/" + bridge))
+	return fmt.Sprintf("02:%02x:%02x:%02x:%02x:%02x", sum[0], sum[1], sum[2], sum[3], sum[4])
+}
+
+func (l *Links) hasAddress(mac string) bool {
+	out, err := l.output("-o", "link", "show", "dev", l.Bridge)
+	return err == nil && strings.Contains(out, " link/ether "+mac+" ")
+}
+
+// sysctl writes a value under /proc/sys in the links' namespace (a
+// network sysctl is per namespace: the writer must be in it).
+func (l *Links) sysctl(key, value string) error {
+	if !sysctlKey.MatchString(key) || !sysctlKey.MatchString(value) {
+		return fmt.Errorf("node network: sysctl %q=%q: not a key and value", key, value)
+	}
+	args := []string{"sh", "-c", "echo " + value + " > /proc/sys/" + key}
+	if l.NetNS != "" {
+		args = append([]string{"ip", "netns", "exec", l.NetNS}, args...)
+	}
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		return fmt.Errorf("node network: %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 func (l *Links) hasGateway() bool {

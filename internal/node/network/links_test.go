@@ -3,6 +3,7 @@ package network
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/netip"
 	"os/exec"
 	"slices"
@@ -73,5 +74,44 @@ func TestLinksCreateAndRemoveBridgeAndTaps(t *testing.T) {
 	}
 	if left, _ := links.Taps(); len(left) != 0 {
 		t.Errorf("taps left after delete: %v", left)
+	}
+}
+
+// TestBridgeAddressStaysPut: the gateway's MAC does not follow the taps. A
+// bridge without an address of its own takes its lowest port's; a guest
+// that cached the old one would lose the outside when a tap came or went.
+func TestBridgeAddressStaysPut(t *testing.T) {
+	ns := testNetNS(t)
+	links := &Links{Bridge: "kbr0", Gateway: netip.MustParsePrefix("10.88.0.1/24"), NetNS: ns}
+	if err := links.EnsureBridge(); err != nil {
+		t.Fatal(err)
+	}
+	if !links.hasAddress(BridgeMAC("kbr0")) {
+		out, _ := links.output("-o", "link", "show", "dev", "kbr0")
+		t.Fatalf("bridge address is not %s: %s", BridgeMAC("kbr0"), out)
+	}
+	// Taps with addresses below and above the bridge's, one going again.
+	for i, mac := range []string{"00:00:00:00:00:01", "fe:ff:ff:ff:ff:fe"} {
+		tap, err := links.EnsureTap(fmt.Sprintf("ns_m%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := links.ip("link", "set", tap, "address", mac); err != nil {
+			t.Fatal(err)
+		}
+		if !links.hasAddress(BridgeMAC("kbr0")) {
+			out, _ := links.output("-o", "link", "show", "dev", "kbr0")
+			t.Fatalf("the bridge took another address when a tap with %s joined: %s", mac, out)
+		}
+	}
+	if err := links.DeleteTap("ns_m0"); err != nil {
+		t.Fatal(err)
+	}
+	if !links.hasAddress(BridgeMAC("kbr0")) {
+		t.Fatal("the bridge's address changed when a tap left")
+	}
+	out, err := exec.Command("ip", "netns", "exec", ns, "cat", "/proc/sys/net/ipv4/conf/kbr0/arp_notify").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "1" {
+		t.Fatalf("arp_notify on the bridge: %v %q, want 1", err, out)
 	}
 }
