@@ -25,7 +25,9 @@ import (
 // --client-ca-file (user = Subject CN, groups = Subject O), or a bearer
 // token the API server vouches for (TokenReview); then, per request, a
 // SubjectAccessReview for get on machines/console in the Machine's
-// namespace. A CA-signed certificate alone no longer opens every console:
+// namespace (create machines/console to attach, create machines/exec for
+// exec and file copy: exec_server.go). A CA-signed certificate alone no
+// longer opens every console:
 // through the API server's node proxy the request carries the API server's
 // kubelet-client identity, which RBAC must grant get machines/console.
 
@@ -42,10 +44,26 @@ type accessReviewer interface {
 	// reviewToken returns the user a bearer token authenticates, ok false
 	// if it authenticates none.
 	reviewToken(ctx context.Context, token string) (user consoleUser, ok bool, err error)
-	// mayReadConsole tells whether user may get machines/console of
-	// namespace/name.
-	mayReadConsole(ctx context.Context, user consoleUser, namespace, name string) (bool, error)
+	// mayAccess tells whether user may do access (a verb on a subresource
+	// of machines) to namespace/name.
+	mayAccess(ctx context.Context, user consoleUser, access machineAccess, namespace, name string) (bool, error)
 }
+
+// machineAccess is what a request to the node agent asks of a Machine: a
+// verb on one of its subresources, as a SubjectAccessReview asks it.
+type machineAccess struct{ verb, subresource string }
+
+// The accesses the node agent's endpoints need (docs/guides/exec.md):
+// reading the console log is get machines/console; attaching to the
+// console (typing into it) is create machines/console; exec and file copy
+// are create machines/exec, as kubectl exec and cp need create pods/exec.
+var (
+	readConsole   = machineAccess{verb: "get", subresource: "console"}
+	attachConsole = machineAccess{verb: "create", subresource: "console"}
+	execMachine   = machineAccess{verb: "create", subresource: "exec"}
+)
+
+func (m machineAccess) String() string { return m.verb + " machines/" + m.subresource }
 
 // apiReviewer is accessReviewer through TokenReview and SubjectAccessReview.
 type apiReviewer struct{ c client.Client }
@@ -66,12 +84,12 @@ func (r apiReviewer) reviewToken(ctx context.Context, token string) (consoleUser
 	return consoleUser{name: u.Username, uid: u.UID, groups: u.Groups, extra: extra}, true, nil
 }
 
-func (r apiReviewer) mayReadConsole(ctx context.Context, user consoleUser, namespace, name string) (bool, error) {
+func (r apiReviewer) mayAccess(ctx context.Context, user consoleUser, access machineAccess, namespace, name string) (bool, error) {
 	review := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 		User: user.name, UID: user.uid, Groups: user.groups, Extra: user.extra,
 		ResourceAttributes: &authzv1.ResourceAttributes{
-			Namespace: namespace, Verb: "get", Group: kaironv1.GroupVersion.Group,
-			Resource: "machines", Subresource: "console", Name: name,
+			Namespace: namespace, Verb: access.verb, Group: kaironv1.GroupVersion.Group,
+			Resource: "machines", Subresource: access.subresource, Name: name,
 		},
 	}}
 	if err := r.c.Create(ctx, review); err != nil {
@@ -155,21 +173,21 @@ func (c *consoleAuth) authenticate(w http.ResponseWriter, r *http.Request) (cons
 	return cached.user, true
 }
 
-// authorize answers 403 unless user may get machines/console of
-// namespace/name (500 if the API server could not be asked).
-func (c *consoleAuth) authorize(w http.ResponseWriter, r *http.Request, user consoleUser, namespace, name string) bool {
+// authorize answers 403 unless user may do access to namespace/name (500
+// if the API server could not be asked).
+func (c *consoleAuth) authorize(w http.ResponseWriter, r *http.Request, user consoleUser, access machineAccess, namespace, name string) bool {
 	if c == nil {
 		http.Error(w, "Forbidden", http.StatusForbidden)
 		return false
 	}
-	key := decisionKey(user, namespace, name)
+	key := decisionKey(user, access, namespace, name)
 	c.mu.Lock()
 	cached, hit := c.access[key]
 	c.mu.Unlock()
 	if !hit || c.now().After(cached.until) {
-		allowed, err := c.reviewer.mayReadConsole(r.Context(), user, namespace, name)
+		allowed, err := c.reviewer.mayAccess(r.Context(), user, access, namespace, name)
 		if err != nil {
-			log.FromContext(r.Context()).Error(err, "console: SubjectAccessReview failed")
+			log.FromContext(r.Context()).Error(err, "SubjectAccessReview failed", "access", access.String())
 			http.Error(w, "Authorization unavailable", http.StatusInternalServerError)
 			return false
 		}
@@ -189,9 +207,11 @@ func (c *consoleAuth) authorize(w http.ResponseWriter, r *http.Request, user con
 // with its length first, so no two different reviews share a key whatever
 // bytes the names hold; groups and the extra's keys are sorted, their
 // order means nothing.
-func decisionKey(user consoleUser, namespace, name string) string {
+func decisionKey(user consoleUser, access machineAccess, namespace, name string) string {
 	h := sha256.New()
 	put := func(s string) { fmt.Fprintf(h, "%d:%s", len(s), s) }
+	put(access.verb)
+	put(access.subresource)
 	put(user.name)
 	put(user.uid)
 	put(namespace)

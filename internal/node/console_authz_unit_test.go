@@ -21,9 +21,9 @@ func (c *countingReviewer) reviewToken(ctx context.Context, token string) (conso
 	return nsReader{}.reviewToken(ctx, token)
 }
 
-func (c *countingReviewer) mayReadConsole(ctx context.Context, user consoleUser, namespace, name string) (bool, error) {
+func (c *countingReviewer) mayAccess(ctx context.Context, user consoleUser, access machineAccess, namespace, name string) (bool, error) {
 	c.access++
-	return nsReader{}.mayReadConsole(ctx, user, namespace, name)
+	return nsReader{}.mayAccess(ctx, user, access, namespace, name)
 }
 
 // TestConsoleAuthCachesBriefly: a decision is reused within
@@ -39,7 +39,7 @@ func TestConsoleAuthCachesBriefly(t *testing.T) {
 		r.Header.Set("Authorization", "Bearer "+token)
 		w := httptest.NewRecorder()
 		user, ok := auth.authenticate(w, r)
-		if ok && auth.authorize(w, r, user, namespace, "vm") {
+		if ok && auth.authorize(w, r, user, readConsole, namespace, "vm") {
 			return http.StatusOK
 		}
 		return w.Code
@@ -101,14 +101,21 @@ func TestDecisionKeyTellsReviewsApart(t *testing.T) {
 	}
 	seen := map[string]string{}
 	for what, v := range variants {
-		key := decisionKey(v.user, v.namespace, v.vm)
+		key := decisionKey(v.user, readConsole, v.namespace, v.vm)
 		if other, dup := seen[key]; dup {
 			t.Errorf("%s and %s share a key", what, other)
 		}
 		seen[key] = what
 	}
+	for _, access := range []machineAccess{attachConsole, execMachine, {verb: "get", subresource: "exec"}} {
+		if key := decisionKey(base, access, "ns", "vm"); seen[key] != "" {
+			t.Errorf("%s shares a key with %s", access, seen[key])
+		} else {
+			seen[key] = access.String()
+		}
+	}
 	reordered := consoleUser{name: "alice", groups: []string{"b", "a"}, extra: base.extra}
-	if decisionKey(reordered, "ns", "vm") != decisionKey(base, "ns", "vm") {
+	if decisionKey(reordered, readConsole, "ns", "vm") != decisionKey(base, readConsole, "ns", "vm") {
 		t.Error("the order of groups changed the key")
 	}
 }

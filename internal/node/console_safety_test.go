@@ -62,8 +62,8 @@ func (nsReader) reviewToken(_ context.Context, token string) (consoleUser, bool,
 	return consoleUser{name: token}, token == "reader", nil
 }
 
-func (nsReader) mayReadConsole(_ context.Context, user consoleUser, namespace, _ string) (bool, error) {
-	return user.name == "reader" && namespace == "ns", nil
+func (nsReader) mayAccess(_ context.Context, user consoleUser, access machineAccess, namespace, _ string) (bool, error) {
+	return user.name == "reader" && namespace == "ns" && access == readConsole, nil
 }
 
 // rawRequest is a request exactly as written on the wire.

@@ -27,6 +27,7 @@ import (
 // `kubectl logs`:
 //
 //	GET /v1/machines/{namespace}/{name}/console?tail=N&follow=true (N at most maxTailLines)
+//	POST /v1/machines/{namespace}/{name}/exec, /files/read, /files/write, /console/attach (exec_server.go)
 //	GET /healthz
 //
 // A console request needs a client certificate from --client-ca-file or a
@@ -78,6 +79,7 @@ func (a *Agent) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
 	mux.HandleFunc("GET /v1/machines/{namespace}/{name}/console", a.serveConsole)
+	a.execRoutes(mux) // exec, file copy and console attach: exec_server.go
 	return mux
 }
 
@@ -94,7 +96,7 @@ func (a *Agent) serveConsole(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if !a.consoleAuth.authorize(w, r, user, namespace, name) {
+	if !a.consoleAuth.authorize(w, r, user, readConsole, namespace, name) {
 		return
 	}
 	id := instanceID(namespace, name)

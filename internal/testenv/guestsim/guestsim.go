@@ -1,0 +1,187 @@
+// Package guestsim is a sim backend whose VMs have a guest agent: each
+// Machine's agent socket is served in-process by the real guest agent
+// (internal/guestagent/agent), which runs commands and files on this host.
+// With it, kairon-node's exec, cp and console attach are tested against a
+// real API server without QEMU. Tests only.
+package guestsim
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/zyvor/kairon/internal/backend/sim"
+	"github.com/zyvor/kairon/internal/guestagent/agent"
+	"github.com/zyvor/kairon/internal/guestagent/wire"
+)
+
+// Backend is a sim.Backend with AgentSocket and ConsoleSocket, as the qemu
+// backend has them.
+type Backend struct {
+	*sim.Backend
+	dir string
+	t   testing.TB
+
+	mu     sync.Mutex
+	guests map[string]*Guest
+}
+
+// Guest is one VM's in-process guest agent and interactive console.
+type Guest struct {
+	// AgentPath and ConsolePath are the sockets.
+	AgentPath, ConsolePath string
+	agentLn, consoleLn     net.Listener
+	connections            atomic.Int64
+	requests               atomic.Int64
+}
+
+// Connections is how many times the node connected to the guest agent.
+func (g *Guest) Connections() int64 { return g.connections.Load() }
+
+// Requests is how many sessions the node asked the guest agent for.
+func (g *Guest) Requests() int64 { return g.requests.Load() }
+
+// New wraps b; sockets live in a short directory removed with t.
+func New(t testing.TB, b *sim.Backend) *Backend {
+	dir, err := os.MkdirTemp("", "gs") // unix socket paths are short
+	if err != nil {
+		t.Fatal(err)
+	}
+	gb := &Backend{Backend: b, dir: dir, t: t, guests: map[string]*Guest{}}
+	t.Cleanup(func() {
+		gb.mu.Lock()
+		defer gb.mu.Unlock()
+		for _, g := range gb.guests {
+			g.agentLn.Close()
+			g.consoleLn.Close()
+		}
+		os.RemoveAll(dir)
+	})
+	return gb
+}
+
+// Guest is id's guest, started on first use.
+func (b *Backend) Guest(id string) *Guest {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if g := b.guests[id]; g != nil {
+		return g
+	}
+	sum := sha256.Sum256([]byte(id))
+	base := filepath.Join(b.dir, hex.EncodeToString(sum[:6]))
+	g := &Guest{AgentPath: base + ".agent", ConsolePath: base + ".console"}
+	var err error
+	if g.agentLn, err = net.Listen("unix", g.AgentPath); err != nil {
+		b.t.Errorf("guest %s: %v", id, err)
+		return g
+	}
+	if g.consoleLn, err = net.Listen("unix", g.ConsolePath); err != nil {
+		b.t.Errorf("guest %s: %v", id, err)
+		return g
+	}
+	b.guests[id] = g
+	go g.serveAgent()
+	go g.serveConsole()
+	return g
+}
+
+// AgentSocket implements what kairon-node asks of a qemu backend.
+func (b *Backend) AgentSocket(id string) string { return b.Guest(id).AgentPath }
+
+// ConsoleSocket implements what kairon-node asks of a qemu backend.
+func (b *Backend) ConsoleSocket(id string) string { return b.Guest(id).ConsolePath }
+
+// serveAgent serves the guest agent, one connection at a time as the
+// virtio-serial port does.
+func (g *Guest) serveAgent() {
+	for {
+		conn, err := g.agentLn.Accept()
+		if err != nil {
+			return
+		}
+		g.connections.Add(1)
+		a := agent.New(agent.Options{Name: "kairon-guest-agent/guestsim", Configure: func(*wire.Configure) error { return nil }})
+		_ = a.Serve(countingConn{Conn: conn, g: g, fr: newFrameCounter()})
+		conn.Close()
+	}
+}
+
+// serveConsole is a serial console whose shell answers each line typed
+// with "echo: " and the line.
+func (g *Guest) serveConsole() {
+	for {
+		conn, err := g.consoleLn.Accept()
+		if err != nil {
+			return
+		}
+		_, _ = io.WriteString(conn, "guestsim login: ")
+		buf := make([]byte, 4096)
+		var line []byte
+		for {
+			n, err := conn.Read(buf)
+			for _, c := range buf[:n] {
+				if c == '\r' || c == '\n' {
+					_, _ = io.WriteString(conn, "\r\necho: "+string(line)+"\r\n")
+					line = line[:0]
+				} else {
+					line = append(line, c)
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		conn.Close()
+	}
+}
+
+// countingConn counts the Request frames the agent reads.
+type countingConn struct {
+	net.Conn
+	g  *Guest
+	fr *frameCounter
+}
+
+func (c countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.fr.feed(p[:n], &c.g.requests)
+	return n, err
+}
+
+// frameCounter follows the frame boundaries of a byte stream (12-byte
+// headers, big-endian length at 8..12) and counts Request frames.
+type frameCounter struct {
+	header  []byte
+	payload uint32
+}
+
+func newFrameCounter() *frameCounter { return &frameCounter{} }
+
+func (f *frameCounter) feed(p []byte, requests *atomic.Int64) {
+	for len(p) > 0 {
+		if f.payload > 0 {
+			k := min(uint32(len(p)), f.payload)
+			f.payload -= k
+			p = p[k:]
+			continue
+		}
+		need := 12 - len(f.header)
+		k := min(need, len(p))
+		f.header = append(f.header, p[:k]...)
+		p = p[k:]
+		if len(f.header) == 12 {
+			if wire.Type(f.header[3]) == wire.TypeRequest {
+				requests.Add(1)
+			}
+			f.payload = uint32(f.header[8])<<24 | uint32(f.header[9])<<16 | uint32(f.header[10])<<8 | uint32(f.header[11])
+			f.header = f.header[:0]
+		}
+	}
+}
+
