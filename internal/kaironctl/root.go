@@ -8,8 +8,10 @@ package kaironctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -35,6 +37,9 @@ var verbs = []func(*Options) *cobra.Command{
 	newMigrateCommand,
 	newMCPCommand,
 	newLogsCommand,
+	newExecCommand,
+	newCpCommand,
+	newConsoleCommand,
 	newVersionCommand,
 }
 
@@ -42,6 +47,8 @@ var verbs = []func(*Options) *cobra.Command{
 // streams, and the clients built from them on first use.
 type Options struct {
 	ConfigFlags *genericclioptions.ConfigFlags
+	// In is what exec -i and console send to the guest.
+	In          io.Reader
 	Out, ErrOut io.Writer
 	// Now is the clock AGE columns are computed against.
 	Now func() time.Time
@@ -52,10 +59,18 @@ type Options struct {
 }
 
 // Main runs kaironctl with args (without the program name) and returns the
-// process exit code: 0, or 1 after printing one "error: ..." line to stderr.
+// process exit code: 0, or 1 after printing one "error: ..." line to stderr,
+// or the exit code of the command `kaironctl exec` ran. Its stdin is
+// os.Stdin.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return MainIO(ctx, args, os.Stdin, stdout, stderr)
+}
+
+// MainIO is Main with stdin.
+func MainIO(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	o := &Options{
 		ConfigFlags: genericclioptions.NewConfigFlags(true),
+		In:          stdin,
 		Out:         stdout,
 		ErrOut:      stderr,
 		Now:         time.Now,
@@ -63,10 +78,31 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := NewRootCommand(o)
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
+		var exit *ExitCodeError
+		if errors.As(err, &exit) {
+			if exit.Message != "" {
+				fmt.Fprintln(stderr, "error: "+oneLine(exit.Message))
+			}
+			return exit.Code
+		}
 		fmt.Fprintln(stderr, "error: "+oneLine(err.Error()))
 		return 1
 	}
 	return 0
+}
+
+// ExitCodeError ends kaironctl with Code (what a command run in a guest
+// exited with), printing Message as the error line if there is one.
+type ExitCodeError struct {
+	Code    int
+	Message string
+}
+
+func (e *ExitCodeError) Error() string {
+	if e.Message != "" {
+		return e.Message
+	}
+	return fmt.Sprintf("exit code %d", e.Code)
 }
 
 // NewRootCommand builds the whole command tree around o.
