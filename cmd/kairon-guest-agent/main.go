@@ -25,6 +25,10 @@ import (
 // version is set at build time (-ldflags -X main.version=…).
 var version = "dev"
 
+// exitNoPort is the exit status when the VM has no agent port: the guest's
+// init does not start the agent again then.
+const exitNoPort = 3
+
 func main() {
 	port := flag.String("port", "kairon.agent", "name of the virtio-serial port, or a device path")
 	iface := flag.String("interface", "eth0", "network interface that configure requests set up")
@@ -35,7 +39,7 @@ func main() {
 	dev, err := findPort(*port, *wait)
 	if err != nil {
 		log.Error("no agent port", "err", err)
-		os.Exit(1)
+		os.Exit(exitNoPort)
 	}
 	// Blocking I/O on a plain descriptor: the port reads 0 bytes while the
 	// host is not connected, which the loop below waits out.

@@ -149,11 +149,32 @@ func TestGuestAgent(t *testing.T) {
 		}
 	})
 
+	t.Run("agent started again", func(t *testing.T) {
+		// An agent that dies is started again by the guest's init. (The
+		// host end stays connected to QEMU meanwhile: it learns nothing
+		// until it hangs up and dials again.)
+		_, old, _ := guestExec(t, c, nil, "pidof", "kairon-guest-agent")
+		guestExec(t, c, nil, "sh", "-c", "setsid sh -c 'sleep 1; kill -9 "+strings.TrimSpace(old)+"' </dev/null >/dev/null 2>&1 &")
+		c.Close()
+		testenv.Eventually(t, bootTimeout, "a new agent to answer", func() (bool, string) {
+			actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			c2, err := client.Dial(actx, b.AgentSocket(spec.ID), client.Options{})
+			if err != nil {
+				return false, err.Error()
+			}
+			defer c2.Close()
+			var out bytes.Buffer
+			if _, err := c2.Exec(actx, &wire.Exec{Args: []string{"pidof", "kairon-guest-agent"}}, nil, &out, nil); err != nil {
+				return false, err.Error()
+			}
+			return out.Len() > 0 && out.String() != old, "agent pid " + out.String()
+		})
+	})
 	t.Run("reconnect", func(t *testing.T) {
 		// A host that hangs up ends its sessions: the program is killed,
 		// and the agent serves the next connection. (QEMU serves one
 		// client at a time: the first one goes first.)
-		c.Close()
 		c1 := dialAgent(t, b, spec.ID)
 		started := make(chan struct{})
 		go func() {
@@ -193,6 +214,7 @@ func TestGuestAgent(t *testing.T) {
 	t.Run("garbage from the guest", func(t *testing.T) {
 		c := dialAgent(t, b, spec.ID)
 		script := `for p in /sys/class/virtio-ports/*; do [ "$(cat $p/name)" = kairon.agent ] && dev=/dev/${p##*/}; done
+pkill -9 -f 'while /sbin/kairon-guest-agent'
 kill -9 $(pidof kairon-guest-agent)
 while pidof kairon-guest-agent >/dev/null; do usleep 10000; done
 yes 'this is no frame' | head -c 1000000 >$dev`
