@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -336,4 +337,45 @@ func BenchmarkGuestAgent(b *testing.B) {
 	b.ReportMetric(float64(size)/(1<<20)/down.Seconds(), "MiB/s-read")
 	b.Logf("%d exec of true: p50 %s p99 %s; 64 MiB file written in %s, read in %s (%s)", len(lat),
 		pct(0.5).Round(10*time.Microsecond), pct(0.99).Round(10*time.Microsecond), up.Round(time.Millisecond), down.Round(time.Millisecond), be.Acceleration())
+}
+
+// TestGuestAgentConfigureNetwork gives a guest on a tap a new address,
+// gateway, hostname and DNS through the agent, as a clone of a saved guest
+// would get its own identity, and reaches it at the new address.
+func TestGuestAgentConfigureNetwork(t *testing.T) {
+	vmPrereqs(t)
+	ns := newTestNetns(t)
+	const tap = "ktap0"
+	ns.ip(t, "tuntap", "add", "dev", tap, "mode", "tap")
+	ns.ip(t, "addr", "add", "10.88.0.1/24", "dev", tap)
+	ns.ip(t, "link", "set", tap, "up")
+	b := newTestBackend(t, Options{NetNS: ns.name, Log: testLogger(t)})
+	ctx := context.Background()
+	spec := backend.Spec{
+		ID: "ns1_conf", Name: "ns1/conf", CPU: 1, MemoryMiB: 256,
+		Network: &backend.Network{
+			TapName: tap, MAC: "52:54:00:12:34:57",
+			Address: netip.MustParsePrefix("10.88.0.5/24"), Gateway: netip.MustParseAddr("10.88.0.1"),
+		},
+	}
+	if _, err := b.Start(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, b, spec.ID, backend.Running, bootTimeout)
+	c := dialAgent(t, b, spec.ID)
+	err := c.Configure(ctx, &wire.Configure{
+		Hostname: "clone-2", Addresses: []string{"10.88.0.9/24"}, Gateway: "10.88.0.1",
+		DNS: []string{"10.88.0.1"}, Seed: []byte("this clone's own randomness"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, out, _ := guestExec(t, c, nil, "sh", "-c", "hostname; ip -4 addr show dev eth0 | grep inet; ip route | grep default")
+	if !strings.HasPrefix(out, "clone-2\n") || !strings.Contains(out, "10.88.0.9/24") || strings.Contains(out, "10.88.0.5") ||
+		!strings.Contains(out, "default via 10.88.0.1") {
+		t.Errorf("guest after configure:\n%s", out)
+	}
+	if _, echo, err := talkToGuest(t, ns, "10.88.0.9"); err != nil || echo != "ping kairon\n" {
+		t.Errorf("guest at its new address: %q %v", echo, err)
+	}
 }
