@@ -90,6 +90,8 @@ type applied struct {
 	m      Machine
 	policy *Policy
 	script string
+	// sets are the Machine's learned-address sets this agent wrote.
+	sets []string
 }
 
 var (
@@ -552,6 +554,23 @@ func (e *Enforcer) Apply(m Machine, p *Policy) error {
 	if old := e.machines[m.Tap]; old != nil && old.m.IP == m.IP && old.script == e.machineScript(m, p, nil) {
 		return nil
 	}
+	keep := learnedSets(m.Tap, p)
+	if old := e.machines[m.Tap]; old == nil || (old.policy != nil && old.m.IP == m.IP) {
+		// The common case, a new Machine or a new policy at the same
+		// address: the kernel holds what this agent wrote, so one
+		// transaction without reading it first. If another tap holds the
+		// address (the other end of a migration in a shared namespace),
+		// the kernel refuses the map entry and the careful path below
+		// looks.
+		var stale []string
+		if old != nil {
+			stale = slices.DeleteFunc(slices.Clone(old.sets), func(set string) bool { return slices.Contains(keep, set) })
+		}
+		if err := e.nft(e.machineScript(m, p, stale)); err == nil {
+			e.record(m, p, keep)
+			return nil
+		}
+	}
 	owners, err := e.owners()
 	if err != nil {
 		return err
@@ -572,24 +591,29 @@ func (e *Enforcer) Apply(m Machine, p *Policy) error {
 	if err != nil {
 		return err
 	}
-	keep := map[string]bool{}
-	for _, g := range p.Grants {
-		if len(g.FQDNs) > 0 {
-			keep[learnedSetName(m.Tap, g.ID())] = true
-		}
-	}
-	var stale []string
-	for _, s := range existing {
-		if !keep[s] {
-			stale = append(stale, s)
-		}
-	}
+	stale := slices.DeleteFunc(existing, func(set string) bool { return slices.Contains(keep, set) })
 	if err := e.nft(before + e.machineScript(m, p, stale) + moved); err != nil {
 		return err
 	}
-	e.machines[m.Tap] = &applied{m: m, policy: p, script: e.machineScript(m, p, nil)}
-	e.byIP[m.IP] = m.Tap
+	e.record(m, p, keep)
 	return nil
+}
+
+// record notes what Apply wrote for m.
+func (e *Enforcer) record(m Machine, p *Policy, sets []string) {
+	e.machines[m.Tap] = &applied{m: m, policy: p, script: e.machineScript(m, p, nil), sets: sets}
+	e.byIP[m.IP] = m.Tap
+}
+
+// learnedSets names the learned-address sets of tap under p.
+func learnedSets(tap string, p *Policy) []string {
+	var sets []string
+	for _, g := range p.Grants {
+		if len(g.FQDNs) > 0 {
+			sets = append(sets, learnedSetName(tap, g.ID()))
+		}
+	}
+	return sets
 }
 
 // Remove takes out every object of tap: chains, map entries, learned sets.
