@@ -116,6 +116,7 @@ func TestTemplateDefaults(t *testing.T) {
 
 	want := []string{
 		"ClusterRole/" + testRelease + "-kairon-console-reader",
+		"ClusterRole/" + testRelease + "-kairon-guest-user",
 		"ClusterRole/" + controllerName,
 		"ClusterRole/" + controllerName + "-metrics-auth",
 		"ClusterRole/" + testRelease + "-kairon-metrics-reader",

@@ -69,7 +69,7 @@ func TestAccessFilesMatchConfig(t *testing.T) {
 // placeholder; admissionPolicies.enabled=false renders none.
 func TestTemplateAccess(t *testing.T) {
 	m := render(t)
-	for name, file := range map[string]string{nodeAgentName: "node-agent.yaml", controllerName: "controller.yaml", testRelease + "-kairon-console-reader": "console-reader.yaml"} {
+	for name, file := range map[string]string{nodeAgentName: "node-agent.yaml", controllerName: "controller.yaml", testRelease + "-kairon-console-reader": "console-reader.yaml", testRelease + "-kairon-guest-user": "guest-user.yaml"} {
 		var role rbacv1.ClusterRole
 		get(t, m, "ClusterRole", name, &role)
 		want, err := controlplane.ReadRules(file)
@@ -111,6 +111,26 @@ func TestTemplateAccess(t *testing.T) {
 			binding.Spec.ParamRef != nil || binding.Spec.MatchResources != nil {
 			t.Errorf("binding %s: %+v, want policy %s everywhere with Deny", chartName, binding.Spec, chartName)
 		}
+	}
+
+	var guest rbacv1.ClusterRole
+	get(t, m, "ClusterRole", testRelease+"-kairon-guest-user", &guest)
+	if guest.Labels["rbac.authorization.k8s.io/aggregate-to-edit"] != "true" || guest.Labels["rbac.authorization.k8s.io/aggregate-to-admin"] != "true" {
+		t.Errorf("guest-user ClusterRole labels %v: want it aggregated into edit and admin", guest.Labels)
+	}
+	if m.has("ClusterRoleBinding", testRelease+"-kairon-guest-user") {
+		t.Error("guest-user is bound by default: the node proxy's identity must not exec in every Machine unless asked")
+	}
+	proxied := render(t, "--set", "node.guestUser=kube-apiserver-kubelet-client", "--set", "node.guestAccessToEditors=false")
+	var guestBinding rbacv1.ClusterRoleBinding
+	get(t, proxied, "ClusterRoleBinding", testRelease+"-kairon-guest-user", &guestBinding)
+	if len(guestBinding.Subjects) != 1 || guestBinding.Subjects[0].Name != "kube-apiserver-kubelet-client" {
+		t.Errorf("guest-user binding subjects %+v, want node.guestUser", guestBinding.Subjects)
+	}
+	var unaggregated rbacv1.ClusterRole
+	get(t, proxied, "ClusterRole", testRelease+"-kairon-guest-user", &unaggregated)
+	if _, aggregated := unaggregated.Labels["rbac.authorization.k8s.io/aggregate-to-edit"]; aggregated {
+		t.Error("guest-user aggregated into edit with node.guestAccessToEditors=false")
 	}
 
 	off := render(t, "--set", "admissionPolicies.enabled=false", "--set", "node.consoleReaderUser=")
