@@ -43,13 +43,18 @@ bver=$(echo "$versions" | awk '$1 == "busybox-static" {print $2}')
 [ -n "$bver" ] || die "apt has no installable version of busybox-static; run 'apt-get update'"
 
 # The guest agent, static and reproducible (so its hash is a fair stamp).
+# Its version is a hash of its sources, not the commit: another commit
+# alone does not rebuild the image.
 go=$(command -v go || echo /usr/local/go/bin/go)
 [ -x "$go" ] || die "go not found (needed to build cmd/kairon-guest-agent)"
 agent_bin=$(mktemp "${TMPDIR:-/tmp}/kairon-guest-agent.XXXXXX")
 trap 'rm -f "$agent_bin"' EXIT
-(cd "$here/../.." && CGO_ENABLED=0 GOOS=linux GOARCH=amd64 "$go" build -trimpath -buildvcs=false \
-	-ldflags "-s -w -X main.version=$(git rev-parse --short HEAD 2>/dev/null || echo dev)" \
-	-o "$agent_bin" ./cmd/kairon-guest-agent) || die "building cmd/kairon-guest-agent failed"
+(cd "$here/../.." &&
+	src=$(find cmd/kairon-guest-agent internal/guestagent -name '*.go' ! -name '*_test.go' | LC_ALL=C sort |
+		xargs cat go.mod go.sum | sha256sum | cut -c1-12) &&
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 "$go" build -trimpath -buildvcs=false \
+		-ldflags "-s -w -X main.version=src-$src" -o "$agent_bin" ./cmd/kairon-guest-agent) ||
+	die "building cmd/kairon-guest-agent failed"
 
 stamp=$( (cat "$0" "$here/init" "$agent_bin"; echo "$kpkg=$kver busybox-static=$bver") | sha256sum | cut -d' ' -f1)
 if [ "${KAIRON_GUEST_FORCE:-0}" != 1 ] && [ -f "$dest/.stamp" ] &&
