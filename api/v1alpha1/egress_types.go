@@ -56,10 +56,11 @@ type EgressRules struct {
 	AllowIcmp bool `json:"allowIcmp,omitempty"`
 }
 
-// Hostname is a DNS name such as pypi.org.
+// Hostname is a DNS name such as pypi.org, or "*.suffix" for every name
+// below suffix (not suffix itself), as Cilium's toFQDNs matchPattern.
 // +kubebuilder:validation:MinLength=1
 // +kubebuilder:validation:MaxLength=253
-// +kubebuilder:validation:XValidation:rule="self.matches('^([a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?[.])*[a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?[.]?$')",message="must be a DNS host name such as pypi.org"
+// +kubebuilder:validation:XValidation:rule="self.matches('^([*][.])?([a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?[.])*[a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?[.]?$')",message="must be a DNS host name such as pypi.org, or a wildcard suffix such as *.pythonhosted.org"
 type Hostname string
 
 // ServerName is an exact DNS name or "*.suffix".

@@ -136,11 +136,16 @@ kind: MachineClaim
 metadata: {name: sni-nodot}
 spec: {poolName: agents, egress: {allowSNI: ["*example.com"]}}`,
 			[]string{"spec.egress.allowSNI[0]", "wildcard suffix"}},
-		{"FQDN with a wildcard", `
+		{"FQDN with a wildcard inside", `
 kind: MachineClaim
 metadata: {name: fqdn-wild}
-spec: {poolName: agents, egress: {allowFqdns: ["*.pypi.org"]}}`,
+spec: {poolName: agents, egress: {allowFqdns: ["files.*.pypi.org"]}}`,
 			[]string{"spec.egress.allowFqdns[0]", "DNS host name"}},
+		{"FQDN wildcard without its dot", `
+kind: MachineClaim
+metadata: {name: fqdn-wild-nodot}
+spec: {poolName: agents, egress: {allowFqdns: ["*pypi.org"]}}`,
+			[]string{"spec.egress.allowFqdns[0]", "wildcard suffix"}},
 		{"unknown reclaim policy", `
 kind: MachineClaim
 metadata: {name: reclaim}
@@ -286,7 +291,7 @@ spec:
     allowCidrs: ["0.0.0.0/0", "2001:db8::/32", "192.0.2.7/32"]
     allowSNI: ["*.example.com", "api.example.com"]
     allowDNS: ["*.pythonhosted.org"]
-    allowFqdns: ["pypi.org", "localhost"]`, `
+    allowFqdns: ["pypi.org", "localhost", "*.pythonhosted.org"]`, `
 kind: MachineDisruptionBudget
 metadata: {name: percent}
 spec: {maxUnavailable: "100%"}`, `
