@@ -8,12 +8,15 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/zyvor/kairon/internal/backend"
@@ -485,7 +488,9 @@ func (a *Agent) serveConsoleAttach(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer lock.Unlock()
-	serial, err := (&net.Dialer{Timeout: guestDialTimeout}).DialContext(r.Context(), "unix", path)
+	dialCtx, cancelDial := context.WithTimeout(r.Context(), guestDialTimeout)
+	defer cancelDial()
+	serial, err := dialUnix(dialCtx, path)
 	if err != nil {
 		http.Error(w, fmt.Sprintf("the console of machine %s is not reachable: %v", g.machine(), err), http.StatusServiceUnavailable)
 		return
@@ -549,7 +554,11 @@ func (p *channelPool) get(ctx context.Context, path string) (*client.Client, err
 			return ch.c, nil
 		}
 	}
-	c, err := client.Dial(ctx, path, client.Options{Name: "kairon-node"})
+	conn, err := dialUnix(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.New(ctx, conn, client.Options{Name: "kairon-node"})
 	if err != nil {
 		return nil, err
 	}
@@ -583,4 +592,30 @@ func (l *attachLocks) lock(path string) *sync.Mutex {
 		l.m[path] = &sync.Mutex{}
 	}
 	return l.m[path]
+}
+
+// maxSocketPath is the longest path connect(2) takes for a unix socket
+// (sun_path is 108 bytes with its NUL).
+const maxSocketPath = 107
+
+// dialUnix connects to the unix socket at path, however long: a VM's
+// sockets live in its state directory, whose path (state dir, namespace
+// and name) can be longer than a socket address may be. Such a path is
+// reached through the directory opened beforehand, as
+// /proc/self/fd/N/NAME.
+func dialUnix(ctx context.Context, path string) (net.Conn, error) {
+	var d net.Dialer
+	if len(path) <= maxSocketPath {
+		return d.DialContext(ctx, "unix", path)
+	}
+	dir, err := unix.Open(filepath.Dir(path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: filepath.Dir(path), Err: err}
+	}
+	defer unix.Close(dir)
+	short := fmt.Sprintf("/proc/self/fd/%d/%s", dir, filepath.Base(path))
+	if len(short) > maxSocketPath {
+		return nil, fmt.Errorf("socket name %q too long", filepath.Base(path))
+	}
+	return d.DialContext(ctx, "unix", short)
 }

@@ -296,3 +296,41 @@ func TestFileWriteCutShortLeavesNothing(t *testing.T) {
 		t.Errorf("mode %v %v, want 0600", st.Mode().Perm(), err)
 	}
 }
+
+// TestDialUnixLongPath: a socket whose path is longer than a socket
+// address may be (a long state dir, namespace and name) is still reached.
+func TestDialUnixLongPath(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), strings.Repeat("d", 60), strings.Repeat("n", 63)+"_"+strings.Repeat("m", 60))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Listen through the same short form the dialer uses.
+	fd, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	ln, err := net.Listen("unix", fmt.Sprintf("/proc/self/fd/%d/agent.sock", fd.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			_, _ = c.Write([]byte("hi"))
+			c.Close()
+		}
+	}()
+	path := filepath.Join(dir, "agent.sock")
+	if len(path) <= maxSocketPath {
+		t.Fatalf("path %d bytes: not long enough to test", len(path))
+	}
+	conn, err := dialUnix(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if got, _ := io.ReadAll(conn); string(got) != "hi" {
+		t.Errorf("read %q", got)
+	}
+}

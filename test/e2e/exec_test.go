@@ -1,0 +1,100 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/testenv"
+)
+
+// TestKaironctlExecInARealGuest: kaironctl exec and cp (the bin/
+// binaries) against a real QEMU guest through kairon-node and the guest
+// agent on its virtio-serial port: echo, exit codes 0 and 3, 10 MB of
+// stdout intact, stdin passed through, and a 20 MB file copied in and out.
+func TestKaironctlExecInARealGuest(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	netNS := netns(t)
+	state := t.TempDir()
+	t.Cleanup(func() { killVMs(t, state) })
+	startController(t, env)
+	a := startAgent(t, env, "e2e-exec", state, netNS)
+	deleteNodeAtEnd(t, env, "e2e-exec")
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := os.ReadFile(a.log)
+			t.Logf("kairon-node log:\n%s", tail(string(out), 40))
+		}
+	})
+	kubectl(t, env, "apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata:\n  name: box\nspec: {}\n", "-n", ns, "apply", "-f", "-")
+	waitPhase(t, env, client.ObjectKey{Namespace: ns, Name: "box"}, kaironv1.MachineRunning)
+
+	kaironctl := func(stdin []byte, args ...string) (string, string, int) {
+		t.Helper()
+		cmd := exec.Command(filepath.Join(env.BinDir, "kaironctl"), append([]string{"--kubeconfig", env.Kubeconfig, "-n", ns}, args...)...)
+		var out, errb bytes.Buffer
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = bytes.NewReader(stdin), &out, &errb
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), errb.String(), code
+	}
+
+	if out, stderr, code := kaironctl(nil, "exec", "box", "--", "echo", "hello", "from", "the", "guest"); out != "hello from the guest\n" || code != 0 {
+		t.Errorf("exec echo: %q %q exit %d", out, stderr, code)
+	}
+	if _, stderr, code := kaironctl(nil, "exec", "box", "--", "true"); code != 0 {
+		t.Errorf("exec true: %q exit %d", stderr, code)
+	}
+	if out, stderr, code := kaironctl(nil, "exec", "box", "--", "sh", "-c", "echo three; exit 3"); out != "three\n" || code != 3 {
+		t.Errorf("exec exit 3: %q %q exit %d", out, stderr, code)
+	}
+
+	const size = 10 << 20
+	out, stderr, code := kaironctl(nil, "exec", "box", "--", "sh", "-c", fmt.Sprintf("yes 0123456789abcdef | head -c %d", size))
+	want := sha256.Sum256(bytes.Repeat([]byte("0123456789abcdef\n"), size/17+1)[:size])
+	if got := sha256.Sum256([]byte(out)); got != want || code != 0 {
+		t.Errorf("10 MB of stdout: %d bytes, exit %d, %q: sha256 differs", len(out), code, stderr)
+	}
+
+	in := bytes.Repeat([]byte("through stdin\n"), 50000)
+	if out, stderr, code := kaironctl(in, "exec", "-i", "box", "--", "sha256sum"); out != fmt.Sprintf("%x  -\n", sha256.Sum256(in)) || code != 0 {
+		t.Errorf("stdin: the guest's sha256sum %q %q exit %d", out, stderr, code)
+	}
+
+	dir := t.TempDir()
+	data := bytes.Repeat([]byte("twenty megabytes of file "), (20<<20)/25+1)[:20<<20]
+	src := filepath.Join(dir, "src.bin")
+	if err := os.WriteFile(src, data, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, code := kaironctl(nil, "cp", src, "box:/tmp/big.bin"); code != 0 {
+		t.Fatalf("cp in: %q exit %d", stderr, code)
+	}
+	if out, stderr, code := kaironctl(nil, "exec", "box", "--", "sh", "-c", "sha256sum /tmp/big.bin; stat -c %a /tmp/big.bin"); out != fmt.Sprintf("%x  /tmp/big.bin\n640\n", sha256.Sum256(data)) || code != 0 {
+		t.Errorf("the guest's copy: %q %q exit %d", out, stderr, code)
+	}
+	back := filepath.Join(dir, "back.bin")
+	if _, stderr, code := kaironctl(nil, "cp", "box:/tmp/big.bin", back); code != 0 {
+		t.Fatalf("cp out: %q exit %d", stderr, code)
+	}
+	if got, err := os.ReadFile(back); err != nil || sha256.Sum256(got) != sha256.Sum256(data) {
+		t.Errorf("cp round trip of 20 MB: %d bytes, %v: sha256 differs", len(got), err)
+	}
+	if _, stderr, code := kaironctl(nil, "exec", "box", "--", "/no/such/program"); code == 0 || !strings.Contains(stderr, "exec in machine "+ns+"/box") {
+		t.Errorf("a missing program: %q exit %d", stderr, code)
+	}
+}
