@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -34,6 +35,11 @@ type claimFlags struct {
 	name      string
 	output    string
 	nameGiven bool
+	// Set by the MCP server, not by flags: labels on the claim object and
+	// on its Machine, and a last check of the spec before it is created.
+	claimLabels   map[string]string
+	machineLabels map[string]string
+	vetSpec       func(*kaironv1.MachineClaimSpec) error
 }
 
 // claimFlagOfField names the flag that set a spec field, so a refusal by the
@@ -92,7 +98,7 @@ once a warm Machine is ready; release it with 'kaironctl release CLAIM'.
 	fl.StringArrayVar(&f.labels, "label", nil, "Label KEY=VALUE to put on the Machine when the claim binds (repeatable)")
 	fl.DurationVar(&f.ttl, "ttl", 0, "Release the claim this long after it binds, e.g. 1h (whole seconds; 0 keeps it until released)")
 	fl.DurationVar(&f.wait, "wait", 60*time.Second, "How long to wait for the bind; 0 creates the claim and returns")
-	fl.StringArrayVar(&f.fqdns, "allow-fqdn", nil, "Host name the Machine may resolve and reach (repeatable)")
+	fl.StringArrayVar(&f.fqdns, "allow-fqdn", nil, "Host name the Machine may resolve and reach, or *.suffix for every name below suffix (repeatable)")
 	fl.StringArrayVar(&f.snis, "allow-sni", nil, "TLS server name allowed, exact or *.suffix (repeatable)")
 	fl.StringArrayVar(&f.cidrs, "allow-cidr", nil, "Destination CIDR allowed, e.g. 10.0.0.0/8 (repeatable)")
 	fl.StringArrayVar(&f.ports, "allow-port", nil, "Destination port or range allowed, e.g. 443 or 8000-8100 (repeatable)")
@@ -229,6 +235,17 @@ func (o *Options) claimMachine(ctx context.Context, cmd *cobra.Command, pool str
 	if err != nil {
 		return nil, err
 	}
+	for k, v := range f.machineLabels {
+		if spec.Labels == nil {
+			spec.Labels = map[string]string{}
+		}
+		spec.Labels[k] = v
+	}
+	if f.vetSpec != nil {
+		if err := f.vetSpec(spec); err != nil {
+			return nil, err
+		}
+	}
 	ns, err := o.Namespace()
 	if err != nil {
 		return nil, err
@@ -258,7 +275,7 @@ func (o *Options) claimMachine(ctx context.Context, cmd *cobra.Command, pool str
 		// Stamped with the time to the millisecond, which the claim's
 		// bindMillis is measured from (creationTimestamp has whole seconds).
 		claim = &kaironv1.MachineClaim{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: maps.Clone(f.claimLabels)},
 			Spec:       *spec.DeepCopy(),
 		}
 		if stamped {

@@ -30,7 +30,8 @@ func newMCPCommand(o *Options) *cobra.Command {
 		},
 		RunE: func(cmd *cobra.Command, args []string) error { return cmd.Help() },
 	}
-	var allowWrite bool
+	var opts MCPOptions
+	var ceilingFile string
 	serve := &cobra.Command{
 		Use:   "serve",
 		Short: "Run an MCP server on stdin/stdout",
@@ -45,17 +46,38 @@ Tools:
   delete_machine      delete a Machine, like 'kaironctl delete machine' (--allow-write)
 
 Without --allow-write the server is read-only: the write tools are not
-offered at all.`,
+offered at all.
+
+With --allow-write the server acts only on what it made: every claim it
+creates carries the label mcp.kairon.zyvor.dev/session=SESSION (its
+Machine too), and release_claim and delete_machine refuse any claim or
+Machine without this server's session. --max-claims bounds the claims the
+session holds at once; --default-ttl and --max-ttl bound how long a claim
+lives; --no-retain refuses claims that would keep their Machine after
+release; --egress-ceiling FILE (an egress allowlist, the fields of a
+claim's spec.egress in YAML or JSON) is the most any claim may allow: a
+claim without egress gets the ceiling itself, and one reaching past it is
+refused with the field that does.`,
 		Example: `  kaironctl mcp serve -n agents
-  kaironctl mcp serve --allow-write --kubeconfig ~/.kube/agents -n team-a`,
+  kaironctl mcp serve --allow-write --kubeconfig ~/.kube/agents -n team-a
+  kaironctl mcp serve --allow-write -n sandboxes --max-claims 3 --max-ttl 2h --no-retain --egress-ceiling ceiling.yaml`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return usageError(cmd, "serve takes no arguments, got %d", len(args))
 			}
-			return NewMCPServer(o, allowWrite).Run(cmd.Context(), &mcp.StdioTransport{})
+			if err := opts.check(cmd, ceilingFile); err != nil {
+				return err
+			}
+			return NewMCPServer(o, opts).Run(cmd.Context(), &mcp.StdioTransport{})
 		},
 	}
-	serve.Flags().BoolVar(&allowWrite, "allow-write", false, "Also offer claim_machine, release_claim and delete_machine")
+	serve.Flags().BoolVar(&opts.AllowWrite, "allow-write", false, "Also offer claim_machine, release_claim and delete_machine, limited to this session's own claims and Machines")
+	serve.Flags().StringVar(&opts.Session, "session", "", "Name of this server's session, the value of the "+LabelMCPSession+" label on what it creates (default: mcp-<random>)")
+	serve.Flags().IntVar(&opts.MaxClaims, "max-claims", 0, "Most claims the session may hold at once (0: no limit)")
+	serve.Flags().DurationVar(&opts.DefaultTTL, "default-ttl", 0, "TTL of a claim made without one (0: none, unless --max-ttl)")
+	serve.Flags().DurationVar(&opts.MaxTTL, "max-ttl", 0, "Longest TTL a claim may ask for; a claim without one gets --default-ttl, else this (0: no limit)")
+	serve.Flags().BoolVar(&opts.NoRetain, "no-retain", false, "Refuse claims with retain: every claimed Machine is deleted when released")
+	serve.Flags().StringVar(&ceilingFile, "egress-ceiling", "", "File with the most egress any claim may allow (YAML or JSON of a claim's spec.egress)")
 	cmd.AddCommand(serve)
 	return cmd
 }
@@ -64,8 +86,9 @@ offered at all.`,
 // its own copy of the Options, with Out captured, so that nothing a verb
 // prints reaches stdout (the protocol's channel) and calls may overlap.
 type mcpServer struct {
-	mu sync.Mutex
-	o  *Options
+	mu   sync.Mutex
+	o    *Options
+	opts MCPOptions
 	// claimCmd is a 'kaironctl claim' command, only so that usage errors
 	// read exactly as the CLI's.
 	claimCmd *cobra.Command
@@ -84,11 +107,14 @@ func (s *mcpServer) call(out *bytes.Buffer) *Options {
 }
 
 // NewMCPServer is the MCP server of 'kaironctl mcp serve', not yet running:
-// list_machine_pools always, and with allowWrite also claim_machine,
+// list_machine_pools always, and with opts.AllowWrite also claim_machine,
 // release_claim and delete_machine.
-func NewMCPServer(o *Options, allowWrite bool) *mcp.Server {
+func NewMCPServer(o *Options, opts MCPOptions) *mcp.Server {
 	root := &cobra.Command{Use: "kaironctl"}
-	s := &mcpServer{o: o, claimCmd: newClaimCommand(o)}
+	if opts.Session == "" {
+		opts.Session = randomSession()
+	}
+	s := &mcpServer{o: o, opts: opts, claimCmd: newClaimCommand(o)}
 	root.AddCommand(s.claimCmd)
 
 	server := mcp.NewServer(&mcp.Implementation{Name: "kaironctl", Version: clientVersion()}, nil)
@@ -97,24 +123,25 @@ func NewMCPServer(o *Options, allowWrite bool) *mcp.Server {
 		Description: "List the Kairon MachinePools in the namespace (or every namespace) with their desired, warm, ready-warm and claimed member counts.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
 	}, s.listMachinePools)
-	if !allowWrite {
+	if !opts.AllowWrite {
 		return server
 	}
 	mcp.AddTool(server, &mcp.Tool{
 		Name: "claim_machine",
 		Description: "Take a warm Machine from a MachinePool: create a MachineClaim and wait until it binds. " +
-			"Returns the claim, the Machine, how long the bind took and the Machine's address. Release it with release_claim when done.",
-		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(false)},
+			"Returns the claim, the Machine, how long the bind took and the Machine's address. Release it with release_claim when done. " +
+			"The server's operator may limit how many claims this session holds, their TTL, retain, and the egress a claim may allow.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(false), OpenWorldHint: new(false)},
 	}, s.claimMachine)
 	mcp.AddTool(server, &mcp.Tool{
 		Name: "release_claim",
-		Description: "Release a MachineClaim: delete it and wait until its Machine is deleted " +
-			"(reclaimPolicy Delete) or kept as a plain Machine (Retain).",
+		Description: "Release a MachineClaim this session made: delete it and wait until its Machine is deleted " +
+			"(reclaimPolicy Delete) or kept as a plain Machine (Retain). Claims made by anyone else are refused.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(true), IdempotentHint: true},
 	}, s.releaseClaim)
 	mcp.AddTool(server, &mcp.Tool{
 		Name:        "delete_machine",
-		Description: "Delete a Kairon Machine (its VM is stopped) and wait until it is gone.",
+		Description: "Delete a Kairon Machine this session claimed (its VM is stopped) and wait until it is gone. Other Machines are refused.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(true), IdempotentHint: true},
 	}, s.deleteMachine)
 	return server
@@ -215,6 +242,9 @@ func (s *mcpServer) claimMachine(ctx context.Context, _ *mcp.CallToolRequest, in
 	for _, k := range slices.Sorted(maps.Keys(in.Labels)) {
 		f.labels = append(f.labels, k+"="+in.Labels[k])
 	}
+	f.claimLabels = map[string]string{LabelMCPSession: s.opts.Session}
+	f.machineLabels = map[string]string{LabelMCPSession: s.opts.Session}
+	f.vetSpec = s.opts.vet
 	var err error
 	if in.TTL != "" {
 		if f.ttl, err = time.ParseDuration(in.TTL); err != nil {
@@ -225,6 +255,9 @@ func (s *mcpServer) claimMachine(ctx context.Context, _ *mcp.CallToolRequest, in
 		if f.wait, err = time.ParseDuration(in.Wait); err != nil {
 			return nil, ClaimMachineOutput{}, mcpError(fmt.Errorf("invalid wait %q: %v", in.Wait, err))
 		}
+	}
+	if err := s.checkClaimCount(ctx, o); err != nil {
+		return nil, ClaimMachineOutput{}, mcpError(err)
 	}
 	c, err := o.claimMachine(ctx, s.claimCmd, in.Pool, f)
 	if err != nil {
@@ -272,6 +305,9 @@ func (s *mcpServer) releaseClaim(ctx context.Context, _ *mcp.CallToolRequest, in
 	if in.Claim == "" {
 		return nil, ReleaseClaimOutput{}, mcpError(fmt.Errorf("release_claim needs a claim name"))
 	}
+	if err := s.ownsObject(ctx, o, &kaironv1.MachineClaim{}, "machineclaims", in.Claim); err != nil {
+		return nil, ReleaseClaimOutput{}, mcpError(err)
+	}
 	if err := o.runRelease(ctx, in.Claim, !in.NoWait, timeout); err != nil {
 		return nil, ReleaseClaimOutput{}, mcpError(err)
 	}
@@ -309,6 +345,9 @@ func (s *mcpServer) deleteMachine(ctx context.Context, _ *mcp.CallToolRequest, i
 	}
 	if in.Machine == "" {
 		return nil, DeleteMachineOutput{}, mcpError(fmt.Errorf("delete_machine needs a machine name"))
+	}
+	if err := s.ownsObject(ctx, o, &kaironv1.Machine{}, "machines", in.Machine); err != nil {
+		return nil, DeleteMachineOutput{}, mcpError(err)
 	}
 	k, _ := lookupKind("machines")
 	ns, err := o.Namespace()

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -25,7 +26,13 @@ import (
 )
 
 // mcpSession connects a client to NewMCPServer for namespace ns.
-func mcpSession(t *testing.T, env *testenv.Env, ns string, allowWrite bool) *mcp.ClientSession {
+
+var (
+	readOnly = kaironctl.MCPOptions{}
+	writable = kaironctl.MCPOptions{AllowWrite: true, Session: "test-session"}
+)
+
+func mcpSession(t *testing.T, env *testenv.Env, ns string, opts kaironctl.MCPOptions) *mcp.ClientSession {
 	t.Helper()
 	flags := genericclioptions.NewConfigFlags(true)
 	*flags.KubeConfig = env.Kubeconfig
@@ -36,7 +43,7 @@ func mcpSession(t *testing.T, env *testenv.Env, ns string, allowWrite bool) *mcp
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	st, ct := mcp.NewInMemoryTransports()
-	ss, err := kaironctl.NewMCPServer(o, allowWrite).Connect(ctx, st, nil)
+	ss, err := kaironctl.NewMCPServer(o, opts).Connect(ctx, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,15 +109,15 @@ func toolNames(t *testing.T, cs *mcp.ClientSession) []string {
 func TestMCPToolsNeedAllowWrite(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
-	if got := toolNames(t, mcpSession(t, env, ns, false)); !slices.Equal(got, []string{"list_machine_pools"}) {
+	if got := toolNames(t, mcpSession(t, env, ns, readOnly)); !slices.Equal(got, []string{"list_machine_pools"}) {
 		t.Errorf("read-only tools: %v", got)
 	}
 	want := []string{"claim_machine", "delete_machine", "list_machine_pools", "release_claim"}
-	if got := toolNames(t, mcpSession(t, env, ns, true)); !slices.Equal(got, want) {
+	if got := toolNames(t, mcpSession(t, env, ns, writable)); !slices.Equal(got, want) {
 		t.Errorf("--allow-write tools: %v, want %v", got, want)
 	}
 	// A write tool is not there to call without --allow-write.
-	res, err := mcpSession(t, env, ns, false).CallTool(context.Background(), &mcp.CallToolParams{Name: "claim_machine", Arguments: map[string]any{"pool": "agents"}})
+	res, err := mcpSession(t, env, ns, readOnly).CallTool(context.Background(), &mcp.CallToolParams{Name: "claim_machine", Arguments: map[string]any{"pool": "agents"}})
 	if err == nil && !res.IsError {
 		t.Error("claim_machine ran on a read-only server")
 	}
@@ -128,7 +135,7 @@ func TestMCPListMachinePools(t *testing.T) {
 	setStatus(t, env, p)
 
 	var out kaironctl.ListMachinePoolsOutput
-	if msg := callTool(t, mcpSession(t, env, ns, false), "list_machine_pools", map[string]any{}, &out); msg != "" {
+	if msg := callTool(t, mcpSession(t, env, ns, readOnly), "list_machine_pools", map[string]any{}, &out); msg != "" {
 		t.Fatalf("tool error: %s", msg)
 	}
 	want := []kaironctl.MachinePoolSummary{{Namespace: ns, Name: "agents", Desired: 3, Warm: 3, ReadyWarm: 2, Claimed: 1}}
@@ -138,7 +145,7 @@ func TestMCPListMachinePools(t *testing.T) {
 
 	// all_namespaces finds it from a session configured for another namespace.
 	out = kaironctl.ListMachinePoolsOutput{}
-	if msg := callTool(t, mcpSession(t, env, env.Namespace(t), false), "list_machine_pools", map[string]any{"all_namespaces": true}, &out); msg != "" {
+	if msg := callTool(t, mcpSession(t, env, env.Namespace(t), readOnly), "list_machine_pools", map[string]any{"all_namespaces": true}, &out); msg != "" {
 		t.Fatalf("tool error: %s", msg)
 	}
 	if !slices.Contains(out.Pools, want[0]) {
@@ -151,7 +158,7 @@ func TestMCPClaimReleaseDelete(t *testing.T) {
 	ns := env.Namespace(t)
 	ctx := context.Background()
 	claimPool(t, env, ns)
-	cs := mcpSession(t, env, ns, true)
+	cs := mcpSession(t, env, ns, writable)
 
 	// The Machine the fake controller binds, with an address.
 	m := plainMachine(ns, "agents-8c21d0e4")
@@ -203,8 +210,22 @@ func TestMCPClaimReleaseDelete(t *testing.T) {
 		t.Errorf("claim after release_claim: %v", err)
 	}
 
-	// delete_machine deletes a Machine.
-	create(t, env, plainMachine(ns, "scratch"))
+	if c.Labels[kaironctl.LabelMCPSession] != "test-session" || c.Spec.Labels[kaironctl.LabelMCPSession] != "test-session" {
+		t.Errorf("the claim and its Machine's labels do not name the session: %v, %v", c.Labels, c.Spec.Labels)
+	}
+
+	// delete_machine deletes a Machine of the session (a claimed one kept
+	// by Retain carries the label), and nothing else.
+	scratch := plainMachine(ns, "scratch")
+	scratch.Labels = map[string]string{kaironctl.LabelMCPSession: "test-session"}
+	create(t, env, scratch)
+	create(t, env, plainMachine(ns, "someone-elses"))
+	if msg := callTool(t, cs, "delete_machine", map[string]any{"machine": "someone-elses"}, nil); !strings.Contains(msg, "machine/someone-elses was not created by this MCP session") {
+		t.Errorf("delete_machine of another's Machine: %q", msg)
+	}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "someone-elses"}, &kaironv1.Machine{}); err != nil {
+		t.Errorf("the refused Machine: %v", err)
+	}
 	var deleted kaironctl.DeleteMachineOutput
 	if msg := callTool(t, cs, "delete_machine", map[string]any{"machine": "scratch"}, &deleted); msg != "" {
 		t.Fatalf("delete_machine: %s", msg)
@@ -221,7 +242,7 @@ func TestMCPToolErrors(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	claimPool(t, env, ns)
-	cs := mcpSession(t, env, ns, true)
+	cs := mcpSession(t, env, ns, writable)
 	for _, tc := range []struct {
 		tool string
 		args map[string]any
@@ -252,5 +273,86 @@ func TestMCPServeHelp(t *testing.T) {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("help lacks %q:\n%s", want, r.stdout)
 		}
+	}
+}
+
+// TestMCPLimits: what the operator set bounds what the agent may do: the
+// session's own claims only, how many, how long, no retain, and an egress
+// ceiling that a claim without egress gets and one reaching past it fails.
+func TestMCPLimits(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	claimPool(t, env, ns)
+	ceiling := kaironv1.EgressRules{AllowFqdns: []kaironv1.Hostname{"pypi.org", "*.pythonhosted.org"}, AllowPorts: []kaironv1.PortRange{"443"}}
+	limited := kaironctl.MCPOptions{AllowWrite: true, Session: "s1", MaxClaims: 1, DefaultTTL: 30 * time.Minute, MaxTTL: 2 * time.Hour, NoRetain: true, Ceiling: &ceiling}
+	cs := mcpSession(t, env, ns, limited)
+
+	var first kaironctl.ClaimMachineOutput
+	if msg := callTool(t, cs, "claim_machine", map[string]any{"pool": "agents", "wait": "0s"}, &first); msg != "" {
+		t.Fatalf("claim_machine: %s", msg)
+	}
+	c := &kaironv1.MachineClaim{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: first.Claim}, c); err != nil {
+		t.Fatal(err)
+	}
+	if ptr.Deref(c.Spec.TTLSeconds, 0) != 1800 || c.Spec.Egress == nil || !slices.Equal(c.Spec.Egress.AllowFqdns, ceiling.AllowFqdns) ||
+		!slices.Equal(c.Spec.Egress.AllowPorts, ceiling.AllowPorts) || c.Labels[kaironctl.LabelMCPSession] != "s1" {
+		t.Errorf("a claim without ttl or egress: spec %+v, labels %v; want the default TTL, the ceiling as egress, the session label", c.Spec, c.Labels)
+	}
+	for _, tc := range []struct {
+		args map[string]any
+		want string
+	}{
+		{map[string]any{"pool": "agents", "wait": "0s"}, "this session holds 1 claims, the most this server allows (--max-claims 1)"},
+	} {
+		if msg := callTool(t, cs, "claim_machine", tc.args, nil); !strings.Contains(msg, tc.want) {
+			t.Errorf("claim_machine %v: %q, want %q", tc.args, msg, tc.want)
+		}
+	}
+	// Another session, or a claim made with kubectl, is not this one's.
+	other := &kaironv1.MachineClaim{ObjectMeta: meta(ns, "by-kubectl"), Spec: kaironv1.MachineClaimSpec{PoolName: "agents"}}
+	create(t, env, other)
+	if msg := callTool(t, cs, "release_claim", map[string]any{"claim": "by-kubectl"}, nil); !strings.Contains(msg, `machineclaim/by-kubectl was not created by this MCP session (its `+kaironctl.LabelMCPSession+` label is "", this session is "s1")`) {
+		t.Errorf("release_claim of a kubectl claim: %q", msg)
+	}
+	if msg := callTool(t, mcpSession(t, env, ns, kaironctl.MCPOptions{AllowWrite: true, Session: "s2"}), "release_claim", map[string]any{"claim": first.Claim}, nil); !strings.Contains(msg, "was not created by this MCP session") {
+		t.Errorf("release_claim of another session's claim: %q", msg)
+	}
+	for _, name := range []string{first.Claim, "by-kubectl"} {
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &kaironv1.MachineClaim{}); err != nil {
+			t.Errorf("claim %s after refused releases: %v", name, err)
+		}
+	}
+
+	// With the first claim gone, the others are refused for what they ask.
+	if err := env.Client.Delete(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, time.Minute, "the first claim gone", func() (bool, string) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(c), &kaironv1.MachineClaim{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	for _, tc := range []struct {
+		args map[string]any
+		want string
+	}{
+		{map[string]any{"pool": "agents", "wait": "0s", "ttl": "3h"}, "ttl 3h0m0s is longer than this server allows (--max-ttl 2h0m0s)"},
+		{map[string]any{"pool": "agents", "wait": "0s", "retain": true}, "retain is not allowed by this server (--no-retain)"},
+		{map[string]any{"pool": "agents", "wait": "0s", "allow_fqdns": []string{"evil.com"}, "allow_ports": []string{"443"}}, `egress reaches past what this server allows (--egress-ceiling): allowFqdns[0] "evil.com"`},
+		{map[string]any{"pool": "agents", "wait": "0s", "allow_fqdns": []string{"pypi.org"}}, "allowPorts is empty (every port)"},
+		{map[string]any{"pool": "agents", "wait": "0s", "labels": map[string]string{kaironctl.LabelMCPSession: "s2"}}, "is reserved for Kairon's own labels"},
+	} {
+		msg := callTool(t, cs, "claim_machine", tc.args, nil)
+		if !strings.Contains(msg, tc.want) || strings.Contains(msg, "\n") {
+			t.Errorf("claim_machine %v: %q, want one line with %q", tc.args, msg, tc.want)
+		}
+	}
+	if claims := listClaims(t, env, ns); len(claims) != 1 {
+		t.Errorf("refused claims were created: %+v", claims)
+	}
+	var within kaironctl.ClaimMachineOutput
+	if msg := callTool(t, cs, "claim_machine", map[string]any{"pool": "agents", "wait": "0s", "ttl": "1h", "allow_fqdns": []string{"files.pythonhosted.org"}, "allow_ports": []string{"443"}}, &within); msg != "" {
+		t.Errorf("a claim within every limit: %s", msg)
 	}
 }
