@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -97,4 +98,48 @@ func TestKaironctlExecInARealGuest(t *testing.T) {
 	if _, stderr, code := kaironctl(nil, "exec", "box", "--", "/no/such/program"); code == 0 || !strings.Contains(stderr, "exec in machine "+ns+"/box") {
 		t.Errorf("a missing program: %q exit %d", stderr, code)
 	}
+
+	t.Run("console in tmux", func(t *testing.T) { consoleInTmux(t, env, ns, "box") })
 }
+
+// consoleInTmux drives `kaironctl console` in a tmux terminal: the
+// guest's shell on the serial console answers `tty`, and Ctrl-] leaves
+// with exit 0.
+func consoleInTmux(t *testing.T, env *testenv.Env, ns, machine string) {
+	tmuxPath, err := exec.LookPath("tmux")
+	if err != nil {
+		t.Skip("no tmux")
+	}
+	socket := "kairon-e2e-" + strings.ReplaceAll(ns, "/", "-")
+	tmux := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(tmuxPath, append([]string{"-L", socket}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("tmux %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	command := fmt.Sprintf("%s --kubeconfig %s -n %s console %s; echo EXITED:$?; sleep 600",
+		filepath.Join(env.BinDir, "kaironctl"), env.Kubeconfig, ns, machine)
+	tmux("new-session", "-d", "-s", "console", "-x", "120", "-y", "40", command)
+	t.Cleanup(func() { _ = exec.Command(tmuxPath, "-L", socket, "kill-server").Run() })
+	screen := func() string { return tmux("capture-pane", "-p", "-t", "console", "-S", "-100") }
+	testenv.Eventually(t, guestTimeout, "attached", func() (bool, string) {
+		s := screen()
+		return strings.Contains(s, "press Ctrl-] to leave"), s
+	})
+	// An Enter first: the shell's prompt was printed before we attached.
+	tmux("send-keys", "-t", "console", "Enter")
+	tmux("send-keys", "-t", "console", "tty", "Enter")
+	testenv.Eventually(t, guestTimeout, "the guest's tty answer", func() (bool, string) {
+		s := screen()
+		return strings.Contains(s, "/dev/tty") || strings.Contains(s, "/dev/console"), s
+	})
+	tmux("send-keys", "-t", "console", "C-]")
+	testenv.Eventually(t, guestTimeout, "kaironctl leaving on Ctrl-]", func() (bool, string) {
+		s := screen()
+		return strings.Contains(s, "EXITED:0") && strings.Contains(s, "Left the console"), s
+	})
+}
+
+const guestTimeout = 60 * time.Second
