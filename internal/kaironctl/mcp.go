@@ -44,6 +44,9 @@ Tools:
   claim_machine       take a warm Machine, like 'kaironctl claim'   (--allow-write)
   release_claim       release a claim, like 'kaironctl release'     (--allow-write)
   delete_machine      delete a Machine, like 'kaironctl delete machine' (--allow-write)
+  exec_in_machine     run a command in a claimed Machine, like 'kaironctl exec' (--allow-write)
+  write_file          write a file in a claimed Machine, like 'kaironctl cp' (--allow-write)
+  read_file           read a file from a claimed Machine, like 'kaironctl cp' (--allow-write)
 
 Without --allow-write the server is read-only: the write tools are not
 offered at all.
@@ -71,7 +74,7 @@ refused with the field that does.`,
 			return NewMCPServer(o, opts).Run(cmd.Context(), &mcp.StdioTransport{})
 		},
 	}
-	serve.Flags().BoolVar(&opts.AllowWrite, "allow-write", false, "Also offer claim_machine, release_claim and delete_machine, limited to this session's own claims and Machines")
+	serve.Flags().BoolVar(&opts.AllowWrite, "allow-write", false, "Also offer claim_machine, release_claim, delete_machine, exec_in_machine, write_file and read_file, limited to this session's own claims and Machines")
 	serve.Flags().StringVar(&opts.Session, "session", "", "Name of this server's session, the value of the "+LabelMCPSession+" label on what it creates (default: mcp-<random>)")
 	serve.Flags().IntVar(&opts.MaxClaims, "max-claims", 0, "Most claims the session may hold at once (0: no limit)")
 	serve.Flags().DurationVar(&opts.DefaultTTL, "default-ttl", 0, "TTL of a claim made without one (0: none, unless --max-ttl)")
@@ -144,6 +147,7 @@ func NewMCPServer(o *Options, opts MCPOptions) *mcp.Server {
 		Description: "Delete a Kairon Machine this session claimed (its VM is stopped) and wait until it is gone. Other Machines are refused.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: new(true), IdempotentHint: true},
 	}, s.deleteMachine)
+	addGuestTools(server, s)
 	return server
 }
 

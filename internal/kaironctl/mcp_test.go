@@ -112,7 +112,7 @@ func TestMCPToolsNeedAllowWrite(t *testing.T) {
 	if got := toolNames(t, mcpSession(t, env, ns, readOnly)); !slices.Equal(got, []string{"list_machine_pools"}) {
 		t.Errorf("read-only tools: %v", got)
 	}
-	want := []string{"claim_machine", "delete_machine", "list_machine_pools", "release_claim"}
+	want := []string{"claim_machine", "delete_machine", "exec_in_machine", "list_machine_pools", "read_file", "release_claim", "write_file"}
 	if got := toolNames(t, mcpSession(t, env, ns, writable)); !slices.Equal(got, want) {
 		t.Errorf("--allow-write tools: %v, want %v", got, want)
 	}
@@ -269,7 +269,7 @@ func TestMCPToolErrors(t *testing.T) {
 // mcp serve is a verb, and --allow-write is its switch.
 func TestMCPServeHelp(t *testing.T) {
 	r := kctlContext(context.Background(), "", &bytes.Buffer{}, "mcp", "serve", "--help").ok(t)
-	for _, want := range []string{"--allow-write", "list_machine_pools", "claim_machine", "release_claim", "delete_machine"} {
+	for _, want := range []string{"--allow-write", "list_machine_pools", "claim_machine", "release_claim", "delete_machine", "exec_in_machine", "write_file", "read_file", "--max-claims", "--egress-ceiling"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("help lacks %q:\n%s", want, r.stdout)
 		}
