@@ -354,6 +354,12 @@ func (s *session) exec(e *wire.Exec) *wire.Exit {
 		}()
 	}
 	werr := cmd.Wait()
+	// The program is gone: a Cancel or a hang-up from now on must not
+	// signal its process group, which may hold what it left running on
+	// purpose (or, once reused, someone else).
+	s.mu.Lock()
+	s.signal = nil
+	s.mu.Unlock()
 	exited.Store(true)
 	for _, r := range outs {
 		_ = r.SetReadDeadline(time.Now().Add(drainGrace))
