@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 
@@ -86,16 +87,25 @@ func (e *StatusError) Error() string {
 	return fmt.Sprintf("node agent answered %d: %s", e.Code, e.Message)
 }
 
+// ParamsHeader carries a request's parameters, encoded as a query string,
+// instead of the URL's query: the API server's node proxy drops the query
+// of an upgrade request, and passes headers through. A node takes the
+// header when it is there, else the query.
+const ParamsHeader = "X-Kairon-Params"
+
 // Upgrade sends a POST to url through rt (which must speak HTTP/1.1 only)
-// asking for the upgrade, and returns the connection once the node
-// answered 101. A refusal is a *StatusError.
-func Upgrade(ctx context.Context, rt http.RoundTripper, url string) (io.ReadWriteCloser, error) {
+// with params in ParamsHeader, asking for the upgrade, and returns the
+// connection once the node answered 101. A refusal is a *StatusError.
+func Upgrade(ctx context.Context, rt http.RoundTripper, url string, params url.Values) (io.ReadWriteCloser, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", Protocol)
+	if len(params) > 0 {
+		req.Header.Set(ParamsHeader, params.Encode())
+	}
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
 		return nil, err
@@ -111,6 +121,14 @@ func Upgrade(ctx context.Context, rt http.RoundTripper, url string) (io.ReadWrit
 		return nil, fmt.Errorf("the node answered 101 without a %s stream", Protocol)
 	}
 	return conn, nil
+}
+
+// Params are r's parameters: ParamsHeader if set, else the URL's query.
+func Params(r *http.Request) (url.Values, error) {
+	if h := r.Header.Get(ParamsHeader); h != "" {
+		return url.ParseQuery(h)
+	}
+	return r.URL.Query(), nil
 }
 
 // IsUpgrade tells whether r asks for this protocol.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -41,6 +42,12 @@ const guestWait = time.Minute
 // kaironctl reaches it directly with the caller's credentials.
 func runGuestNode(t *testing.T, env *testenv.Env, nodeName string) *guestsim.Backend {
 	t.Helper()
+	return runGuestNodeOn(t, env, nodeName, "127.0.0.1:0")
+}
+
+// runGuestNodeOn is runGuestNode with the agent listening on listen.
+func runGuestNodeOn(t *testing.T, env *testenv.Env, nodeName, listen string) *guestsim.Backend {
+	t.Helper()
 	stateDir := t.TempDir()
 	b, err := sim.New(sim.Options{StateDir: filepath.Join(stateDir, "instances"), BootDelay: 100 * time.Millisecond})
 	if err != nil {
@@ -51,7 +58,7 @@ func runGuestNode(t *testing.T, env *testenv.Env, nodeName string) *guestsim.Bac
 		NodeName: nodeName, Register: true, Backend: gb, StateDir: stateDir,
 		CPU: 4, Memory: resource.MustParse("4Gi"),
 		Network:       &node.NetworkOptions{CIDR: netip.MustParsePrefix("10.88.9.0/24"), NoLinks: true},
-		ListenAddress: "127.0.0.1:0", Interval: time.Second,
+		ListenAddress: listen, Interval: time.Second,
 		ClientCAFile: filepath.Join(env.DataDir, "pki", "ca.crt"),
 	})
 	if err != nil {
@@ -395,5 +402,65 @@ func TestConsoleAttach(t *testing.T) {
 		}
 	case <-time.After(guestWait):
 		t.Fatal("Ctrl-] did not leave the console")
+	}
+}
+
+// hostAddress is an IPv4 address of this host that is not loopback (the
+// API server proxies only to such node addresses), or "".
+func hostAddress() string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return ""
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && n.IP.IsGlobalUnicast() && !n.IP.IsLoopback() {
+			return n.IP.String()
+		}
+	}
+	return ""
+}
+
+// TestExecThroughTheNodeProxy: with the node on a routable address,
+// kaironctl goes through the API server's node proxy (POST
+// /api/v1/nodes/https:NODE:/proxy/...), which passes the upgraded stream
+// through. The node agent sees the API server's kubelet-client identity:
+// 403 until that identity is granted create machines/exec (the chart's
+// node.guestUser), then exec, stdin and cp work end to end.
+func TestExecThroughTheNodeProxy(t *testing.T) {
+	env := testenv.Get(t)
+	ip := hostAddress()
+	if ip == "" {
+		t.Skip("this host has no non-loopback IPv4 address for the node proxy to reach")
+	}
+	if _, err := os.Stat(filepath.Join(env.DataDir, "pki", "apiserver-kubelet-client.crt")); err != nil {
+		t.Skipf("the test API server has no kubelet-client certificate: %v", err)
+	}
+	ns := env.Namespace(t)
+	// The API server dials a node by its Hostname address first, which is
+	// the node's name: named after its address, it resolves without DNS.
+	runGuestNodeOn(t, env, ip, net.JoinHostPort(ip, "0"))
+	runningMachine(t, env, ns, "vm", ip)
+	kc := env.Kubeconfig
+
+	stderr, code := kctlIO(t, kc, nil, io.Discard, "-n", ns, "exec", "vm", "--", "true")
+	if code != 1 || !strings.Contains(stderr, "403") || !strings.Contains(stderr, "create on machines/exec") {
+		t.Errorf("through the proxy without a grant to its identity: %q exit %d, want 403", stderr, code)
+	}
+	proxy := rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "kube-apiserver-kubelet-client"}
+	bind(t, env, ns, "proxy-exec", []rbacv1.PolicyRule{{APIGroups: []string{kaironv1.GroupVersion.Group}, Resources: []string{"machines/exec"}, Verbs: []string{"create"}}}, proxy)
+	testenv.Eventually(t, guestWait, "exec through the node proxy", func() (bool, string) {
+		var out bytes.Buffer
+		stderr, code := kctlIO(t, kc, nil, &out, "-n", ns, "exec", "vm", "--", "sh", "-c", "echo proxied; exit 3")
+		return code == 3 && out.String() == "proxied\n", fmt.Sprintf("%q %q exit %d", out.String(), stderr, code)
+	})
+	in := strings.Repeat("x", 3<<20)
+	var out bytes.Buffer
+	if stderr, code := kctlIO(t, kc, strings.NewReader(in), &out, "-n", ns, "exec", "-i", "vm", "--", "cat"); out.String() != in || code != 0 {
+		t.Errorf("3 MB of stdin and back through the proxy: %d bytes, %q exit %d", out.Len(), stderr, code)
+	}
+	dir := t.TempDir()
+	want := randomFile(t, filepath.Join(dir, "f"), 5<<20, 3)
+	if stderr, code := kctlIO(t, kc, nil, io.Discard, "-n", ns, "cp", filepath.Join(dir, "f"), "vm:"+filepath.Join(dir, "g")); code != 0 || fileSum(t, filepath.Join(dir, "g")) != want {
+		t.Errorf("cp through the proxy: %q exit %d", stderr, code)
 	}
 }

@@ -109,10 +109,9 @@ func (o *Options) openStream(ctx context.Context, ref *machineRef, path string, 
 		return nil, err
 	}
 	m := ref.machine
+	// The parameters travel in a header (execstream.ParamsHeader): the
+	// node proxy drops an upgrade request's query.
 	suffix := "v1/machines/" + url.PathEscape(m.Namespace) + "/" + url.PathEscape(m.Name) + "/" + path
-	if len(params) > 0 {
-		suffix += "?" + params.Encode()
-	}
 	var n corev1.Node
 	if err := c.Get(ctx, client.ObjectKey{Name: m.Spec.NodeName}, &n); err != nil {
 		return nil, fmt.Errorf("%s: node %s: %w", ref, m.Spec.NodeName, err)
@@ -136,7 +135,7 @@ func (o *Options) openStream(ctx context.Context, ref *machineRef, path string, 
 	if err != nil {
 		return nil, err
 	}
-	conn, err := execstream.Upgrade(ctx, rt, target)
+	conn, err := execstream.Upgrade(ctx, rt, target, params)
 	var status *execstream.StatusError
 	switch {
 	case errors.As(err, &status) && status.Code == 401:

@@ -308,7 +308,10 @@ func exitOf(res client.Result, err error) wire.Exit {
 
 // parseExec reads an exec's query; the guest's own limits apply (wire).
 func parseExec(r *http.Request) (*wire.Exec, bool, error) {
-	q := r.URL.Query()
+	q, err := execstream.Params(r)
+	if err != nil {
+		return nil, false, errors.New("bad parameters")
+	}
 	req := &wire.Exec{Args: q["command"], Env: q["env"], Dir: q.Get("dir"), TTY: q.Get("tty") == "true"}
 	if len(req.Args) == 0 {
 		return nil, false, errors.New("command is required")
@@ -395,11 +398,15 @@ func commandForLog(args []string) string {
 
 // fileRequest reads a file endpoint's path and mode.
 func fileRequest(r *http.Request, withMode bool) (*wire.File, error) {
-	f := &wire.File{Path: r.URL.Query().Get("path")}
+	q, err := execstream.Params(r)
+	if err != nil {
+		return nil, errors.New("bad parameters")
+	}
+	f := &wire.File{Path: q.Get("path")}
 	if f.Path == "" {
 		return nil, errors.New("path is required")
 	}
-	if text := r.URL.Query().Get("mode"); withMode && text != "" {
+	if text := q.Get("mode"); withMode && text != "" {
 		mode, err := strconv.ParseUint(text, 8, 32)
 		if err != nil || mode > 0o7777 {
 			return nil, errors.New("mode must be octal permission bits such as 0644")

@@ -103,7 +103,7 @@ func upgradeAs(t *testing.T, url, token string) (io.ReadWriteCloser, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
-	return execstream.Upgrade(ctx, bearer{token}, url)
+	return execstream.Upgrade(ctx, bearer{token}, url, nil)
 }
 
 type bearer struct{ token string }
