@@ -143,3 +143,71 @@ func consoleInTmux(t *testing.T, env *testenv.Env, ns, machine string) {
 }
 
 const guestTimeout = 60 * time.Second
+
+// TestKaironctlExecAfterLiveMigration: kaironctl exec reaches a real guest
+// before and after a live migration to another node, and it is the same
+// guest (a file it wrote in memory before is there after).
+func TestKaironctlExecAfterLiveMigration(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	netNS := netns(t)
+	// Short: the VMs' sockets are created where QEMU runs.
+	state, err := os.MkdirTemp("", "kexm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(state) })
+	t.Cleanup(func() { killVMs(t, state) })
+	first, second := ns+"-a", ns+"-b"
+	startController(t, env)
+	agents := map[string]*agent{}
+	for i, name := range []string{first, second} {
+		agents[name] = startAgentWith(t, env, name, filepath.Join(state, name[len(name)-1:]), netNS, 2, "2Gi",
+			"--network-cidr", "10.88.0.0/16", "--address-pool", fmt.Sprintf("10.88.%d.0/24", 71+i),
+			"--migration-listen", "127.0.0.1:0")
+		deleteNodeAtEnd(t, env, name)
+		waitNodeReady(t, env, name)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for name, a := range agents {
+				out, _ := os.ReadFile(a.log)
+				t.Logf("kairon-node %s log:\n%s", name, tail(string(out), 30))
+			}
+		}
+	})
+	kubectl(t, env, fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata:\n  name: mover\nspec: {nodeName: %s}\n", first), "-n", ns, "apply", "-f", "-")
+	waitPhase(t, env, client.ObjectKey{Namespace: ns, Name: "mover"}, kaironv1.MachineRunning)
+
+	kaironctl := func(args ...string) (string, string, int) {
+		t.Helper()
+		cmd := exec.Command(filepath.Join(env.BinDir, "kaironctl"), append([]string{"--kubeconfig", env.Kubeconfig, "-n", ns}, args...)...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		if ee, ok := err.(*exec.ExitError); ok {
+			return out.String(), errb.String(), ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), errb.String(), 0
+	}
+	if out, stderr, code := kaironctl("exec", "mover", "--", "sh", "-c", "echo remembered >/tmp/before; cat /tmp/before"); out != "remembered\n" || code != 0 {
+		t.Fatalf("exec before the migration: %q %q exit %d", out, stderr, code)
+	}
+	kubectl(t, env, fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: MachineMigration\nmetadata: {name: move}\nspec: {machineName: mover, strategy: live, targetNode: %s}\n", second), "-n", ns, "apply", "-f", "-")
+	testenv.Eventually(t, 3*time.Minute, "the live migration to end", func() (bool, string) {
+		out := kubectlQuiet(env, "-n", ns, "get", "machinemigration", "move", "-o", "jsonpath={.status.phase} {.status.reason} {.status.message}")
+		if strings.HasPrefix(out, "Failed") {
+			t.Fatalf("migration failed: %s", out)
+		}
+		return strings.HasPrefix(out, "Succeeded"), out
+	})
+	m := waitPhase(t, env, client.ObjectKey{Namespace: ns, Name: "mover"}, kaironv1.MachineRunning)
+	if m.Spec.NodeName != second {
+		t.Fatalf("the Machine is on %q after the migration, want %s", m.Spec.NodeName, second)
+	}
+	if out, stderr, code := kaironctl("exec", "mover", "--", "sh", "-c", "cat /tmp/before; exit 3"); out != "remembered\n" || code != 3 {
+		t.Errorf("exec after the live migration: %q %q exit %d, want the file written before and exit 3", out, stderr, code)
+	}
+}
