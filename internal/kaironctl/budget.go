@@ -160,19 +160,24 @@ only; write other kinds as YAML and apply them with kubectl.`,
 
 func newCreateBudgetCommand(o *Options) *cobra.Command {
 	var f budgetFlags
+	var allMachines bool
 	cmd := &cobra.Command{
-		Use:     "budget NAME --selector KEY=VALUE... (--min-available N|N% | --max-unavailable N|N%)",
+		Use:     "budget NAME (--selector KEY=VALUE... | --all-machines) (--min-available N|N% | --max-unavailable N|N%)",
 		Aliases: budgetAliases,
 		Short:   "Create a MachineDisruptionBudget",
 		Long: `Create a MachineDisruptionBudget: a limit on how many of the Machines its
 selector matches, in every namespace, evacuation may disrupt at once.
 
---selector is required and repeatable; a Machine matches when it carries every
-label given. Exactly one of --min-available and --max-unavailable is required,
+--selector is repeatable; a Machine matches when it carries every label given.
+A budget without a selector matches every Machine of the cluster, in every
+namespace, so one budget would hold back every evacuation and cordon drain:
+create one only on purpose, with --all-machines instead of --selector.
+Exactly one of --min-available and --max-unavailable is required,
 each an integer or a percentage (0% to 100%) of the matching Machines, rounded
 up as for a PodDisruptionBudget. Nothing is created when a flag is wrong.`,
 		Example: `  kaironctl create budget web-tier --selector tier=web --min-available 2
-  kaironctl create budget db --selector app=db --selector zone=a --max-unavailable 25%`,
+  kaironctl create budget db --selector app=db --selector zone=a --max-unavailable 25%
+  kaironctl create budget cluster-wide --all-machines --max-unavailable 10%`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name, err := budgetName(cmd, "create", args)
 			if err != nil {
@@ -182,8 +187,15 @@ up as for a PodDisruptionBudget. Nothing is created when a flag is wrong.`,
 			if err != nil {
 				return err
 			}
-			if p.selector == nil {
-				return usageError(cmd, "--selector KEY=VALUE is required (repeat it for several labels)")
+			switch {
+			case allMachines && p.selector != nil:
+				return usageError(cmd, "--all-machines and --selector cannot be used together: --all-machines is the budget without a selector")
+			case allMachines:
+				p.selector = nil
+			case p.selector == nil:
+				return usageError(cmd, "--selector KEY=VALUE is required (repeat it for several labels): "+
+					"a budget without a selector matches every Machine of the cluster, in every namespace, and would hold back every evacuation; "+
+					"if that is what you want, say so with --all-machines")
 			}
 			if p.minAvailable == nil && p.maxUnavailable == nil {
 				return usageError(cmd, "one of --min-available or --max-unavailable is required: a budget sets exactly one of them")
@@ -191,7 +203,8 @@ up as for a PodDisruptionBudget. Nothing is created when a flag is wrong.`,
 			return o.createBudget(cmd.Context(), name, p)
 		},
 	}
-	f.register(cmd, "A label KEY=VALUE the Machines must carry (required, repeatable)")
+	f.register(cmd, "A label KEY=VALUE the Machines must carry (repeatable; required unless --all-machines)")
+	cmd.Flags().BoolVar(&allMachines, "all-machines", false, "Create the budget without a selector: it then matches every Machine of the cluster, in every namespace")
 	return cmd
 }
 

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
@@ -73,7 +74,10 @@ func TestCreateBudget(t *testing.T) {
 			[]string{"one of --min-available or --max-unavailable is required", "exactly one"}},
 		{[]string{"create", "budget", "b1", "--selector", "tier=web", "--min-available", "1", "--max-unavailable", "1"},
 			[]string{"--min-available and --max-unavailable cannot be used together", "exactly one"}},
-		{[]string{"create", "budget", "b1", "--min-available", "1"}, []string{"--selector KEY=VALUE is required"}},
+		{[]string{"create", "budget", "b1", "--min-available", "1"},
+			[]string{"--selector KEY=VALUE is required", "matches every Machine of the cluster, in every namespace", "--all-machines"}},
+		{[]string{"create", "budget", "b1", "--all-machines", "--selector", "tier=web", "--min-available", "1"},
+			[]string{"--all-machines and --selector cannot be used together"}},
 		{[]string{"create", "budget", "b1", "--selector", "tier=web", "--min-available", "two"},
 			[]string{`invalid --min-available: "two" is not a non-negative integer (e.g. 2) or a percentage from 0% to 100% (e.g. 25%)`}},
 		{[]string{"create", "budget", "b1", "--selector", "tier=web", "--max-unavailable", "150%"},
@@ -110,6 +114,43 @@ func TestCreateBudget(t *testing.T) {
 	// The one that existed is untouched.
 	if got := specJSON(getBudget(t, env, ns, "web-tier")); got != `{"selector":{"tier":"web"},"minAvailable":2}` {
 		t.Errorf("web-tier changed: %s", got)
+	}
+}
+
+// A budget without a selector matches every Machine of the cluster; the
+// CLI creates one only when asked with --all-machines, and the budget then
+// counts Machines of other namespaces too.
+func TestCreateBudgetAllMachines(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	other := env.Namespace(t)
+	for i, n := range []string{ns, other} {
+		m := &kaironv1.Machine{}
+		m.Namespace, m.Name = n, fmt.Sprintf("m%d", i)
+		if err := env.Client.Create(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	r := kctl(t, env, "create", "budget", "everything", "--all-machines", "--max-unavailable", "1", "-n", ns).ok(t)
+	if r.stdout != "budget/everything created\n" {
+		t.Errorf("printed %q", r.stdout)
+	}
+	b := getBudget(t, env, ns, "everything")
+	if got, want := specJSON(b), `{"maxUnavailable":1}`; got != want {
+		t.Errorf("spec %s, want %s", got, want)
+	}
+	// What the empty selector means, as the rules every evacuation uses see it.
+	var machines kaironv1.MachineList
+	if err := env.Client.List(context.Background(), &machines); err != nil {
+		t.Fatal(err)
+	}
+	matched := map[string]bool{}
+	for _, bm := range rules.ComputeBudgetStates([]kaironv1.MachineDisruptionBudget{*b}, machines.Items, nil)[0].Machines {
+		matched[bm.Namespace] = true
+	}
+	if !matched[ns] || !matched[other] {
+		t.Errorf("the budget without a selector matched Machines of namespaces %v, want %s and %s", matched, ns, other)
 	}
 }
 
