@@ -39,7 +39,9 @@ type MachinePoolStatus struct {
 	// +optional
 	// +kubebuilder:default=0
 	Claimed int32 `json:"claimed"`
-	// Selector selects every member, for the scale subresource and HPA.
+	// Selector selects the warm members, exactly the ones Replicas counts
+	// (kairon.zyvor.dev/machinepool=NAME,kairon.zyvor.dev/pool-state=warm),
+	// for the scale subresource and HPA. Claimed members are not selected.
 	// +optional
 	Selector string `json:"selector,omitempty"`
 	// +optional

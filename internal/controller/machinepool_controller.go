@@ -343,10 +343,18 @@ func templateHash(t *kaironv1.MachineTemplateSpec) string {
 	return utilrand.SafeEncodeString(strconv.FormatUint(uint64(h.Sum32()), 10))
 }
 
+// poolSelector is a pool's status.selector: its warm members, exactly the
+// ones status.replicas counts, so that an autoscaler reading /scale averages
+// over the same Machines it counts. Claimed members keep the pool label but
+// carry pool-state=claimed, and are not selected.
+func poolSelector(pool string) string {
+	return kaironv1.LabelMachinePool + "=" + pool + "," + kaironv1.LabelPoolState + "=" + kaironv1.PoolStateWarm
+}
+
 func computePoolStatus(pool *kaironv1.MachinePool, warm, claimed []*kaironv1.Machine, syncErr error) *kaironv1.MachinePoolStatus {
 	status := pool.Status.DeepCopy()
 	status.ObservedGeneration = pool.Generation
-	status.Selector = kaironv1.LabelMachinePool + "=" + pool.Name
+	status.Selector = poolSelector(pool.Name)
 	status.Replicas = int32(len(warm))
 	status.Warm = int32(len(warm))
 	status.ReadyWarm = 0

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -224,7 +225,7 @@ func TestMachinePoolKeepsWarmMembers(t *testing.T) {
 		}
 	}
 	p := getPool(t, env, ns, "agents")
-	if p.Status.Selector != "kairon.zyvor.dev/machinepool=agents" {
+	if p.Status.Selector != "kairon.zyvor.dev/machinepool=agents,kairon.zyvor.dev/pool-state=warm" {
 		t.Errorf("status.selector = %q", p.Status.Selector)
 	}
 	if c := meta.FindStatusCondition(p.Status.Conditions, kaironv1.ConditionReady.String()); c == nil || c.Status != metav1.ConditionTrue ||
@@ -421,4 +422,44 @@ func histogramCount(t *testing.T, name string) uint64 {
 	}
 	t.Fatalf("metric %s is not registered", name)
 	return 0
+}
+
+// status.selector selects exactly the members status.replicas counts: the
+// warm ones, never a claimed one. An autoscaler reading /scale averages a
+// metric over the selected Machines and divides by status.replicas, so the
+// two must agree.
+func TestMachinePoolSelectorSelectsWhatReplicasCounts(t *testing.T) {
+	env := testenv.Get(t)
+	ns := prepareNamespace(t, env)
+	runSimAgent(t, env, ns, "a", "10.90.9.0/24", 16, "16Gi", simBootDelay)
+	startControllers(t, env, ns, Options{})
+	createPool(t, env, ns, "agents", 2)
+	waitWarm(t, env, ns, "agents", 2, 0)
+	createClaim(t, env, ns, "job", "agents")
+	bound := waitClaimBound(t, env, ns, "job")
+	waitWarm(t, env, ns, "agents", 2, 1)
+
+	ctx := context.Background()
+	eventually(t, "status.selector to select exactly the status.replicas warm members", func() (bool, string) {
+		p := getPool(t, env, ns, "agents")
+		selector, err := labels.Parse(p.Status.Selector)
+		if err != nil {
+			return false, fmt.Sprintf("status.selector %q: %v", p.Status.Selector, err)
+		}
+		var selected kaironv1.MachineList
+		if err := env.Client.List(ctx, &selected, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: selector}); err != nil {
+			return false, err.Error()
+		}
+		got := names(selected.Items)
+		if slices.Contains(got, bound.Status.MachineName) {
+			return false, fmt.Sprintf("selector %q selects the claimed member %s", p.Status.Selector, bound.Status.MachineName)
+		}
+		return int32(len(got)) == p.Status.Replicas && p.Status.Replicas == 2 && p.Status.Claimed == 1,
+			fmt.Sprintf("selector %q selects %v; status.replicas %d, claimed %d", p.Status.Selector, got, p.Status.Replicas, p.Status.Claimed)
+	})
+	// The scale subresource hands the same selector to an autoscaler.
+	out := kubectl(t, env, "-n", ns, "get", "--raw", fmt.Sprintf("/apis/kairon.zyvor.dev/v1alpha1/namespaces/%s/machinepools/agents/scale", ns))
+	if !strings.Contains(out, `"selector":"kairon.zyvor.dev/machinepool=agents,kairon.zyvor.dev/pool-state=warm"`) || !strings.Contains(out, `"replicas":2`) {
+		t.Errorf("scale subresource: %s", out)
+	}
 }

@@ -147,7 +147,7 @@ func TestComputePoolStatus(t *testing.T) {
 			got := computePoolStatus(pool, tt.warm, claimed, tt.syncErr)
 
 			want := kaironv1.MachinePoolStatus{
-				ObservedGeneration: gen, Selector: "kairon.zyvor.dev/machinepool=agents",
+				ObservedGeneration: gen, Selector: "kairon.zyvor.dev/machinepool=agents,kairon.zyvor.dev/pool-state=warm",
 				Replicas: tt.wantCounts[0], Warm: tt.wantCounts[0], ReadyWarm: tt.wantCounts[1], Claimed: tt.wantCounts[2],
 				Conditions: tt.wantConds,
 			}
