@@ -566,7 +566,8 @@ func (e *Enforcer) Apply(m Machine, p *Policy) error {
 		if old != nil {
 			stale = slices.DeleteFunc(slices.Clone(old.sets), func(set string) bool { return slices.Contains(keep, set) })
 		}
-		if err := e.nft(e.machineScript(m, p, stale)); err == nil {
+		script := lean(e.machineScript(m, p, stale), old == nil, old == nil || !hasSNI(old.policy))
+		if err := e.nft(script); err == nil {
 			e.record(m, p, keep)
 			return nil
 		}
@@ -597,6 +598,39 @@ func (e *Enforcer) Apply(m Machine, p *Policy) error {
 	}
 	e.record(m, p, keep)
 	return nil
+}
+
+// lean drops from a Machine's script what a transaction need not do when
+// this agent knows the kernel's state, since flushing a chain and deleting
+// a set element make the kernel's commit several times slower (a
+// Machine's script: 10 ms bare, 28 ms with them, on this project's test
+// hosts). fresh: the Machine has no chain yet, so nothing to flush, and
+// its chains are created with "create", which fails (and so sends Apply
+// down its careful path) if they exist after all. noSNIEntry: the SNI map
+// holds no entry for the address, so the defensive add-and-delete of one
+// goes.
+func lean(script string, fresh, noSNIEntry bool) string {
+	lines := strings.SplitAfter(script, "\n")
+	var out strings.Builder
+	for i := 0; i < len(lines); i++ {
+		l := lines[i]
+		switch {
+		case fresh && strings.HasPrefix(l, "flush chain "):
+			continue
+		case fresh && strings.HasPrefix(l, "add chain "):
+			l = "create chain " + strings.TrimPrefix(l, "add chain ")
+		case noSNIEntry && strings.HasPrefix(l, "add element inet "+Table+" sni_") && i+1 < len(lines) &&
+			strings.HasPrefix(lines[i+1], "delete element inet "+Table+" sni_"):
+			i++ // and its delete
+			continue
+		}
+		out.WriteString(l)
+	}
+	return out.String()
+}
+
+func hasSNI(p *Policy) bool {
+	return p != nil && slices.ContainsFunc(p.Grants, func(g Grant) bool { return len(g.SNI) > 0 })
 }
 
 // record notes what Apply wrote for m.
@@ -787,27 +821,36 @@ func RemoveTables(netns string) error {
 	return e.nft(script.String())
 }
 
-func (e *Enforcer) command(args ...string) *exec.Cmd {
-	if e.NetNS != "" {
-		return exec.Command("ip", append([]string{"netns", "exec", e.NetNS}, args...)...)
+// exec runs cmd in the enforcer's namespace. A child starts in the
+// network namespace of the thread that forks it, so cmd is started from a
+// thread moved into NetNS (see inNetNS): one process, where `ip netns
+// exec` would add a second and a mount namespace, on the path of every
+// bind with egress and every DNS answer.
+func (e *Enforcer) exec(cmd *exec.Cmd) error {
+	if e.NetNS == "" {
+		return cmd.Run()
 	}
-	return exec.Command(args[0], args[1:]...)
+	return inNetNS(e.NetNS, cmd.Run)
 }
 
 // nft runs script as one transaction: all of it or nothing.
 func (e *Enforcer) nft(script string) error {
-	cmd := e.command("nft", "-f", "-")
+	cmd := exec.Command("nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(script)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
+	if err := e.exec(cmd); err != nil {
 		return fmt.Errorf("egress: nft -f (netns %q): %v: %s", e.NetNS, err, strings.TrimSpace(out.String()))
 	}
 	return nil
 }
 
 func (e *Enforcer) run(args ...string) (string, error) {
-	out, err := e.command(args...).CombinedOutput()
+	cmd := exec.Command(args[0], args[1:]...)
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	err := e.exec(cmd)
+	out := buf.Bytes()
 	if err != nil {
 		return "", fmt.Errorf("egress: %s (netns %q): %v: %s", strings.Join(args, " "), e.NetNS, err, strings.TrimSpace(string(out)))
 	}

@@ -226,3 +226,9 @@ func (n *testNode) ruleset(t *testing.T) string {
 		run(t, "ip", "netns", "exec", n.host, "nft", "list", "table", "inet", Table), "packets N bytes N")
 	return expiries.ReplaceAllString(rs, "expires T")
 }
+
+// netlabNamespace is a namespace for a benchmark.
+func netlabNamespace(b *testing.B) string {
+	b.Helper()
+	return netlab.Namespace(b, "kairon-egress-bench")
+}
