@@ -1,0 +1,197 @@
+// Package ui is kairon-ui: a read-only web dashboard and JSON API over the
+// Kairon objects of one cluster, served from an informer cache, with pages
+// that update live through server-sent events.
+//
+// Every number about a MachineDisruptionBudget is computed by
+// rules.ComputeBudgetStates, the code kaironctl, evacuation and the
+// admission webhook decide with; this package has no arithmetic of its own.
+package ui
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+)
+
+// Options configure a Server.
+type Options struct {
+	// SyncTimeout bounds how long Start waits for the first list of every
+	// kind; zero means one minute.
+	SyncTimeout time.Duration
+}
+
+// Server serves the dashboard and the JSON API from an informer cache.
+type Server struct {
+	cache cache.Cache
+	hub   *hub
+	mux   *http.ServeMux
+	opts  Options
+}
+
+// watched are the kinds the UI shows, by the name change notifications
+// carry (the JSON API's resource names).
+func watched() map[string]client.Object {
+	return map[string]client.Object{
+		"machines":           &kaironv1.Machine{},
+		"machine-pools":      &kaironv1.MachinePool{},
+		"machine-claims":     &kaironv1.MachineClaim{},
+		"migrations":         &kaironv1.MachineMigration{},
+		"network-policies":   &kaironv1.MachineNetworkPolicy{},
+		"disruption-budgets": &kaironv1.MachineDisruptionBudget{},
+		"nodes":              &corev1.Node{},
+		"kubernetes-events":  &eventsv1.Event{},
+	}
+}
+
+// Scheme is the scheme the UI's cache decodes with.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, kaironv1.AddToScheme} {
+		if err := add(s); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// New makes a Server reading the cluster cfg points at. Nothing is read
+// until Start.
+func New(cfg *rest.Config, opts Options) (*Server, error) {
+	scheme, err := Scheme()
+	if err != nil {
+		return nil, err
+	}
+	c, err := cache.New(cfg, cache.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("creating the informer cache: %w", err)
+	}
+	if opts.SyncTimeout == 0 {
+		opts.SyncTimeout = time.Minute
+	}
+	s := &Server{cache: c, hub: newHub(), mux: http.NewServeMux(), opts: opts}
+	s.routes()
+	return s, nil
+}
+
+// Start starts an informer for every kind the UI shows and returns once
+// each has listed, or with the error. The informers run until ctx ends.
+func (s *Server) Start(ctx context.Context) error {
+	for kind, obj := range watched() {
+		inf, err := s.cache.GetInformer(ctx, obj)
+		if err != nil {
+			return fmt.Errorf("watching %s: %w", kind, err)
+		}
+		notify := func(any) { s.hub.publish(kind) }
+		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+			AddFunc:    notify,
+			UpdateFunc: func(_, o any) { notify(o) },
+			DeleteFunc: notify,
+		}); err != nil {
+			return fmt.Errorf("watching %s: %w", kind, err)
+		}
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- s.cache.Start(ctx) }()
+	syncCtx, cancel := context.WithTimeout(ctx, s.opts.SyncTimeout)
+	defer cancel()
+	if !s.cache.WaitForCacheSync(syncCtx) {
+		select {
+		case err := <-errc:
+			return fmt.Errorf("informer cache stopped: %w", err)
+		default:
+		}
+		return errors.New("the informer cache did not list every kind within " + s.opts.SyncTimeout.String() + ": can this identity list and watch Kairon's kinds, nodes and events.k8s.io events?")
+	}
+	return nil
+}
+
+// Handler is the whole UI: pages, assets, the JSON API and the event stream.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+func (s *Server) routes() {
+	s.mux.HandleFunc("GET /api/v1/disruption-budgets", s.apiBudgets)
+	s.mux.HandleFunc("GET /api/v1/nodes", s.apiNodes)
+	s.mux.HandleFunc("GET /api/v1/machines", s.apiMachines)
+	s.mux.HandleFunc("GET /api/v1/machine-pools", s.apiPools)
+	s.mux.HandleFunc("GET /api/v1/machine-claims", s.apiClaims)
+	s.mux.HandleFunc("GET /api/v1/migrations", s.apiMigrations)
+	s.mux.HandleFunc("GET /api/v1/network-policies", s.apiPolicies)
+	s.mux.HandleFunc("GET /api/v1/events", s.apiEvents)
+	s.mux.HandleFunc("GET /api/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
+	})
+	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(staticFS())))
+	s.pageRoutes()
+}
+
+// hub fans change notifications out to the event streams.
+type hub struct {
+	mu   sync.Mutex
+	subs map[*subscriber]struct{}
+}
+
+// subscriber is one event stream: the kinds changed since it last looked,
+// and a wake-up signal.
+type subscriber struct {
+	wake    chan struct{}
+	mu      sync.Mutex
+	pending map[string]bool
+}
+
+func newHub() *hub { return &hub{subs: map[*subscriber]struct{}{}} }
+
+func (h *hub) subscribe() *subscriber {
+	s := &subscriber{wake: make(chan struct{}, 1), pending: map[string]bool{}}
+	h.mu.Lock()
+	h.subs[s] = struct{}{}
+	h.mu.Unlock()
+	return s
+}
+
+func (h *hub) unsubscribe(s *subscriber) {
+	h.mu.Lock()
+	delete(h.subs, s)
+	h.mu.Unlock()
+}
+
+// publish records that kind changed for every subscriber; changes coalesce,
+// so a slow stream never blocks an informer.
+func (h *hub) publish(kind string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for s := range h.subs {
+		s.mu.Lock()
+		s.pending[kind] = true
+		s.mu.Unlock()
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// take returns and clears the kinds changed.
+func (s *subscriber) take() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kinds := make([]string, 0, len(s.pending))
+	for k := range s.pending {
+		kinds = append(kinds, k)
+	}
+	clear(s.pending)
+	return kinds
+}
