@@ -100,18 +100,19 @@ func TestKaironctlExecInARealGuest(t *testing.T) {
 	}
 
 	t.Run("console in tmux", func(t *testing.T) { consoleInTmux(t, env, ns, "box") })
+	t.Run("exec -it in tmux", func(t *testing.T) { interactiveExecInTmux(t, env, ns, "box") })
 }
 
-// consoleInTmux drives `kaironctl console` in a tmux terminal: the
-// guest's shell on the serial console answers `tty`, and Ctrl-] leaves
-// with exit 0.
-func consoleInTmux(t *testing.T, env *testenv.Env, ns, machine string) {
+// tmuxSession runs command in a detached tmux session of its own server
+// (120x40) and returns a function running tmux commands on it and one
+// capturing its screen.
+func tmuxSession(t *testing.T, name, command string) (tmux func(args ...string) string, screen func() string) {
 	tmuxPath, err := exec.LookPath("tmux")
 	if err != nil {
 		t.Skip("no tmux")
 	}
-	socket := "kairon-e2e-" + strings.ReplaceAll(ns, "/", "-")
-	tmux := func(args ...string) string {
+	socket := "kairon-e2e-" + name
+	tmux = func(args ...string) string {
 		t.Helper()
 		out, err := exec.Command(tmuxPath, append([]string{"-L", socket}, args...)...).CombinedOutput()
 		if err != nil {
@@ -119,23 +120,57 @@ func consoleInTmux(t *testing.T, env *testenv.Env, ns, machine string) {
 		}
 		return string(out)
 	}
-	command := fmt.Sprintf("%s --kubeconfig %s -n %s console %s; echo EXITED:$?; sleep 600",
-		filepath.Join(env.BinDir, "kaironctl"), env.Kubeconfig, ns, machine)
-	tmux("new-session", "-d", "-s", "console", "-x", "120", "-y", "40", command)
+	tmux("new-session", "-d", "-s", "s", "-x", "120", "-y", "40", command)
 	t.Cleanup(func() { _ = exec.Command(tmuxPath, "-L", socket, "kill-server").Run() })
-	screen := func() string { return tmux("capture-pane", "-p", "-t", "console", "-S", "-100") }
+	return tmux, func() string { return tmux("capture-pane", "-p", "-t", "s", "-S", "-100") }
+}
+
+// interactiveExecInTmux: `kaironctl exec -it MACHINE -- sh` in a tmux
+// terminal gets a pseudo-terminal of the terminal's size, follows a
+// resize, and exits with the shell's code.
+func interactiveExecInTmux(t *testing.T, env *testenv.Env, ns, machine string) {
+	tmux, screen := tmuxSession(t, ns+"-it", fmt.Sprintf("%s --kubeconfig %s -n %s exec -it %s -- sh; echo EXITED:$?; sleep 600",
+		filepath.Join(env.BinDir, "kaironctl"), env.Kubeconfig, ns, machine))
+	testenv.Eventually(t, guestTimeout, "a shell prompt", func() (bool, string) {
+		s := screen() // tmux trims the prompt's trailing space
+		return strings.Contains(s, "#"), s
+	})
+	tmux("send-keys", "-t", "s", "tty; stty size", "Enter")
+	testenv.Eventually(t, guestTimeout, "the pseudo-terminal's size", func() (bool, string) {
+		s := screen()
+		return strings.Contains(s, "/dev/pts/") && strings.Contains(s, "\n40 120"), s
+	})
+	tmux("resize-window", "-t", "s", "-x", "100", "-y", "30")
+	tmux("send-keys", "-t", "s", "stty size", "Enter")
+	testenv.Eventually(t, guestTimeout, "the size after a resize", func() (bool, string) {
+		s := screen()
+		return strings.Contains(s, "\n30 100"), s
+	})
+	tmux("send-keys", "-t", "s", "exit 7", "Enter")
+	testenv.Eventually(t, guestTimeout, "the shell's exit code", func() (bool, string) {
+		s := screen()
+		return strings.Contains(s, "EXITED:7"), s
+	})
+}
+
+// consoleInTmux drives `kaironctl console` in a tmux terminal: the
+// guest's shell on the serial console answers `tty`, and Ctrl-] leaves
+// with exit 0.
+func consoleInTmux(t *testing.T, env *testenv.Env, ns, machine string) {
+	tmux, screen := tmuxSession(t, ns+"-console", fmt.Sprintf("%s --kubeconfig %s -n %s console %s; echo EXITED:$?; sleep 600",
+		filepath.Join(env.BinDir, "kaironctl"), env.Kubeconfig, ns, machine))
 	testenv.Eventually(t, guestTimeout, "attached", func() (bool, string) {
 		s := screen()
 		return strings.Contains(s, "press Ctrl-] to leave"), s
 	})
 	// An Enter first: the shell's prompt was printed before we attached.
-	tmux("send-keys", "-t", "console", "Enter")
-	tmux("send-keys", "-t", "console", "tty", "Enter")
+	tmux("send-keys", "-t", "s", "Enter")
+	tmux("send-keys", "-t", "s", "tty", "Enter")
 	testenv.Eventually(t, guestTimeout, "the guest's tty answer", func() (bool, string) {
 		s := screen()
 		return strings.Contains(s, "/dev/tty") || strings.Contains(s, "/dev/console"), s
 	})
-	tmux("send-keys", "-t", "console", "C-]")
+	tmux("send-keys", "-t", "s", "C-]")
 	testenv.Eventually(t, guestTimeout, "kaironctl leaving on Ctrl-]", func() (bool, string) {
 		s := screen()
 		return strings.Contains(s, "EXITED:0") && strings.Contains(s, "Left the console"), s
