@@ -8,6 +8,7 @@
 package main
 
 import (
+	"bufio"
 	"errors"
 	"flag"
 	"fmt"
@@ -55,21 +56,24 @@ func main() {
 		Configure: agent.System{Interface: *iface}.Configure,
 	})
 	log.Info("serving", "port", dev)
+	br := bufio.NewReaderSize(f, 64<<10)
+	rw := struct {
+		io.Reader
+		io.Writer
+	}{br, f}
 	for {
-		err := a.Serve(f)
-		switch {
-		case errors.Is(err, io.EOF):
+		err := a.Serve(rw)
+		if errors.Is(err, io.EOF) {
 			// The host is not connected (or hung up): the port reads EOF
 			// until it is again.
 			time.Sleep(10 * time.Millisecond)
-		default:
-			// Out of step (or cut mid-frame): skip what is left of this
-			// connection, until the host hangs up and connects again.
-			log.Warn("dropping the connection", "err", err)
-			if _, err := io.Copy(io.Discard, f); err != nil {
-				log.Error("reading the agent port", "err", err)
-				time.Sleep(time.Second)
-			}
+			continue
+		}
+		// Out of step (or cut mid-frame): serve again from the next Hello.
+		log.Warn("dropping the connection", "err", err)
+		if err := agent.Resync(br); err != nil && !errors.Is(err, io.EOF) {
+			log.Error("reading the agent port", "err", err)
+			time.Sleep(time.Second)
 		}
 	}
 }

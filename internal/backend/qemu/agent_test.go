@@ -165,11 +165,13 @@ func TestGuestAgent(t *testing.T) {
 			defer cancel()
 			c2, err := client.Dial(actx, b.AgentSocket(spec.ID), client.Options{})
 			if err != nil {
+				t.Logf("dial: %v", err)
 				return false, err.Error()
 			}
 			defer c2.Close()
 			var out bytes.Buffer
 			if _, err := c2.Exec(actx, &wire.Exec{Args: []string{"pidof", "kairon-guest-agent"}}, nil, &out, nil); err != nil {
+				t.Logf("exec: %v", err)
 				return false, err.Error()
 			}
 			return out.Len() > 0 && out.String() != old, "agent pid " + out.String()

@@ -10,6 +10,8 @@
 package agent
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -144,7 +146,9 @@ func (c *conn) handle(f wire.Frame) error {
 		return c.send(0, &wire.Hello{Versions: []int{wire.Version}, Agent: c.a.opts.Name})
 	}
 	if !c.hello {
-		return fmt.Errorf("%s frame before Hello", f.Type)
+		// Left from the host's last connection (an agent started
+		// again finds them in the port): a connection starts at Hello.
+		return nil
 	}
 	if f.Type == wire.TypeRequest {
 		c.mu.Lock()
@@ -216,6 +220,32 @@ func (c *conn) endSessions() {
 func (c *conn) shutdown() {
 	c.dead.Store(true)
 	c.endSessions()
+}
+
+// helloPrefix is how every connection starts: the header of a Hello frame
+// (magic, version, type, stream 0).
+var helloPrefix = []byte{'K', 'G', wire.Version, byte(wire.TypeHello), 0, 0, 0, 0}
+
+// Resync skips what r holds up to the next Hello header, which every
+// connection starts with: after a broken frame, the agent serves again from
+// the host's next connection (or from its next Hello). At the end of what
+// the host sent it drops a partial header and returns io.EOF.
+func Resync(r *bufio.Reader) error {
+	for {
+		b, err := r.Peek(len(helloPrefix))
+		if err != nil {
+			_, _ = r.Discard(r.Buffered())
+			return err
+		}
+		if bytes.Equal(b, helloPrefix) {
+			return nil
+		}
+		if i := bytes.IndexByte(b[1:], 'K'); i >= 0 {
+			_, _ = r.Discard(i + 1)
+		} else {
+			_, _ = r.Discard(len(b))
+		}
+	}
 }
 
 // clip bounds an error message to what wire allows.

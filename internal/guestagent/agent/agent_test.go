@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -104,5 +106,52 @@ func TestServeEnds(t *testing.T) {
 	}
 	if err := <-served; !errors.Is(err, ErrProtocol) && !errors.Is(err, wire.ErrBadMagic) {
 		t.Errorf("after garbage: %v", err)
+	}
+}
+
+func TestResync(t *testing.T) {
+	hello, err := wire.Encode(0, &wire.Hello{Versions: []int{1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame, _ := wire.AppendFrame(nil, hello)
+	for _, junk := range []string{"", "garbage", "KG", "KKG\x01", "KG\x01\x01\x00\x00\x00\x07 stream 7", strings.Repeat("K", 70000)} {
+		br := bufio.NewReader(io.MultiReader(strings.NewReader(junk), bytes.NewReader(frame)))
+		if err := Resync(br); err != nil {
+			t.Fatalf("after %q: %v", junk, err)
+		}
+		f, err := wire.NewReader(br).ReadFrame()
+		if err != nil || f.Type != wire.TypeHello {
+			t.Errorf("after %q: read %v, %v", junk, f.Type, err)
+		}
+	}
+	br := bufio.NewReader(strings.NewReader("no hello here KG\x01"))
+	if err := Resync(br); !errors.Is(err, io.EOF) || br.Buffered() != 0 {
+		t.Errorf("without a hello: %v, %d left", err, br.Buffered())
+	}
+}
+
+// Frames before Hello are left from an earlier connection: skipped.
+func TestServeSkipsFramesBeforeHello(t *testing.T) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, guest := os.NewFile(uintptr(fds[0]), "host"), os.NewFile(uintptr(fds[1]), "guest")
+	t.Cleanup(func() { host.Close(); guest.Close() })
+	served := make(chan error, 1)
+	go func() { served <- New(Options{}).Serve(guest) }()
+	send(t, host, 9, &wire.Cancel{Signal: "KILL"})
+	send(t, host, 0, &wire.Hello{Versions: []int{1}})
+	send(t, host, 1, &wire.Request{Op: wire.OpPing})
+	rd := wire.NewReader(host)
+	for _, want := range []wire.Type{wire.TypeHello, wire.TypeResponse, wire.TypeExit} {
+		if f := next(t, rd); f.Type != want {
+			t.Fatalf("got %s, want %s", f.Type, want)
+		}
+	}
+	host.Close()
+	if err := <-served; !errors.Is(err, io.EOF) {
+		t.Errorf("Serve ended with %v", err)
 	}
 }
