@@ -49,8 +49,9 @@ func restartEgressAgent(t *testing.T, env *testenv.Env, name, state, ns string, 
 // has it try, from its own shell, what the policy allows and what it does
 // not; then SIGKILLs its agent and tries again while no agent runs, edits
 // a policy through the restarted agent, lets a learned address expire,
-// moves the guest live to another node, and deletes the claim: nothing of
-// its enforcement may be left.
+// moves the guest live to another node (where kaironctl exec still
+// reaches it), and deletes the claim: nothing of its enforcement may be
+// left.
 func TestEgressOnARealGuest(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
@@ -196,6 +197,18 @@ spec:
 	expect("again", "nslookup pkg.test", pkgTest, "1")
 	expect("relearned", nc(pkgTest, "8050"), "^hi$", "1")
 
+	// The guest agent's channel, before the move and after it (kaironctl
+	// exec reaches the agent of whichever node runs the Machine).
+	kaironctlExec := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(filepath.Join(env.BinDir, "kaironctl"), append([]string{"--kubeconfig", env.Kubeconfig, "-n", ns, "exec", machine, "--"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Errorf("kaironctl exec %v: %v: %s", args, err, out)
+		}
+		return string(out)
+	}
+	kaironctlExec("sh", "-c", "echo written-before-the-move > /tmp/marker")
+
 	// Live to the other node: confined there before it runs there.
 	agents[second] = restartEgressAgent(t, env, second, filepath.Join(state, "b"), netNS, 2)
 	waitNodeReady(t, env, second)
@@ -212,6 +225,9 @@ spec: {machineName: %s, strategy: live, targetNode: %s}
 		return strings.HasPrefix(out, "Succeeded"), out
 	})
 	waitPolicyEnforced(t, env, ns, "plain-8050", second, machine)
+	if got := kaironctlExec("cat", "/tmp/marker"); got != "written-before-the-move\n" {
+		t.Errorf("kaironctl exec after the live migration: %q", got)
+	}
 	con = testenv.DialConsole(t, filepath.Join(state, "b", "instances", ns+"_"+machine, "console.sock"))
 	// A forwarded connection first: the guest still has the gateway's
 	// address it learned on the other node (the bridge's own, which taps
