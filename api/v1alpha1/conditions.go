@@ -140,6 +140,35 @@ const (
 	MigrationReasonLiveNotSupported MigrationReason = "LiveNotSupported"
 )
 
+// ConditionStrategyChosen is on a MachineMigration that cordon evacuation
+// created with strategy auto (controller.cordonEvacuation.strategy, or
+// kairon-controller -cordon-evacuate-strategy auto): always True, its
+// reason says which strategy spec.strategy got and why, its message names
+// the nodes. Written by kairon-controller from the migration's
+// AnnotationMigrationRequestedStrategy, AnnotationMigrationStrategyReason
+// and AnnotationMigrationStrategyMessage, which cordon evacuation sets
+// when it creates the migration.
+const ConditionStrategyChosen ConditionType = "StrategyChosen"
+
+// Reasons of the StrategyChosen condition. StrategyReasonLive is the only
+// one with spec.strategy live; every other means cold.
+const (
+	// StrategyReasonLive: the Machine runs, its node can send it live and
+	// the target (pinned in spec.targetNode) can receive it live: the same
+	// backend and acceleration, and a migration endpoint.
+	StrategyReasonLive = "LiveMigratable"
+	// StrategyReasonMachineNotLive: the Machine is not Running, so there is
+	// no running guest to move live.
+	StrategyReasonMachineNotLive = "MachineNotLiveMigratable"
+	// StrategyReasonSourceCannotSendLive: the Machine's node has a backend
+	// that cannot send a live migration (or is gone).
+	StrategyReasonSourceCannotSendLive = "SourceCannotSendLive"
+	// StrategyReasonTargetCannotReceiveLive: no node that can take the
+	// Machine can receive it live from its node (no migration endpoint,
+	// another backend or acceleration); the scheduler picks a cold target.
+	StrategyReasonTargetCannotReceiveLive = "TargetCannotReceiveLive"
+)
+
 // Reasons of the events Kairon records (kubectl get events
 // --field-selector reason=...). Events of a failed migration carry its
 // MigrationReason instead.

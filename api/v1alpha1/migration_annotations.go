@@ -41,4 +41,14 @@ const (
 	// spec.nodeName to itself only when this names it, so a compromised
 	// node cannot pull Machines it was not chosen for.
 	AnnotationMachineMigrationTarget = "kairon.zyvor.dev/migration-target"
+	// AnnotationMigrationRequestedStrategy is on a MachineMigration whose
+	// creator asked for a strategy spec.strategy cannot hold: "auto", from
+	// cordon evacuation with strategy auto, which chose spec.strategy
+	// itself. With AnnotationMigrationStrategyReason (a StrategyReason*)
+	// and AnnotationMigrationStrategyMessage it is what kairon-controller
+	// writes as the migration's StrategyChosen condition. They only
+	// describe the choice: nothing acts on them.
+	AnnotationMigrationRequestedStrategy = "kairon.zyvor.dev/requested-strategy"
+	AnnotationMigrationStrategyReason    = "kairon.zyvor.dev/strategy-reason"
+	AnnotationMigrationStrategyMessage   = "kairon.zyvor.dev/strategy-message"
 )

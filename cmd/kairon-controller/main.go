@@ -44,7 +44,7 @@ func run() error {
 		webhookPort      = flag.Int("webhook-port", webhook.DefaultPort, "port of the webhook server")
 		webhookCertDir   = flag.String("webhook-cert-dir", "", "directory with the webhook's tls.crt and tls.key (default: the system temp dir's k8s-webhook-server/serving-certs)")
 		cordonEvacuate   = flag.Bool("cordon-evacuate", false, "give every Machine on a cordoned Kairon node a MachineMigration, within the MachineDisruptionBudgets")
-		cordonStrategy   = flag.String("cordon-evacuate-strategy", controller.CordonEvacuateCold, "strategy of the migrations -cordon-evacuate creates: cold or auto (auto is cold for now; live is refused)")
+		cordonStrategy   = flag.String("cordon-evacuate-strategy", controller.CordonEvacuateCold, "strategy of the migrations -cordon-evacuate creates: cold, or auto (live where the Machine and both nodes can, cold otherwise; each migration's StrategyChosen condition says which and why); live is refused")
 		cordonRetry      = flag.Duration("cordon-evacuate-min-retry-interval", controller.DefaultCordonEvacuateMinRetryInterval, "least time between two -cordon-evacuate attempts at one Machine")
 	)
 	zapOpts := zap.Options{}

@@ -40,21 +40,20 @@ const (
 
 // CordonEvacuationStrategy turns a -cordon-evacuate-strategy value into the
 // strategy of the migrations cordon evacuation creates. Empty means cold.
-// live is refused: a live migration started by a controller with nobody
-// watching is a bigger step than a cold one, and cordon evacuation does not
-// take it on its own.
+// auto is rules.StrategyAuto: each migration is live when the Machine and
+// both nodes can migrate live, cold otherwise
+// (rules.ChooseEvacuationStrategy), and says which and why in its
+// StrategyChosen condition. live is refused: live for every Machine,
+// whether or not its nodes can, would fail where auto falls back to cold,
+// and cordon evacuation does not insist on live on its own.
 func CordonEvacuationStrategy(s string) (kaironv1.MigrationStrategy, error) {
 	switch s {
 	case "", CordonEvacuateCold:
 		return kaironv1.MigrationCold, nil
 	case CordonEvacuateAuto:
-		// auto is to mean "live where the Machine and both nodes can
-		// migrate live, else cold". The node agents do not carry out
-		// migrations yet, so nothing can tell whether live would work:
-		// until they do, auto creates cold migrations.
-		return kaironv1.MigrationCold, nil
+		return rules.StrategyAuto, nil
 	case string(kaironv1.MigrationLive):
-		return "", errors.New(`-cordon-evacuate-strategy "live" is not allowed: cordon evacuation never starts live migrations on its own; use cold or auto, or move Machines live yourself with kaironctl evacuate NODE --strategy live`)
+		return "", errors.New(`-cordon-evacuate-strategy "live" is not allowed: cordon evacuation never insists on live migrations; use auto (live where the Machine and both nodes can, cold otherwise) or cold, or move Machines live yourself with kaironctl evacuate NODE --strategy live`)
 	}
 	return "", fmt.Errorf("-cordon-evacuate-strategy %q is not valid; use cold or auto", s)
 }
@@ -85,7 +84,8 @@ type CordonEvacuationReconciler struct {
 	// previous one created.
 	APIReader client.Reader
 	Recorder  events.EventRecorder
-	// Strategy is the migrations' spec.strategy; see
+	// Strategy is cold, the migrations' spec.strategy, or
+	// rules.StrategyAuto, which chooses per Machine; see
 	// CordonEvacuationStrategy. It is never live.
 	Strategy kaironv1.MigrationStrategy
 	// MinRetryInterval is the least time between two attempts at one Machine.
@@ -99,7 +99,7 @@ type CordonEvacuationReconciler struct {
 // SetupWithManager registers the reconciler with mgr.
 func (r *CordonEvacuationReconciler) SetupWithManager(mgr manager.Manager) error {
 	if r.Strategy == kaironv1.MigrationLive {
-		return errors.New("cordon evacuation never creates live migrations")
+		return errors.New("cordon evacuation never insists on live migrations: use strategy auto (live where possible) or cold")
 	}
 	if r.Strategy == "" {
 		r.Strategy = kaironv1.MigrationCold
@@ -196,6 +196,10 @@ func (r *CordonEvacuationReconciler) Reconcile(ctx context.Context, _ reconcile.
 		}
 	}
 
+	var placement *evacuationPlacement
+	if r.Strategy == rules.StrategyAuto {
+		placement = newEvacuationPlacement(nodes.Items, snap)
+	}
 	attempted := false
 	for _, d := range snap.Plan(candidates) {
 		m, node := d.Machine, nodeOf[d.Machine]
@@ -212,7 +216,7 @@ func (r *CordonEvacuationReconciler) Reconcile(ctx context.Context, _ reconcile.
 			r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, kaironv1.EventReasonEvacuationBlocked, "Evacuate", "%s", message)
 		case rules.EvacuationMigrate:
 			attempted = true
-			r.migrate(ctx, m, node)
+			r.migrate(ctx, m, node, placement)
 		}
 		r.stampAttempt(ctx, m, now)
 	}
@@ -224,19 +228,69 @@ func (r *CordonEvacuationReconciler) Reconcile(ctx context.Context, _ reconcile.
 	return reconcile.Result{RequeueAfter: max(next.Sub(r.now()), time.Second)}, nil
 }
 
+// evacuationPlacement is what strategy auto chooses with within one pass:
+// the Kairon nodes, charged with the Machines on them and moving to them,
+// and with each target this pass already chose.
+type evacuationPlacement struct {
+	byName map[string]*rules.NodeInfo
+	nodes  []*rules.NodeInfo
+}
+
+func newEvacuationPlacement(nodes []corev1.Node, snap *rules.EvacuationSnapshot) *evacuationPlacement {
+	p := &evacuationPlacement{byName: map[string]*rules.NodeInfo{}}
+	for i := range nodes {
+		n := rules.NewNodeInfo(&nodes[i])
+		p.byName[n.Node.Name] = n
+		p.nodes = append(p.nodes, n)
+	}
+	machines := make([]*kaironv1.Machine, len(snap.Machines))
+	for i := range snap.Machines {
+		machines[i] = &snap.Machines[i]
+	}
+	rules.ChargeNodes(p.byName, machines, snap.Migrations)
+	return p
+}
+
+// choose is auto's choice for m off node; the node it chose, live or
+// not yet (a cold migration's target is the migration controller's pick,
+// most likely the same node), is charged with m for the rest of the pass.
+func (p *evacuationPlacement) choose(m *kaironv1.Machine, node string) rules.StrategyChoice {
+	var source *corev1.Node
+	var candidates []*rules.NodeInfo
+	for _, n := range p.nodes {
+		if n.Node.Name == node {
+			source = n.Node
+		} else {
+			candidates = append(candidates, n)
+		}
+	}
+	choice := rules.ChooseEvacuationStrategy(m, source, candidates)
+	if n := p.byName[choice.TargetNode]; n != nil {
+		n.Requested = n.Requested.Add(rules.MachineResources(m))
+	}
+	return choice
+}
+
 // migrate creates m's migration off node, and says how it went in an
 // event. A refusal (by the MachineMigration webhook, which may have seen a
 // budget spent by someone else since the pass read the cluster) counts as
-// a blocked attempt.
-func (r *CordonEvacuationReconciler) migrate(ctx context.Context, m *kaironv1.Machine, node string) {
+// a blocked attempt. With strategy auto, placement chooses live or cold.
+func (r *CordonEvacuationReconciler) migrate(ctx context.Context, m *kaironv1.Machine, node string, placement *evacuationPlacement) {
 	logger := log.FromContext(ctx).WithValues("machine", klog.KObj(m), "node", klog.KRef("", node))
 	mig := rules.NewEvacuationMigration(m, node, r.Strategy)
+	chose := ""
+	if placement != nil {
+		choice := placement.choose(m, node)
+		rules.ApplyStrategyChoice(mig, choice)
+		chose = "; strategy auto chose " + choice.Message
+	}
 	err := r.Client.Create(ctx, mig)
 	switch {
 	case err == nil:
-		logger.Info("Created evacuation migration", "migration", klog.KObj(mig), "strategy", mig.Spec.Strategy)
+		logger.Info("Created evacuation migration", "migration", klog.KObj(mig), "strategy", mig.Spec.Strategy, "target", mig.Spec.TargetNode,
+			"why", mig.Annotations[kaironv1.AnnotationMigrationStrategyMessage])
 		r.Recorder.Eventf(m, mig, corev1.EventTypeNormal, kaironv1.EventReasonEvacuationMigrationCreated, "Evacuate",
-			"Node %s is cordoned: created MachineMigration %s (%s) to move the machine off it", node, mig.Name, mig.Spec.Strategy)
+			"Node %s is cordoned: created MachineMigration %s (%s) to move the machine off it%s", node, mig.Name, mig.Spec.Strategy, chose)
 	case isRefusal(err):
 		logger.Info("Evacuation migration refused by admission", "reason", err.Error())
 		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, kaironv1.EventReasonEvacuationBlocked, "Evacuate",

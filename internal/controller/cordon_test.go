@@ -67,7 +67,8 @@ func TestCordonEvacuation(t *testing.T) {
 
 	startControllers(t, env, ns, Options{
 		CordonEvacuate: true,
-		// auto is cold until node agents can tell whether live would work.
+		// auto: these stand-in nodes name no backend, so every migration
+		// is cold, and says why.
 		CordonEvacuateStrategy:         CordonEvacuateAuto,
 		CordonEvacuateMinRetryInterval: cordonRetryInterval,
 	})
@@ -97,6 +98,10 @@ func TestCordonEvacuation(t *testing.T) {
 	if first.Spec.MachineName != "web-1" || first.Spec.Strategy != kaironv1.MigrationCold ||
 		!strings.HasPrefix(first.Name, "web-1-evac-") || first.Labels[kaironv1.LabelEvacuatedNode] != nodeA.Name {
 		t.Errorf("migration %s: machine %s strategy %s labels %v", first.Name, first.Spec.MachineName, first.Spec.Strategy, first.Labels)
+	}
+	if first.Annotations[kaironv1.AnnotationMigrationRequestedStrategy] != "auto" ||
+		first.Annotations[kaironv1.AnnotationMigrationStrategyReason] != kaironv1.StrategyReasonSourceCannotSendLive || first.Spec.TargetNode != "" {
+		t.Errorf("migration %s: auto's choice %v, target %q; want cold for want of a backend, target left to the scheduler", first.Name, first.Annotations, first.Spec.TargetNode)
 	}
 	stamp := attemptedAt(t, env, ns, "web-2")
 	if _, err := time.Parse(time.RFC3339, stamp); err != nil {
@@ -217,7 +222,7 @@ func TestCordonEvacuationNeverLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = SetupWithManager(mgr, Options{CordonEvacuate: true, CordonEvacuateStrategy: "live"})
-	if err == nil || !strings.Contains(err.Error(), "never starts live migrations") {
+	if err == nil || !strings.Contains(err.Error(), "never insists on live migrations") {
 		t.Errorf("SetupWithManager with strategy live: %v", err)
 	}
 }

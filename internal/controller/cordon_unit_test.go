@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 	"github.com/zyvor/kairon/internal/rules/rulestest"
 )
 
@@ -27,10 +28,9 @@ func TestCordonEvacuationStrategy(t *testing.T) {
 	}{
 		{"", kaironv1.MigrationCold, ""},
 		{"cold", kaironv1.MigrationCold, ""},
-		// auto will mean live where possible; until node agents carry out
-		// migrations it is cold.
-		{"auto", kaironv1.MigrationCold, ""},
-		{"live", "", `-cordon-evacuate-strategy "live" is not allowed: cordon evacuation never starts live migrations on its own`},
+		// auto chooses per Machine (rules.ChooseEvacuationStrategy).
+		{"auto", rules.StrategyAuto, ""},
+		{"live", "", `-cordon-evacuate-strategy "live" is not allowed: cordon evacuation never insists on live migrations; use auto`},
 		{"Cold", "", `-cordon-evacuate-strategy "Cold" is not valid; use cold or auto`},
 	} {
 		got, err := CordonEvacuationStrategy(tt.in)

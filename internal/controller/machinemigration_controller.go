@@ -3,12 +3,14 @@ package controller
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -90,6 +92,7 @@ func (r *MachineMigrationReconciler) Reconcile(ctx context.Context, req reconcil
 		return reconcile.Result{}, nil
 	}
 	desired := mig.DeepCopy()
+	recordStrategyChoice(desired)
 	result, err := r.step(ctx, desired)
 	if err != nil {
 		return reconcile.Result{}, err
@@ -279,6 +282,33 @@ func downtimeMillis(mig *kaironv1.MachineMigration, now time.Time) int64 {
 		down = at
 	}
 	return max(now.Sub(down).Milliseconds(), 1)
+}
+
+// conditionReason is what metav1.Condition's reason must look like.
+var conditionReason = regexp.MustCompile(`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`)
+
+// recordStrategyChoice writes, on a migration whose strategy cordon
+// evacuation chose (strategy auto, rules.ApplyStrategyChoice), the choice it
+// recorded in annotations as the StrategyChosen condition: the reason says
+// which, the message why. The annotations are written once, with the
+// migration; the condition follows them.
+func recordStrategyChoice(mig *kaironv1.MachineMigration) {
+	requested := mig.Annotations[kaironv1.AnnotationMigrationRequestedStrategy]
+	reason := mig.Annotations[kaironv1.AnnotationMigrationStrategyReason]
+	if requested == "" || !conditionReason.MatchString(reason) || len(reason) > 1024 {
+		return // not Kairon's, or not a reason the API server would take
+	}
+	message := fmt.Sprintf("strategy %s chose %s", requested, mig.Annotations[kaironv1.AnnotationMigrationStrategyMessage])
+	if len(message) > 32768 {
+		message = message[:32768]
+	}
+	meta.SetStatusCondition(&mig.Status.Conditions, metav1.Condition{
+		Type:               kaironv1.ConditionStrategyChosen.String(),
+		Status:             metav1.ConditionTrue,
+		Reason:             reason,
+		Message:            message,
+		ObservedGeneration: mig.Generation,
+	})
 }
 
 // failMigration sets mig Failed with reason and message.

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -15,10 +17,12 @@ import (
 )
 
 // TestCordonEvacuationWithRealMigrations: kairon-controller with
-// -cordon-evacuate empties a cordoned node by itself, through the real
-// executor (two sim agents), one Machine at a time as the budget allows,
-// with cold migrations only, one per Machine, each Machine marked with the
-// attempt annotation.
+// -cordon-evacuate -cordon-evacuate-strategy auto empties a cordoned node by
+// itself, through the real executor (two sim agents that both accept
+// migrations), one Machine at a time as the budget allows, one migration
+// per Machine, each Machine marked with the attempt annotation. Both nodes
+// can migrate live, so auto moves every Machine live and says why in the
+// migration's StrategyChosen condition.
 func TestCordonEvacuationWithRealMigrations(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
@@ -61,8 +65,12 @@ func TestCordonEvacuationWithRealMigrations(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for _, mig := range migs {
-		if mig.Spec.Strategy != kaironv1.MigrationCold {
-			t.Errorf("migration %s has strategy %q: cordon evacuation must never migrate live", mig.Name, mig.Spec.Strategy)
+		if mig.Spec.Strategy != kaironv1.MigrationLive || mig.Spec.TargetNode != target {
+			t.Errorf("migration %s has strategy %q to %q: auto must move live to %s, where both nodes can", mig.Name, mig.Spec.Strategy, mig.Spec.TargetNode, target)
+		}
+		checkStrategyChosen(t, &mig, kaironv1.StrategyReasonLive, "strategy auto chose live: machine "+mig.Spec.MachineName+" runs, node "+source+" sends it and node "+target+" receives it live")
+		if mig.Status.DowntimeMillis <= 0 {
+			t.Errorf("migration %s: downtime %d ms, want the source's measure", mig.Name, mig.Status.DowntimeMillis)
 		}
 		if mig.Status.Phase != kaironv1.MigrationSucceeded || mig.Status.SourceNode != source || mig.Status.TargetNode != target {
 			t.Errorf("migration %s: %s", mig.Name, describeMigrations([]kaironv1.MachineMigration{mig}))
@@ -101,5 +109,76 @@ func TestCordonEvacuationWithRealMigrations(t *testing.T) {
 	}
 	if got := strings.TrimSpace(kubectl(t, env, "", "get", "node", source, "-o", "jsonpath={.spec.unschedulable}")); got != "true" {
 		t.Errorf("source node unschedulable=%q after evacuation, want it still cordoned", got)
+	}
+}
+
+// TestCordonEvacuationAutoFallsBackToCold: with strategy auto, a Machine
+// whose only possible target cannot receive a live migration (its agent
+// runs without --migration-listen, so its Node advertises no migration
+// endpoint) moves cold, and the migration's StrategyChosen condition says
+// so and why; the Machine runs on the target afterwards.
+func TestCordonEvacuationAutoFallsBackToCold(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	source, target := ns+"-src", ns+"-dst"
+	startControllerWith(t, env, "-interval", "1s", "-cordon-evacuate",
+		"-cordon-evacuate-strategy", "auto", "-cordon-evacuate-min-retry-interval", "2s")
+	startSimAgent(t, env, source, "10.88.67.0/24", 4, "4Gi")
+	// The last --migration-listen wins: none.
+	startSimAgent(t, env, target, "10.88.68.0/24", 4, "4Gi", "--migration-listen=")
+	deleteMachinesAtEnd(t, env, ns)
+	waitNodeReady(t, env, source)
+	waitNodeReady(t, env, target)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("objects:\n%s", kubectlQuiet(env, "-n", ns, "get", "machines,machinemigrations", "-o", "yaml"))
+		}
+	})
+	createMachinesOn(t, env, ns, source, nil, "worker")
+	waitAllRunning(t, env, ns, source, 1)
+	// The source advertises its endpoint, the target none: that is the
+	// difference auto sees.
+	endpoint := func(name string) string {
+		var n corev1.Node
+		if err := env.Client.Get(context.Background(), client.ObjectKey{Name: name}, &n); err != nil {
+			return err.Error()
+		}
+		return n.Annotations[kaironv1.AnnotationNodeMigrationEndpoint]
+	}
+	testenv.Eventually(t, 30*time.Second, "the source's migration endpoint, and none on the target", func() (bool, string) {
+		src, dst := endpoint(source), endpoint(target)
+		return strings.Contains(src, ":") && dst == "", "source " + src + ", target " + dst
+	})
+
+	kubectl(t, env, "", "cordon", source)
+	waitAllRunning(t, env, ns, target, 1)
+
+	migs := migrationsIn(t, env, ns)
+	if len(migs) != 1 {
+		t.Fatalf("%d migrations, want one: %s", len(migs), describeMigrations(migs))
+	}
+	mig := migs[0]
+	if mig.Spec.Strategy != kaironv1.MigrationCold || mig.Spec.TargetNode != "" ||
+		mig.Status.Phase != kaironv1.MigrationSucceeded || mig.Status.TargetNode != target {
+		t.Errorf("migration %s: strategy %q to %q; %s; want a cold move to %s", mig.Name, mig.Spec.Strategy, mig.Spec.TargetNode,
+			describeMigrations(migs), target)
+	}
+	checkStrategyChosen(t, &mig, kaironv1.StrategyReasonTargetCannotReceiveLive,
+		"strategy auto chose cold: no node that can take machine worker can receive it live from node "+source+": "+target+" has no migration endpoint")
+	// kubectl shows the choice as a condition.
+	out := kubectl(t, env, "", "-n", ns, "get", "machinemigration", mig.Name, "-o",
+		`jsonpath={.status.conditions[?(@.type=="StrategyChosen")].reason}`)
+	if out != kaironv1.StrategyReasonTargetCannotReceiveLive {
+		t.Errorf("kubectl: StrategyChosen reason %q", out)
+	}
+}
+
+// checkStrategyChosen checks mig's StrategyChosen condition: True, with
+// reason, and a message beginning with message.
+func checkStrategyChosen(t *testing.T, mig *kaironv1.MachineMigration, reason, message string) {
+	t.Helper()
+	c := meta.FindStatusCondition(mig.Status.Conditions, kaironv1.ConditionStrategyChosen.String())
+	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != reason || !strings.HasPrefix(c.Message, message) {
+		t.Errorf("migration %s: StrategyChosen condition %+v; want True, reason %s, message beginning %q", mig.Name, c, reason, message)
 	}
 }

@@ -89,7 +89,7 @@ every install, upgrade and template.
 {{- $ce := .Values.controller.cordonEvacuation }}
 {{- $strategy := toString $ce.strategy }}
 {{- if eq $strategy "live" }}
-{{- fail "controller.cordonEvacuation.strategy=live is not allowed: automatic evacuation of a cordoned node never live-migrates on its own. Use cold or auto, or run `kaironctl evacuate NODE --strategy live` yourself." }}
+{{- fail "controller.cordonEvacuation.strategy=live is not allowed: automatic evacuation of a cordoned node never insists on live migration. Use cold or auto (live where the Machine and both nodes can, cold otherwise), or run `kaironctl evacuate NODE --strategy live` yourself." }}
 {{- else if not (has $strategy (list "cold" "auto")) }}
 {{- fail (printf "controller.cordonEvacuation.strategy=%q is not valid: use cold or auto." $strategy) }}
 {{- end }}
