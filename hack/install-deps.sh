@@ -6,9 +6,10 @@ set -euo pipefail
 # Build and test: git, make, gcc (cgo). Guest image (hack/guest/build.sh):
 # apt, dpkg, cpio, gzip, xz-utils, zstd. Node agent: qemu-system-x86 (QEMU
 # 7.2), iproute2 (bridge, taps, network namespaces in tests), nftables (the
-# guests' network baseline, docs/guides/networking.md).
+# guests' network baseline, docs/guides/networking.md). kairon-ui's browser
+# tests (internal/ui) drive Debian's headless chromium.
 packages=(ca-certificates git make gcc libc6-dev iproute2 nftables procps
-  cpio gzip xz-utils zstd qemu-system-x86)
+  cpio gzip xz-utils zstd qemu-system-x86 chromium)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,272 @@
+package ui_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
+	"github.com/zyvor/kairon/internal/testenv"
+)
+
+// Environment variables of the browser tests.
+const (
+	// skipBrowserEnv=1 skips the browser tests when Chromium is missing;
+	// without it a missing Chromium fails them.
+	skipBrowserEnv = "KAIRON_SKIP_BROWSER_TESTS"
+	// screenshotsEnv names a directory to save a screenshot of each page
+	// in; without it they go to the test's temporary directory.
+	screenshotsEnv = "KAIRON_UI_SCREENSHOTS"
+)
+
+// browser is one headless Chromium tab, and the console errors its pages
+// logged.
+type browser struct {
+	ctx  context.Context
+	mu   sync.Mutex
+	errs []string
+}
+
+// newBrowser starts Debian's chromium headless, or fails (or skips, with
+// KAIRON_SKIP_BROWSER_TESTS=1) when it is not installed.
+func newBrowser(t *testing.T) *browser {
+	t.Helper()
+	path := ""
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			path = p
+			break
+		}
+	}
+	if path == "" {
+		if os.Getenv(skipBrowserEnv) == "1" {
+			t.Skip(skipBrowserEnv + "=1: chromium is not installed")
+		}
+		t.Fatal("chromium is not installed: run `make deps` (hack/install-deps.sh installs Debian's chromium), or set " + skipBrowserEnv + "=1 to skip the browser tests")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1400, 1000),
+		chromedp.DisableGPU,
+	)
+	if os.Geteuid() == 0 {
+		// Chromium refuses to run as root with its sandbox.
+		opts = append(opts, chromedp.NoSandbox)
+	}
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(allocCtx)
+	b := &browser{ctx: ctx}
+	t.Cleanup(func() {
+		cancel()
+		cancelAlloc()
+	})
+	if err := chromedp.Listen(ctx, b.record); err != nil {
+		t.Fatalf("starting chromium (%s): %v", path, err)
+	}
+	return b
+}
+
+// record keeps what a page logs as an error: console.error, uncaught
+// exceptions, and browser log errors (failed requests).
+func (b *browser) record(ev any) {
+	var msg string
+	switch ev := ev.(type) {
+	case *runtime.EventConsoleAPICalled:
+		if ev.Type == runtime.ConsoleAPICalledTypeError {
+			var parts []string
+			for _, a := range ev.Args {
+				parts = append(parts, string(a.Value)+a.Description)
+			}
+			msg = "console.error: " + strings.Join(parts, " ")
+		}
+	case *runtime.EventExceptionThrown:
+		msg = "exception: " + ev.ExceptionDetails.Text
+		if ev.ExceptionDetails.Exception != nil {
+			msg += " " + ev.ExceptionDetails.Exception.Description
+		}
+	case *log.EventEntryAdded:
+		if ev.Entry.Level == log.EntryLevelError {
+			msg = "log: " + ev.Entry.Text + " " + ev.Entry.URL
+		}
+	}
+	if msg != "" {
+		b.mu.Lock()
+		b.errs = append(b.errs, msg)
+		b.mu.Unlock()
+	}
+}
+
+// consoleErrors returns and clears the errors logged so far.
+func (b *browser) consoleErrors() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	errs := b.errs
+	b.errs = nil
+	return errs
+}
+
+// do runs actions with a deadline, failing t on error.
+func (b *browser) do(t *testing.T, what string, actions ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func (b *browser) text(t *testing.T, sel string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+	if err != nil {
+		t.Fatalf("reading %s: %v", sel, err)
+	}
+	return strings.TrimSpace(s)
+}
+
+func (b *browser) eval(t *testing.T, expr string) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[bool](expr))
+	if err != nil {
+		t.Fatalf("evaluating %s: %v", expr, err)
+	}
+	return v
+}
+
+// waitFor waits until the page's JavaScript expression is true.
+func (b *browser) waitFor(t *testing.T, what, expr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		t.Fatalf("waiting for %s (%s): %v", what, expr, err)
+	}
+}
+
+// open loads a page, waits for its live updates to connect, and saves a
+// screenshot of it.
+func (b *browser) open(t *testing.T, url, shot string) {
+	t.Helper()
+	b.do(t, "loading "+url, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS("#live")))
+	b.waitFor(t, url+" to connect its event stream", `document.body.dataset.live === "connected"`)
+	dir := os.Getenv(screenshotsEnv)
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot of %s: %v", url, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, shot+".png"), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBrowser drives every page in headless Chromium: no page logs a
+// console error, the budgets page shows the shared budget code's numbers
+// and receipts, and objects created after a page loaded appear on it
+// without a reload.
+func TestBrowser(t *testing.T) {
+	env := testenv.Get(t)
+	b := newBrowser(t)
+	url := startUI(t, env)
+	ns := env.Namespace(t)
+	sel := map[string]string{"ui-browser": ns}
+	machine(t, env, ns, "web-1", "", kaironv1.MachineRunning, sel)
+	machine(t, env, ns, "web-2", "", kaironv1.MachineBooting, sel)
+	machine(t, env, ns, "web-3", "", kaironv1.MachineRunning, sel)
+	budget(t, env, ns, "web", sel, ptr.To(intstr.FromInt32(2)), nil)
+
+	// The budgets page, once the UI's cache has the three Machines.
+	row := "#budget-" + ns + "-web"
+	b.open(t, url+"/budgets?namespace="+ns, "budgets")
+	b.waitFor(t, "the budget to count 3 Machines", fmt.Sprintf(`document.querySelector(%q)?.querySelector("td.expected")?.textContent === "3"`, row))
+	checkBudgetRow := func() {
+		t.Helper()
+		s := rules.FindBudgetState(budgetsNow(t, env), ns, "web")
+		for cell, want := range map[string]int32{"expected": s.ExpectedMachines, "healthy": s.CurrentHealthy, "desired": s.DesiredHealthy, "allowed": s.DisruptionsAllowed} {
+			if got := b.text(t, row+" td."+cell); got != fmt.Sprint(want) {
+				t.Errorf("budget web %s: page shows %s, shared code %d", cell, got, want)
+			}
+		}
+		if got := b.text(t, "#receipts-"+ns+"-web .summary"); got != rules.BudgetSummary(s) {
+			t.Errorf("budget web summary: page %q, shared code %q", got, rules.BudgetSummary(s))
+		}
+		receipts := b.text(t, "#receipts-"+ns+"-web ul")
+		for _, m := range s.Machines {
+			want := m.Name + " healthy"
+			if !m.Healthy {
+				want = m.Name + " NOT healthy (" + m.Reason + ")"
+			}
+			if !strings.Contains(receipts, want) {
+				t.Errorf("budget web receipts %q lack %q", receipts, want)
+			}
+		}
+	}
+	checkBudgetRow()
+	if got := b.text(t, row+" td.allowed"); got != "0" {
+		t.Errorf("3 matching, 2 healthy, 2 desired: allowed %s, want 0", got)
+	}
+
+	// A fourth Machine, created after the page loaded, changes the numbers
+	// in place: the page is not reloaded (the marker set on window stays).
+	b.eval(t, `window.kaironNoReload = true`)
+	machine(t, env, ns, "web-4", "", kaironv1.MachineRunning, sel)
+	b.waitFor(t, "the budget page to count web-4", fmt.Sprintf(`document.querySelector(%q)?.querySelector("td.expected")?.textContent === "4"`, row))
+	if !b.eval(t, `window.kaironNoReload === true`) {
+		t.Fatal("the budgets page was reloaded")
+	}
+	checkBudgetRow()
+	if got := b.text(t, row+" td.allowed"); got != "1" {
+		t.Errorf("4 matching, 3 healthy, 2 desired: allowed %s, want 1", got)
+	}
+
+	// The Machines page: a Machine created after it loaded appears.
+	b.open(t, url+"/machines?namespace="+ns, "machines")
+	b.eval(t, `window.kaironNoReload = true`)
+	machine(t, env, ns, "late-1", "", "", nil)
+	b.do(t, "waiting for late-1 on the Machines page", chromedp.WaitVisible(chromedp.CSS(`tr[data-name="late-1"]`)))
+	if !b.eval(t, `window.kaironNoReload === true`) {
+		t.Fatal("the Machines page was reloaded")
+	}
+	b.do(t, "opening late-1's page", chromedp.Click(chromedp.CSS(`tr[data-name="late-1"] a`)), chromedp.WaitVisible(chromedp.CSS("#phase")))
+
+	// Every page renders without a console error; first prove an error
+	// would be seen.
+	b.eval(t, `console.error("kairon-ui self-check"), true`)
+	testenv.Eventually(t, 10*time.Second, "the test to see a console.error", func() (bool, string) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return strings.Contains(strings.Join(b.errs, "\n"), "kairon-ui self-check"), strings.Join(b.errs, "; ")
+	})
+	b.consoleErrors()
+	for _, p := range []struct{ path, shot string }{
+		{"/", "overview"}, {"/nodes", "nodes"}, {"/machines", "machines-all"}, {"/machines/" + ns + "/web-1", "machine"},
+		{"/pools", "pools"}, {"/budgets", "budgets-all"}, {"/migrations", "migrations"}, {"/network-policies", "network-policies"},
+	} {
+		b.open(t, url+p.path, p.shot)
+	}
+	if errs := b.consoleErrors(); len(errs) > 0 {
+		t.Errorf("the pages logged errors:\n%s", strings.Join(errs, "\n"))
+	}
+}
