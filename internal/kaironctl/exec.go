@@ -36,7 +36,8 @@ mc/NAME: the Machine bound to it.
 -i sends kaironctl's stdin to the command; -t runs it on a pseudo-terminal
 (with -i from a terminal: an interactive shell; the terminal is put in raw
 mode and window size changes follow). A command killed by a signal exits
-128+N; --timeout kills the command after that long (exit 124).
+128+N; --timeout kills the command after that long (exit 124); Ctrl-C
+(without -t) kills it (exit 130).
 
 The node agent refuses with 403 unless you may create machines/exec in the
 Machine's namespace (see docs/guides/exec.md).`,
@@ -111,6 +112,10 @@ Machine's namespace (see docs/guides/exec.md).`,
 			exit, err := execstream.Run(ctx, conn, s)
 			if raw != nil {
 				raw.restore()
+			}
+			if err != nil && ctx.Err() != nil {
+				// Interrupted (Ctrl-C without -t): the command was killed.
+				return &ExitCodeError{Code: 130}
 			}
 			if err != nil {
 				return fmt.Errorf("exec in %s: %w", ref, err)
@@ -388,7 +393,8 @@ func (e *escapeReader) Read(p []byte) (int, error) {
 		return i, nil
 	}
 	if err == io.EOF {
-		// stdin ended (not a terminal): stay attached until interrupted.
+		// stdin ended (not a terminal): the console stays attached,
+		// printing, until interrupted.
 		e.done = true
 	}
 	return n, err

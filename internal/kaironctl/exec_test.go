@@ -154,6 +154,28 @@ func TestExecAndCpThroughTheNodeAgent(t *testing.T) {
 		t.Errorf("exec true: %q exit %d", stderr, code)
 	}
 
+	// Ctrl-C (the context ending) kills the command: exit 130.
+	interrupt, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var started lockedBuffer
+	interrupted := make(chan int, 1)
+	go func() {
+		interrupted <- kaironctl.MainIO(interrupt, []string{"--kubeconfig", kc, "-n", ns, "exec", "vm", "--", "sh", "-c", "echo started; exec sleep 600"},
+			strings.NewReader(""), &started, io.Discard)
+	}()
+	testenv.Eventually(t, guestWait, "the command started", func() (bool, string) {
+		return started.String() == "started\n", started.String()
+	})
+	cancel()
+	select {
+	case code := <-interrupted:
+		if code != 130 {
+			t.Errorf("exec interrupted: exit %d, want 130", code)
+		}
+	case <-time.After(guestWait):
+		t.Fatal("exec went on after the interrupt")
+	}
+
 	dir := t.TempDir()
 	big := filepath.Join(dir, "big.bin")
 	want := randomFile(t, big, 10<<20, 1)

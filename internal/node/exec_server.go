@@ -512,8 +512,11 @@ func (a *Agent) serveConsoleAttach(w http.ResponseWriter, r *http.Request) {
 	pr, pw := io.Pipe()
 	go func() { _ = (&clientStream{fr: fr, stdin: pw, cancel: cancel}).run() }()
 	go func() { // typed keys to the serial port
-		_, _ = io.Copy(serial, pr)
-		cancel()
+		// The client's stdin ending (Close) leaves it attached, reading,
+		// until it leaves; failing to write to the console ends it.
+		if _, err := io.Copy(serial, pr); err != nil {
+			cancel()
+		}
 	}()
 	go func() {
 		<-ctx.Done()
