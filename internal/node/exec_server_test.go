@@ -22,6 +22,7 @@ import (
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/backend/sim"
 	"github.com/zyvor/kairon/internal/execstream"
+	guestagent "github.com/zyvor/kairon/internal/guestagent/agent"
 	"github.com/zyvor/kairon/internal/guestagent/wire"
 	"github.com/zyvor/kairon/internal/testenv"
 	"github.com/zyvor/kairon/internal/testenv/guestsim"
@@ -333,4 +334,103 @@ func TestDialUnixLongPath(t *testing.T) {
 	if got, _ := io.ReadAll(conn); string(got) != "hi" {
 		t.Errorf("read %q", got)
 	}
+}
+
+// hostileGuest is a backend whose guest agent socket is served by serve,
+// one connection at a time.
+type hostileGuest struct {
+	backend.Backend
+	path string
+}
+
+func (h hostileGuest) AgentSocket(string) string { return h.path }
+
+// TestHostileGuestChannel: a guest that answers garbage, or breaks the
+// protocol in the middle of a session, fails that request (503, or the
+// session's Exit with an error) and nothing else: the node agent serves on
+// and dials the guest again for the next request, which a well-behaved
+// agent then answers.
+func TestHostileGuestChannel(t *testing.T) {
+	b, err := sim.New(sim.Options{StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Start(context.Background(), backend.Spec{ID: "ns_vm", Name: "ns/vm"}); err != nil {
+		t.Fatal(err)
+	}
+	sockDir, err := os.MkdirTemp("", "hg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	path := filepath.Join(sockDir, "agent.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	behaviours := []func(net.Conn){
+		// Garbage instead of Hello.
+		func(c net.Conn) { _, _ = c.Write(bytes.Repeat([]byte("garbage "), 1<<12)) },
+		// Hello, then a frame of 4 GiB announced once a session starts.
+		func(c net.Conn) {
+			fr := wire.NewReader(c)
+			if _, err := fr.ReadFrame(); err != nil { // Hello
+				return
+			}
+			hello, _ := wire.Encode(0, &wire.Hello{Versions: []int{wire.Version}, Agent: "hostile"})
+			_ = wire.WriteFrame(c, hello)
+			f, err := fr.ReadFrame() // the Request
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte{'K', 'G', wire.Version, byte(wire.TypeStdout), byte(f.Stream >> 24), byte(f.Stream >> 16), byte(f.Stream >> 8), byte(f.Stream), 0xff, 0xff, 0xff, 0xff})
+			_, _ = io.Copy(io.Discard, c)
+		},
+	}
+	go func() {
+		for i := 0; ; i++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if i < len(behaviours) {
+				behaviours[i](c)
+			} else {
+				_ = newTestAgent().Serve(c)
+			}
+			c.Close()
+		}
+	}()
+	a := &Agent{opts: Options{NodeName: "n1", Backend: hostileGuest{Backend: b, path: path}}, consoleAuth: newConsoleAuth(execReviewer{})}
+	srv := httptest.NewServer(a.handler())
+	t.Cleanup(srv.Close)
+	exec := srv.URL + "/v1/machines/ns/vm/exec?command=echo&command=ok"
+
+	_, err = upgradeAs(t, exec, "runner")
+	var status *execstream.StatusError
+	if !errors.As(err, &status) || status.Code != http.StatusServiceUnavailable || !strings.Contains(status.Message, "does not answer") {
+		t.Errorf("a guest answering garbage: %v, want 503", err)
+	}
+	conn, err := upgradeAs(t, exec, "runner")
+	if err != nil {
+		t.Fatalf("the second guest connection: %v", err)
+	}
+	exit, err := execstream.Run(context.Background(), conn, execstream.Session{})
+	if err != nil || exit.Error == "" || exit.Code == 0 {
+		t.Errorf("a guest breaking the protocol mid-session: %+v %v, want an Exit with an error", exit, err)
+	}
+	testenv.Eventually(t, 10*time.Second, "a well-behaved guest answering again", func() (bool, string) {
+		conn, err := upgradeAs(t, exec, "runner")
+		if err != nil {
+			return false, err.Error()
+		}
+		var out bytes.Buffer
+		exit, err := execstream.Run(context.Background(), conn, execstream.Session{Stdout: &out})
+		return err == nil && exit.Code == 0 && out.String() == "ok\n", fmt.Sprintf("%q %+v %v", out.String(), exit, err)
+	})
+}
+
+func newTestAgent() *guestagent.Agent {
+	return guestagent.New(guestagent.Options{Name: "kairon-guest-agent/test", Configure: func(*wire.Configure) error { return nil }})
 }
