@@ -1,6 +1,7 @@
 package ui_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -221,6 +222,57 @@ func TestAPI(t *testing.T) {
 	}
 
 	getJSON(t, url+"/api/v1/widgets", http.StatusNotFound, &apiErr)
+
+	// The pools page charts the claim's bind latency.
+	if body := get(t, url+"/pools?namespace="+ns, http.StatusOK); !strings.Contains(body, "1 bound claims · p50 42 ms · p95 42 ms · max 42 ms") {
+		t.Errorf("pools page has no bind latency of job-1:\n%s", body)
+	}
+}
+
+// TestEventStream reads /api/v1/events and sees a change of machines when
+// a Machine is created.
+func TestEventStream(t *testing.T) {
+	env := testenv.Get(t)
+	url := startUI(t, env)
+	ns := env.Namespace(t)
+	resp, err := http.Get(url + "/api/v1/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("Content-Type %q", ct)
+	}
+	lines := make(chan string, 100)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	// The stream is open once its first comment arrived.
+	if first := <-lines; first != ": connected" {
+		t.Fatalf("first line %q", first)
+	}
+	machine(t, env, ns, "vm-1", "", "", nil)
+	var seen []string
+	testenv.Eventually(t, 30*time.Second, "a change event naming machines", func() (bool, string) {
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					return false, "stream ended: " + strings.Join(seen, " | ")
+				}
+				seen = append(seen, l)
+				if strings.HasPrefix(l, "data: ") && strings.Contains(l, `"machines"`) {
+					return len(seen) >= 2 && seen[len(seen)-2] == "event: change", strings.Join(seen, " | ")
+				}
+			default:
+				return false, strings.Join(seen, " | ")
+			}
+		}
+	})
 }
 
 func machineNames(ms []ui.Machine) string {

@@ -317,6 +317,57 @@ func (s *Server) nodesPage(ctx context.Context, r *http.Request) (string, any, e
 type poolsView struct {
 	Pools  []Pool
 	Claims []Claim
+	Bind   bindHistogram
+}
+
+// bindHistogram is how long the bound claims shown took to bind
+// (status.bindMillis), in buckets, for a bar chart.
+type bindHistogram struct {
+	Buckets       []bindBucket
+	Count         int
+	P50, P95, Max int64
+}
+
+type bindBucket struct {
+	Label string
+	Count int
+	// Percent is the bar's length, of the fullest bucket's.
+	Percent int
+}
+
+// bindBounds are the upper bounds, in ms, of every bucket but the last.
+var bindBounds = []int64{10, 25, 50, 100, 250, 500, 1000, 2500, 5000}
+
+func bindHistogramOf(claims []Claim) bindHistogram {
+	var ms []int64
+	for _, c := range claims {
+		if c.BindMillis > 0 {
+			ms = append(ms, c.BindMillis)
+		}
+	}
+	h := bindHistogram{Count: len(ms)}
+	if len(ms) == 0 {
+		return h
+	}
+	slices.Sort(ms)
+	h.P50, h.P95, h.Max = ms[(len(ms)-1)*50/100], ms[(len(ms)-1)*95/100], ms[len(ms)-1]
+	counts := make([]int, len(bindBounds)+1)
+	for _, v := range ms {
+		i, _ := slices.BinarySearch(bindBounds, v)
+		// v equal to a bound belongs to that bound's bucket ("≤ bound").
+		counts[i]++
+	}
+	top := slices.Max(counts)
+	prev := int64(0)
+	for i, n := range counts {
+		label := fmt.Sprintf("> %d ms", bindBounds[len(bindBounds)-1])
+		if i < len(bindBounds) {
+			label = fmt.Sprintf("%d–%d ms", prev, bindBounds[i])
+			prev = bindBounds[i]
+		}
+		h.Buckets = append(h.Buckets, bindBucket{Label: label, Count: n, Percent: n * 100 / top})
+	}
+	return h
 }
 
 func (s *Server) poolsPage(ctx context.Context, r *http.Request) (string, any, error) {
@@ -326,7 +377,7 @@ func (s *Server) poolsPage(ctx context.Context, r *http.Request) (string, any, e
 		return "", nil, err
 	}
 	claims, err := s.claims(ctx, ns)
-	return "Pools and claims", poolsView{Pools: pools, Claims: claims}, err
+	return "Pools and claims", poolsView{Pools: pools, Claims: claims, Bind: bindHistogramOf(claims)}, err
 }
 
 func (s *Server) migrationsPage(ctx context.Context, r *http.Request) (string, any, error) {
