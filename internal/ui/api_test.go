@@ -226,6 +226,8 @@ func TestAPI(t *testing.T) {
 	// The pools page charts the claim's bind latency.
 	if body := get(t, url+"/pools?namespace="+ns, http.StatusOK); !strings.Contains(body, "1 bound claims · p50 42 ms · p95 42 ms · max 42 ms") {
 		t.Errorf("pools page has no bind latency of job-1:\n%s", body)
+	} else if !strings.Contains(body, `<span style="width: 100%"></span>`) {
+		t.Errorf("pools page has no full bar for job-1's bucket:\n%s", body)
 	}
 }
 
@@ -315,6 +317,12 @@ func TestPages(t *testing.T) {
 		Regarding: corev1.ObjectReference{Kind: "Machine", Namespace: ns, Name: "vm-1", APIVersion: kaironv1.GroupVersion.String()},
 	})
 
+	// Nodes and a Machine's page have no namespace filter.
+	for _, path := range []string{"/nodes", "/machines/" + ns + "/vm-1"} {
+		if body := get(t, url+path, http.StatusOK); strings.Contains(body, `class="filters"`) {
+			t.Errorf("%s has the namespace filter", path)
+		}
+	}
 	for _, path := range []string{"/", "/nodes", "/machines", "/machines?phase=Failed&namespace=" + ns, "/pools", "/budgets", "/migrations", "/network-policies"} {
 		body := get(t, url+path, http.StatusOK)
 		if !strings.Contains(body, `<div id="live">`) {
