@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/kaironctl"
@@ -114,6 +115,19 @@ func TestAPI(t *testing.T) {
 	}
 	if len(web.Machines) != 4 {
 		t.Errorf("budget web receipts: %+v", web.Machines)
+	}
+
+	// The status the controller writes is shown beside, as reported.
+	b := getBudget(t, env, ns, "web")
+	b.Status = kaironv1.MachineDisruptionBudgetStatus{ExpectedMachines: 3, CurrentHealthy: 3, DesiredHealthy: 1, DisruptionsAllowed: 2, ObservedGeneration: b.Generation}
+	setStatus(t, env, b)
+	testenv.Eventually(t, 30*time.Second, "the reported status", func() (bool, string) {
+		getJSON(t, url+"/api/v1/disruption-budgets?namespace="+ns, http.StatusOK, &budgets)
+		r := budgets.Items[0].ReportedStatus
+		return r == ui.ReportedStatus{ExpectedMachines: 3, CurrentHealthy: 3, DesiredHealthy: 1, DisruptionsAllowed: 2, ObservedGeneration: b.Generation, Generation: b.Generation}, fmt.Sprintf("%+v", r)
+	})
+	if d := sameNumbers(budgets.Items[0], rules.FindBudgetState(budgetsNow(t, env), ns, "web")); d != "" {
+		t.Errorf("budget web after a status write: %s", d)
 	}
 
 	getJSON(t, url+"/api/v1/disruption-budgets?namespace="+ns2, http.StatusOK, &budgets)
@@ -275,6 +289,15 @@ func TestEventStream(t *testing.T) {
 			}
 		}
 	})
+}
+
+func getBudget(t *testing.T, env *testenv.Env, ns, name string) *kaironv1.MachineDisruptionBudget {
+	t.Helper()
+	var b kaironv1.MachineDisruptionBudget
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &b); err != nil {
+		t.Fatal(err)
+	}
+	return &b
 }
 
 func machineNames(ms []ui.Machine) string {
