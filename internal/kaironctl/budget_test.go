@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -132,12 +133,17 @@ func TestCreateBudgetAllMachines(t *testing.T) {
 		}
 	}
 
-	r := kctl(t, env, "create", "budget", "everything", "--all-machines", "--max-unavailable", "1", "-n", ns).ok(t)
+	// It matches every Machine of the shared test cluster, other tests'
+	// too: 100% holds none of them back, and it goes when this test ends.
+	t.Cleanup(func() {
+		_ = env.Client.Delete(context.Background(), &kaironv1.MachineDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "everything"}})
+	})
+	r := kctl(t, env, "create", "budget", "everything", "--all-machines", "--max-unavailable", "100%", "-n", ns).ok(t)
 	if r.stdout != "budget/everything created\n" {
 		t.Errorf("printed %q", r.stdout)
 	}
 	b := getBudget(t, env, ns, "everything")
-	if got, want := specJSON(b), `{"maxUnavailable":1}`; got != want {
+	if got, want := specJSON(b), `{"maxUnavailable":"100%"}`; got != want {
 		t.Errorf("spec %s, want %s", got, want)
 	}
 	// What the empty selector means, as the rules every evacuation uses see it.
