@@ -3,6 +3,7 @@ package ui_test
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -236,6 +237,22 @@ func TestAPI(t *testing.T) {
 	}
 
 	getJSON(t, url+"/api/v1/widgets", http.StatusNotFound, &apiErr)
+
+	// Compressed for a client that asks, as browsers do.
+	req, _ := http.NewRequest(http.MethodGet, url+"/api/v1/machines", nil)
+	req.Header.Set("Accept-Encoding", "gzip")
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(resp.Body)
+	if err != nil {
+		t.Fatalf("Content-Encoding %q: %v", resp.Header.Get("Content-Encoding"), err)
+	}
+	if err := json.NewDecoder(zr).Decode(&machines); err != nil || len(machines.Items) < 4 {
+		t.Errorf("gzipped machines: %v, %d items", err, len(machines.Items))
+	}
+	resp.Body.Close()
 
 	// The pools page charts the claim's bind latency.
 	if body := get(t, url+"/pools?namespace="+ns, http.StatusOK); !strings.Contains(body, "1 bound claims · p50 42 ms · p95 42 ms · max 42 ms") {

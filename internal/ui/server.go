@@ -120,7 +120,7 @@ func (s *Server) Start(ctx context.Context) error {
 }
 
 // Handler is the whole UI: pages, assets, the JSON API and the event stream.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return gzipped(s.mux) }
 
 func (s *Server) routes() {
 	s.mux.HandleFunc("GET /api/v1/disruption-budgets", s.apiBudgets)
