@@ -113,8 +113,9 @@ Machine's namespace (see docs/guides/exec.md).`,
 			if raw != nil {
 				raw.restore()
 			}
-			if err != nil && ctx.Err() != nil {
-				// Interrupted (Ctrl-C without -t): the command was killed.
+			if ctx.Err() != nil {
+				// Interrupted (Ctrl-C without -t): the command was killed,
+				// whether its Exit arrived before the stream was closed.
 				return &ExitCodeError{Code: 130}
 			}
 			if err != nil {
