@@ -1,0 +1,746 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
+	"github.com/zyvor/kairon/internal/testenv"
+)
+
+// claimBenchEnv turns on TestClaimBench (make bench-claim). It is a
+// measurement, not a test: it asserts no timing, only that every claim
+// binds.
+const claimBenchEnv = "KAIRON_CLAIM_BENCH"
+
+// claimBenchQEMUEnv, when 0, leaves out the QEMU half.
+const claimBenchQEMUEnv = "KAIRON_CLAIM_BENCH_QEMU"
+
+// claimBenchSimEnv, when 0, leaves out the sim half.
+const claimBenchSimEnv = "KAIRON_CLAIM_BENCH_SIM"
+
+// claimBenchSizesEnv overrides the burst sizes of the sim half, e.g. "1,100".
+const claimBenchSizesEnv = "KAIRON_CLAIM_BENCH_SIZES"
+
+// TestClaimBench measures warm claims on kairon-local: `kairon-local up
+// --nodes 0` (etcd, kube-apiserver, kube-controller-manager, Kairon's CRDs),
+// bin/kairon-controller, and bin/kairon-node agents started by the test.
+//
+// Sim half (one agent, --backend sim, 2 s simulated boot): the API
+// server's write rate first (ConfigMap creates and patches from 16 clients,
+// and one client's sequential latency), then for C = 1, 100 and 1,000 a
+// pool of W = C warm members and a burst of C claims. Per burst: claim
+// create → Bound as a watching client sees it, status.bindMillis,
+// `kaironctl claim` wall time (the real binary: every claim for C = 1, a
+// sample started with the burst for larger C), throughput, and the API
+// server's write requests (apiserver_request_total from its /metrics) per
+// bind, counted until the last claim is Bound and until the pool is warm
+// again. Then the cold path: a claim against a pool that has no member yet,
+// and a plain Machine created → Running.
+//
+// QEMU half (one agent with the real backend, TCG on this machine): C = 1
+// warm claims against cold claims and cold Machines.
+//
+//	KAIRON_CLAIM_BENCH=1 KAIRON_BIN_DIR=$PWD/bin go test -count=1 -timeout 120m -run TestClaimBench -v ./test/e2e/
+func TestClaimBench(t *testing.T) {
+	if os.Getenv(claimBenchEnv) == "" {
+		t.Skipf("a measurement; set %s=1 (make bench-claim)", claimBenchEnv)
+	}
+	t.Logf("load average before: %s", loadAvg())
+	t.Cleanup(func() { t.Logf("load average after: %s", loadAvg()) })
+	t.Run("sim", func(t *testing.T) {
+		if os.Getenv(claimBenchSimEnv) == "0" {
+			t.Skipf("%s=0", claimBenchSimEnv)
+		}
+		cb := newClaimBench(t)
+		cb.writeRate()
+		agentEnv := cb.env()
+		startSimAgent(t, agentEnv, "bench-sim", "10.80.0.0/16", 2400, "640Gi", "--sim-boot-delay", "2s")
+		waitNodeReady(t, agentEnv, "bench-sim")
+		startController(t, agentEnv)
+		sizes := []int{1, 100, 1000}
+		if s := os.Getenv(claimBenchSizesEnv); s != "" {
+			sizes = nil
+			for _, f := range strings.Split(s, ",") {
+				n, err := strconv.Atoi(f)
+				if err != nil || n < 1 || n > 1000 {
+					t.Fatalf("%s=%q: want sizes from 1 to 1000, comma separated", claimBenchSizesEnv, s)
+				}
+				sizes = append(sizes, n)
+			}
+		}
+		for _, c := range sizes {
+			cb.burst(c)
+		}
+		cb.coldClaims(5)
+		cb.coldMachines(5)
+	})
+	if os.Getenv(claimBenchQEMUEnv) == "0" {
+		return
+	}
+	t.Run("qemu", func(t *testing.T) {
+		cb := newClaimBench(t)
+		agentEnv := cb.env()
+		state, err := os.MkdirTemp("", "kairon-cb-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.RemoveAll(state) })
+		t.Cleanup(func() { killVMs(t, state) })
+		// Room for the warm member, the claimed one and its replacement.
+		startAgentWithCapacity(t, agentEnv, "bench-qemu", state, cb.local.netNS, 4, "2Gi")
+		waitNodeReady(t, agentEnv, "bench-qemu")
+		startController(t, agentEnv)
+		cb.sequentialWarm(5)
+		cb.coldClaims(3)
+		cb.coldMachines(3)
+	})
+}
+
+type claimBench struct {
+	t     *testing.T
+	local *localCluster
+	c     client.WithWatch
+	cs    *kubernetes.Clientset
+	ns    string
+	scm   *runtime.Scheme
+	// writesPerSec and writeLatency: the API server's measured write rate
+	// from 16 clients and one client's time per write.
+	writesPerSec float64
+	writeLatency time.Duration
+}
+
+func newClaimBench(t *testing.T) *claimBench {
+	local := startKaironLocal(t, 0)
+	cfg, err := clientcmd.BuildConfigFromFlags("", local.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The client must not be what a burst waits on.
+	cfg.QPS, cfg.Burst = 5000, 10000
+	scm := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme, kaironv1.AddToScheme} {
+		if err := add(scm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench"}}
+	if err := c.Create(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return &claimBench{t: t, local: local, c: c, cs: cs, ns: ns.Name, scm: scm}
+}
+
+// env is the kairon-local cluster in the shape the harness's helpers take.
+func (cb *claimBench) env() *testenv.Env {
+	return &testenv.Env{Client: cb.c, Scheme: cb.scm, Kubeconfig: cb.local.kubeconfig,
+		BinDir: cb.local.binDir, DataDir: cb.local.dataDir}
+}
+
+// writeRate measures the API server alone: 400 ConfigMap writes (200
+// creates, 200 patches) from 16 clients, then 100 from one client in turn.
+func (cb *claimBench) writeRate() {
+	t := cb.t
+	ctx := context.Background()
+	const n, clients = 200, 16
+	run := func(prefix string, count, workers int) time.Duration {
+		start := time.Now()
+		var wg sync.WaitGroup
+		next := make(chan int)
+		for range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range next {
+					cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: cb.ns, Name: fmt.Sprintf("%s-%d", prefix, i),
+						Labels: map[string]string{"kairon-bench": "write-rate"}}, Data: map[string]string{"k": "v"}}
+					if err := cb.c.Create(ctx, cm); err != nil {
+						t.Error(err)
+						continue
+					}
+					p := []byte(`{"data":{"k":"w"}}`)
+					if err := cb.c.Patch(ctx, cm, client.RawPatch(types.MergePatchType, p)); err != nil {
+						t.Error(err)
+					}
+				}
+			}()
+		}
+		for i := range count {
+			next <- i
+		}
+		close(next)
+		wg.Wait()
+		return time.Since(start)
+	}
+	took := run("rate", n, clients)
+	cb.writesPerSec = float64(2*n) / took.Seconds()
+	one := run("seq", 50, 1)
+	cb.writeLatency = one / 100
+	t.Logf("API server writes (ConfigMap create+patch): %.0f writes/s from %d clients (%d writes in %s); one client: %.2f ms per write",
+		cb.writesPerSec, clients, 2*n, took.Round(time.Millisecond), ms(cb.writeLatency))
+	if err := cb.c.DeleteAllOf(ctx, &corev1.ConfigMap{}, client.InNamespace(cb.ns), client.MatchingLabels{"kairon-bench": "write-rate"}); err != nil {
+		t.Logf("deleting the ConfigMaps: %v", err)
+	}
+}
+
+// pool creates pool name with replicas warm members and waits until they
+// are all Running.
+func (cb *claimBench) pool(name string, replicas int, wait bool) {
+	t := cb.t
+	p := &kaironv1.MachinePool{ObjectMeta: metav1.ObjectMeta{Namespace: cb.ns, Name: name},
+		Spec: kaironv1.MachinePoolSpec{Replicas: ptr.To(int32(replicas))}}
+	if err := cb.c.Create(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	if wait {
+		// A sim node brings about one member a second to Running on this
+		// machine: 1,000 take a quarter of an hour.
+		cb.waitWarm(name, replicas, 40*time.Minute)
+	}
+}
+
+func (cb *claimBench) waitWarm(name string, replicas int, limit time.Duration) {
+	cb.t.Helper()
+	p := &kaironv1.MachinePool{}
+	testenv.Eventually(cb.t, limit, fmt.Sprintf("pool %s: %d Running warm members", name, replicas), func() (bool, string) {
+		if err := cb.c.Get(context.Background(), client.ObjectKey{Namespace: cb.ns, Name: name}, p); err != nil {
+			return false, err.Error()
+		}
+		return p.Status.ReadyWarm == int32(replicas) && p.Status.Warm == int32(replicas),
+			fmt.Sprintf("warm %d, readyWarm %d, claimed %d", p.Status.Warm, p.Status.ReadyWarm, p.Status.Claimed)
+	})
+}
+
+// clearOut deletes every claim (their Machines go with them) and pool and
+// waits until no Machine is left.
+func (cb *claimBench) clearOut() {
+	t := cb.t
+	ctx := context.Background()
+	if err := cb.c.DeleteAllOf(ctx, &kaironv1.MachineClaim{}, client.InNamespace(cb.ns)); err != nil {
+		t.Fatal(err)
+	}
+	if err := cb.c.DeleteAllOf(ctx, &kaironv1.MachinePool{}, client.InNamespace(cb.ns)); err != nil {
+		t.Fatal(err)
+	}
+	if err := cb.c.DeleteAllOf(ctx, &kaironv1.Machine{}, client.InNamespace(cb.ns)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Minute, "every Machine and claim gone", func() (bool, string) {
+		var ms kaironv1.MachineList
+		var cs kaironv1.MachineClaimList
+		if err := cb.c.List(ctx, &ms, client.InNamespace(cb.ns)); err != nil {
+			return false, err.Error()
+		}
+		if err := cb.c.List(ctx, &cs, client.InNamespace(cb.ns)); err != nil {
+			return false, err.Error()
+		}
+		return len(ms.Items) == 0 && len(cs.Items) == 0, fmt.Sprintf("%d Machines, %d claims", len(ms.Items), len(cs.Items))
+	})
+}
+
+// claimWatch records when a watching client first sees each claim Bound.
+type claimWatch struct {
+	mu     sync.Mutex
+	bound  map[string]time.Time
+	millis map[string]int64
+	// restarts: the watch ended and was opened again.
+	restarts int
+	stop     func()
+}
+
+// watchClaims records the claims whose names start with prefix. A watch
+// from no resourceVersion begins with every claim that exists, already
+// Bound ones included, so the others are left out.
+func (cb *claimBench) watchClaims(prefix string) *claimWatch {
+	t := cb.t
+	ctx, cancel := context.WithCancel(context.Background())
+	cw := &claimWatch{bound: map[string]time.Time{}, millis: map[string]int64{}}
+	var mu sync.Mutex
+	var current watch.Interface
+	open := func(rv string) (watch.Interface, error) {
+		w, err := cb.c.Watch(ctx, &kaironv1.MachineClaimList{}, client.InNamespace(cb.ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rv}})
+		if err == nil {
+			mu.Lock()
+			current = w
+			mu.Unlock()
+		}
+		return w, err
+	}
+	w, err := open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rv := ""
+		for {
+			for ev := range w.ResultChan() {
+				at := time.Now()
+				c, ok := ev.Object.(*kaironv1.MachineClaim)
+				if !ok {
+					if ev.Type == watch.Error {
+						// Most likely 410 Gone: start again from now.
+						rv = ""
+					}
+					continue
+				}
+				rv = c.ResourceVersion
+				if ev.Type == watch.Deleted || c.Status.Phase != kaironv1.ClaimBound || !strings.HasPrefix(c.Name, prefix) {
+					continue
+				}
+				cw.mu.Lock()
+				if _, seen := cw.bound[c.Name]; !seen {
+					cw.bound[c.Name] = at
+					cw.millis[c.Name] = c.Status.BindMillis
+				}
+				cw.mu.Unlock()
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			// The API server ends a watch whose client falls behind (a
+			// loaded machine); carry on from the last event seen.
+			cw.mu.Lock()
+			cw.restarts++
+			cw.mu.Unlock()
+			for {
+				if w, err = open(rv); err == nil {
+					break
+				}
+				if ctx.Err() != nil {
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}()
+	cw.stop = func() {
+		cancel()
+		mu.Lock()
+		current.Stop()
+		mu.Unlock()
+		<-done
+		if cw.restarts > 0 {
+			t.Logf("the claim watch was ended by the API server and reopened %d time(s)", cw.restarts)
+		}
+	}
+	return cw
+}
+
+func (cw *claimWatch) count() int {
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	return len(cw.bound)
+}
+
+func (cw *claimWatch) boundAt(name string) (time.Time, int64, bool) {
+	cw.mu.Lock()
+	defer cw.mu.Unlock()
+	at, ok := cw.bound[name]
+	return at, cw.millis[name], ok
+}
+
+// newClaim is a claim on pool, stamped with its creation time to the
+// millisecond as kaironctl stamps it.
+func (cb *claimBench) newClaim(pool, name string) *kaironv1.MachineClaim {
+	return &kaironv1.MachineClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: cb.ns, Name: name,
+			Annotations: map[string]string{kaironv1.AnnotationClaimCreatedAt: time.Now().UTC().Format(rules.ClaimStampFormat)}},
+		Spec: kaironv1.MachineClaimSpec{PoolName: pool},
+	}
+}
+
+var claimBoundLine = regexp.MustCompile(`^machineclaim/(\S+) bound to machine/(\S+) in ([0-9]+)ms\n$`)
+
+// kaironctlClaim runs `kaironctl claim POOL --name NAME` and returns its
+// wall time and the bindMillis it printed.
+func (cb *claimBench) kaironctlClaim(pool, name string) (time.Duration, int64) {
+	run := runKaironctl(cb.t, &testenv.Env{Kubeconfig: cb.local.kubeconfig, BinDir: cb.local.binDir}, 5*time.Minute,
+		"-n", cb.ns, "claim", pool, "--name", name, "--wait", "4m")
+	m := claimBoundLine.FindStringSubmatch(run.stdout)
+	if run.code != 0 || m == nil {
+		cb.t.Logf("kaironctl claim %s exited %d:\n%s%s", pool, run.code, run.stdout, run.stderr)
+		cb.t.Errorf("kaironctl claim %s exited %d:\n%s%s", pool, run.code, run.stdout, run.stderr)
+		return run.took, 0
+	}
+	bm, _ := strconv.ParseInt(m[3], 10, 64)
+	return run.took, bm
+}
+
+// burst: a pool of c warm members, then c claims at once: c-k from 16
+// client goroutines, k from as many kaironctl processes started with them.
+func (cb *claimBench) burst(c int) {
+	t := cb.t
+	ctx := context.Background()
+	pool := fmt.Sprintf("p%d", c)
+	k := 0
+	switch {
+	case c >= 1000:
+		k = 10
+	case c >= 100:
+		k = 5
+	}
+	reps := 1
+	if c == 1 {
+		// One claim at a time, each against a full pool of one.
+		reps = 20
+	}
+	cb.pool(pool, c, true)
+	time.Sleep(2 * time.Second) // let the pool's own writes settle
+
+	var watched, bindMs, ctlWall, ctlBindMs []time.Duration
+	var span time.Duration
+	var atBound, atSettled map[writeKey]float64
+	for rep := range reps {
+		if rep > 0 {
+			cb.waitWarm(pool, c, 5*time.Minute)
+			time.Sleep(500 * time.Millisecond)
+		}
+		t.Logf("C=%d: burst %d of %d", c, rep+1, reps)
+		before := cb.apiWrites()
+		cw := cb.watchClaims(fmt.Sprintf("%s-r%d-", pool, rep))
+		created := make([]time.Time, c)
+		names := make([]string, c)
+		for i := range c {
+			names[i] = fmt.Sprintf("%s-r%d-%04d", pool, rep, i)
+		}
+		var wg sync.WaitGroup
+		next := make(chan int)
+		start := time.Now()
+		var ctlMu sync.Mutex
+		// c == 1 alternates: even reps a client create, odd reps kaironctl.
+		viaCtl := func(i int) bool { return (c == 1 && rep%2 == 1) || (c > 1 && i >= c-k) }
+		for i := range c {
+			if !viaCtl(i) {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				created[i] = time.Now()
+				took, bm := cb.kaironctlClaim(pool, names[i])
+				t.Logf("kaironctl claim %s: %s, bindMillis %d", names[i], took.Round(time.Millisecond), bm)
+				ctlMu.Lock()
+				ctlWall = append(ctlWall, took)
+				ctlBindMs = append(ctlBindMs, time.Duration(bm)*time.Millisecond)
+				ctlMu.Unlock()
+			}()
+		}
+		for range min(16, c) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range next {
+					created[i] = time.Now()
+					if err := cb.c.Create(ctx, cb.newClaim(pool, names[i])); err != nil {
+						t.Errorf("creating claim %s: %v", names[i], err)
+					}
+				}
+			}()
+		}
+		for i := range c {
+			if !viaCtl(i) {
+				next <- i
+			}
+		}
+		close(next)
+		wg.Wait()
+		testenv.Eventually(t, 5*time.Minute, fmt.Sprintf("%d claims Bound", c), func() (bool, string) {
+			n := cw.count()
+			return n == c, fmt.Sprintf("%d Bound", n)
+		})
+		atBound = addWrites(atBound, diffWrites(before, cb.apiWrites()))
+		var last time.Time
+		for i, name := range names {
+			at, bm, _ := cw.boundAt(name)
+			if at.After(last) {
+				last = at
+			}
+			bindMs = append(bindMs, time.Duration(bm)*time.Millisecond)
+			if !viaCtl(i) {
+				watched = append(watched, at.Sub(created[i]))
+			}
+		}
+		cw.stop()
+		span += last.Sub(start)
+		if reps == 1 {
+			t.Logf("C=%d: all Bound %s after the first create; waiting for the pool's %d replacements", c, last.Sub(start).Round(time.Millisecond), c)
+		}
+		cb.waitWarm(pool, c, 40*time.Minute)
+		atSettled = addWrites(atSettled, diffWrites(before, cb.apiWrites()))
+	}
+	binds := float64(c * reps)
+	t.Logf("C=%d W=%d (%d burst(s)); claims via kaironctl: %d", c, c, reps, len(ctlWall))
+	t.Logf("  create -> Bound (watch, client-created claims): %s", summary(watched))
+	t.Logf("  status.bindMillis (all claims): %s", summary(bindMs))
+	if len(ctlWall) > 0 {
+		t.Logf("  kaironctl claim wall time: %s", summary(ctlWall))
+		t.Logf("  kaironctl claims' bindMillis: %s", summary(ctlBindMs))
+	}
+	t.Logf("  throughput: %.1f claims bound/s (%d claims, first create to last Bound %s per burst)",
+		binds/span.Seconds(), c, (span / time.Duration(reps)).Round(time.Millisecond))
+	t.Logf("  API writes per bind until the last Bound: %s", formatWrites(atBound, binds))
+	t.Logf("  API writes per bind until the pool is warm again: %s", formatWrites(atSettled, binds))
+	if cb.writesPerSec > 0 {
+		for _, wpb := range []float64{3, controllerWritesPerBind(atBound, binds)} {
+			floor := time.Duration(float64(c) * (1 + wpb) / cb.writesPerSec * float64(time.Second))
+			t.Logf("  floor at %.2f writes per bind + the create, %.0f writes/s: %s for the burst (one claim alone: %s)",
+				wpb, cb.writesPerSec, floor.Round(time.Millisecond), time.Duration((1+wpb)*float64(cb.writeLatency)).Round(100*time.Microsecond))
+		}
+	}
+	cb.clearOut()
+}
+
+// sequentialWarm: n claims one at a time against a pool of one warm
+// member, alternately from the client and from kaironctl.
+func (cb *claimBench) sequentialWarm(n int) {
+	t := cb.t
+	ctx := context.Background()
+	pool := "warm"
+	cb.pool(pool, 1, true)
+	var watched, bindMs, ctlWall, ctlBindMs []time.Duration
+	for i := range n {
+		cb.waitWarm(pool, 1, 5*time.Minute)
+		time.Sleep(time.Second)
+		name := fmt.Sprintf("warm-%d", i)
+		cw := cb.watchClaims(name)
+		if i%2 == 1 {
+			took, bm := cb.kaironctlClaim(pool, name)
+			ctlWall = append(ctlWall, took)
+			ctlBindMs = append(ctlBindMs, time.Duration(bm)*time.Millisecond)
+		} else {
+			start := time.Now()
+			if err := cb.c.Create(ctx, cb.newClaim(pool, name)); err != nil {
+				t.Fatal(err)
+			}
+			testenv.Eventually(t, 5*time.Minute, name+" Bound", func() (bool, string) { return cw.count() == 1, "" })
+			at, bm, _ := cw.boundAt(name)
+			watched = append(watched, at.Sub(start))
+			bindMs = append(bindMs, time.Duration(bm)*time.Millisecond)
+		}
+		cw.stop()
+		// The claimed Machine goes, so the node has room for the next.
+		if err := cb.c.Delete(ctx, &kaironv1.MachineClaim{ObjectMeta: metav1.ObjectMeta{Namespace: cb.ns, Name: name}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("warm C=1 W=1, %d claims one at a time", n)
+	t.Logf("  create -> Bound (watch, client): %s", summary(watched))
+	t.Logf("  status.bindMillis (client): %s", summary(bindMs))
+	t.Logf("  kaironctl claim wall time: %s", summary(ctlWall))
+	t.Logf("  kaironctl claims' bindMillis: %s", summary(ctlBindMs))
+	cb.clearOut()
+}
+
+// coldClaims: n times, a pool of one member and a claim created together,
+// so the claim waits for the member's boot.
+func (cb *claimBench) coldClaims(n int) {
+	t := cb.t
+	ctx := context.Background()
+	var watched, bindMs []time.Duration
+	for i := range n {
+		pool := fmt.Sprintf("cold%d", i)
+		cw := cb.watchClaims(pool + "-claim")
+		start := time.Now()
+		cb.pool(pool, 1, false)
+		if err := cb.c.Create(ctx, cb.newClaim(pool, pool+"-claim")); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 5*time.Minute, pool+"-claim Bound", func() (bool, string) { return cw.count() == 1, "" })
+		at, bm, _ := cw.boundAt(pool + "-claim")
+		watched = append(watched, at.Sub(start))
+		bindMs = append(bindMs, time.Duration(bm)*time.Millisecond)
+		cw.stop()
+		cb.clearOut()
+	}
+	t.Logf("cold claim (pool and claim created together, the member boots), %d:", n)
+	t.Logf("  pool create -> claim Bound (watch): %s", summary(watched))
+	t.Logf("  status.bindMillis: %s", summary(bindMs))
+}
+
+// coldMachines: n Machines, one at a time, created -> Running as a watch
+// sees it.
+func (cb *claimBench) coldMachines(n int) {
+	t := cb.t
+	ctx := context.Background()
+	var boots []time.Duration
+	for i := range n {
+		name := fmt.Sprintf("cold-m%d", i)
+		w, err := cb.c.Watch(ctx, &kaironv1.MachineList{}, client.InNamespace(cb.ns))
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if err := cb.c.Create(ctx, &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: cb.ns, Name: name}}); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.After(5 * time.Minute)
+	wait:
+		for {
+			select {
+			case ev, open := <-w.ResultChan():
+				if !open {
+					t.Fatalf("the watch on Machines ended before %s was Running", name)
+				}
+				if m, ok := ev.Object.(*kaironv1.Machine); ok && m.Name == name && m.Status.Phase == kaironv1.MachineRunning {
+					boots = append(boots, time.Since(start))
+					break wait
+				}
+			case <-deadline:
+				t.Fatalf("%s not Running after 5m", name)
+			}
+		}
+		w.Stop()
+		cb.clearOut()
+	}
+	t.Logf("cold Machine created -> Running (watch), %d: %s", n, summary(boots))
+}
+
+// writeKey is one row of apiserver_request_total: a write verb on a
+// resource.
+// code is the response's code when it is not 2xx (a 409 is a write
+// refused by an optimistic lock: it costs the API server a request too).
+type writeKey struct{ verb, resource, subresource, code string }
+
+var requestTotalLine = regexp.MustCompile(`^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$`)
+var labelPair = regexp.MustCompile(`(\w+)="([^"]*)"`)
+
+// apiWrites reads the API server's write requests so far from /metrics.
+func (cb *claimBench) apiWrites() map[writeKey]float64 {
+	raw, err := cb.cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		cb.t.Fatalf("reading the API server's /metrics: %v", err)
+	}
+	out := map[writeKey]float64{}
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		m := requestTotalLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		labels := map[string]string{}
+		for _, p := range labelPair.FindAllStringSubmatch(m[1], -1) {
+			labels[p[1]] = p[2]
+		}
+		switch labels["verb"] {
+		case "POST", "CREATE", "PUT", "UPDATE", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION":
+		default:
+			continue
+		}
+		v, _ := strconv.ParseFloat(m[2], 64)
+		code := labels["code"]
+		if strings.HasPrefix(code, "2") {
+			code = ""
+		}
+		out[writeKey{labels["verb"], labels["resource"], labels["subresource"], code}] += v
+	}
+	return out
+}
+
+func diffWrites(before, after map[writeKey]float64) map[writeKey]float64 {
+	out := map[writeKey]float64{}
+	for k, v := range after {
+		if d := v - before[k]; d > 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+func addWrites(a, b map[writeKey]float64) map[writeKey]float64 {
+	if a == nil {
+		a = map[writeKey]float64{}
+	}
+	for k, v := range b {
+		a[k] += v
+	}
+	return a
+}
+
+// controllerWritesPerBind: the writes of the bind itself, per bind — the
+// claim's patches other than its create, its status, and the Machine's
+// metadata patches (the bind; the scheduler's spec.nodeName of refills is
+// counted too, when it falls in the window).
+func controllerWritesPerBind(w map[writeKey]float64, binds float64) float64 {
+	var n float64
+	for k, v := range w {
+		switch {
+		case k.code != "":
+		case k.resource == "machineclaims" && k.verb != "CREATE" && k.verb != "POST":
+			n += v
+		case k.resource == "machines" && k.subresource == "" && (k.verb == "PATCH" || k.verb == "UPDATE" || k.verb == "APPLY"):
+			n += v
+		}
+	}
+	return n / binds
+}
+
+func formatWrites(w map[writeKey]float64, binds float64) string {
+	var keys []writeKey
+	var total float64
+	for k, v := range w {
+		keys = append(keys, k)
+		total += v
+	}
+	sort.Slice(keys, func(i, j int) bool { return w[keys[i]] > w[keys[j]] })
+	var parts []string
+	for _, k := range keys {
+		r := k.resource
+		if k.subresource != "" {
+			r += "/" + k.subresource
+		}
+		if k.code != "" {
+			r += " (" + k.code + ")"
+		}
+		parts = append(parts, fmt.Sprintf("%s %s %.2f", k.verb, r, w[k]/binds))
+	}
+	return fmt.Sprintf("%.2f in all [%s]", total/binds, strings.Join(parts, ", "))
+}
+
+func summary(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "none"
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return fmt.Sprintf("n=%d p50 %.1f ms, p95 %.1f ms, p99 %.1f ms, max %.1f ms",
+		len(s), ms(percentile(s, 50)), ms(percentile(s, 95)), ms(percentile(s, 99)), ms(s[len(s)-1]))
+}
+
+func loadAvg() string {
+	raw, _ := os.ReadFile("/proc/loadavg")
+	return strings.TrimSpace(string(raw))
+}
