@@ -12,6 +12,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -44,7 +45,19 @@ func dialQMP(ctx context.Context, path string) (*qmpConn, error) {
 	if !ok || time.Until(deadline) > qmpTimeout {
 		deadline = time.Now().Add(qmpTimeout)
 	}
+	// QEMU's monitor takes one client at a time, with a backlog of one:
+	// while another QMP connection of this process (a status query, a
+	// save) is open, a second connect finds the backlog full and fails
+	// with EAGAIN at once. It is tried again until the deadline.
 	raw, err := dialUnix(path, time.Until(deadline))
+	for errors.Is(err, syscall.EAGAIN) && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+		raw, err = dialUnix(path, time.Until(deadline))
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -43,8 +43,11 @@ type session struct {
 	stdin        [][]byte
 	stdinAllowed int
 	stdinClosed  bool
-	signal       func(string)
-	resize       func(rows, cols uint16)
+	// cancelled: the host cancelled a session that runs no program (a
+	// file write), whose input must then not be taken as complete.
+	cancelled bool
+	signal    func(string)
+	resize    func(rows, cols uint16)
 }
 
 func newSession(c *conn, id uint32) *session {
@@ -105,6 +108,10 @@ func (s *session) control(m any) error {
 	case *wire.Cancel:
 		s.mu.Lock()
 		f := s.signal
+		if f == nil {
+			s.cancelled = true
+			s.cond.Broadcast()
+		}
 		s.mu.Unlock()
 		if f != nil {
 			f(m.Signal)
@@ -118,7 +125,7 @@ func (s *session) control(m any) error {
 func (s *session) nextStdin() (p []byte, closed bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for len(s.stdin) == 0 && !s.stdinClosed && !s.done {
+	for len(s.stdin) == 0 && !s.stdinClosed && !s.done && !s.cancelled {
 		s.cond.Wait()
 	}
 	if len(s.stdin) > 0 {
@@ -449,6 +456,12 @@ func (s *session) writeFile(f *wire.File) *wire.Exit {
 	for {
 		p, closed := s.nextStdin()
 		if p == nil {
+			s.mu.Lock()
+			cancelled := s.cancelled
+			s.mu.Unlock()
+			if cancelled {
+				return failed(errors.New("the host cancelled the write; the file is left as it was"))
+			}
 			if !closed {
 				return nil // the session ended
 			}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
+	"github.com/zyvor/kairon/internal/testenv"
 	"io"
 	"net"
 	"os"
@@ -13,6 +15,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/zyvor/kairon/internal/guestagent/agent"
@@ -230,10 +233,19 @@ func TestFiles(t *testing.T) {
 	if _, err := c.WriteFile(ctx, "/no/such/dir/x", 0, strings.NewReader("x")); err == nil {
 		t.Error("writing into a missing directory succeeded")
 	}
-	ents, _ := os.ReadDir(dir)
-	if len(ents) != 1 {
-		t.Errorf("left in the directory: %v", ents)
+	// A source that fails half way: no half file in its place.
+	cut := filepath.Join(dir, "cut.bin")
+	if _, err := c.WriteFile(ctx, cut, 0o644, io.MultiReader(bytes.NewReader(data[:1<<20]), iotest.ErrReader(errors.New("disk gone")))); err == nil {
+		t.Error("a write whose source failed succeeded")
 	}
+	testenv.Eventually(t, 10*time.Second, "the guest to drop the cut write", func() (bool, string) {
+		ents, _ := os.ReadDir(dir)
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		return len(ents) == 1, fmt.Sprint(names)
+	})
 }
 
 func TestConfigure(t *testing.T) {

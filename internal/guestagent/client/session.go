@@ -192,7 +192,10 @@ func (s *session) feed(r io.Reader) (int64, error) {
 				break
 			}
 			if err != nil {
-				_ = s.c.send(s.id, &wire.Close{Stream: "stdin"})
+				// Not Close: an end of input would let a file write that
+				// lost its source put half a file in place. Cancel ends
+				// the session without its result.
+				_ = s.c.send(s.id, &wire.Cancel{Signal: "KILL"})
 				return total, err
 			}
 		}
