@@ -420,7 +420,7 @@ func (cb *claimBench) burst(c int) {
 	cb.pool(pool, c, true)
 	time.Sleep(2 * time.Second) // let the pool's own writes settle
 
-	var watched, bindMs, ctlWall, ctlBindMs []time.Duration
+	var watched, bindMs, ctlWall, ctlBindMs, createCalls []time.Duration
 	var span time.Duration
 	var atBound, atSettled map[writeKey]float64
 	for rep := range reps {
@@ -467,6 +467,10 @@ func (cb *claimBench) burst(c int) {
 					if err := cb.c.Create(ctx, cb.newClaim(pool, names[i])); err != nil {
 						t.Errorf("creating claim %s: %v", names[i], err)
 					}
+					took := time.Since(created[i])
+					ctlMu.Lock()
+					createCalls = append(createCalls, took)
+					ctlMu.Unlock()
 				}
 			}()
 		}
@@ -505,6 +509,7 @@ func (cb *claimBench) burst(c int) {
 	t.Logf("C=%d W=%d (%d burst(s)); claims via kaironctl: %d", c, c, reps, len(ctlWall))
 	t.Logf("  create -> Bound (watch, client-created claims): %s", summary(watched))
 	t.Logf("  status.bindMillis (all claims): %s", summary(bindMs))
+	t.Logf("  the client's create calls: %s", summary(createCalls))
 	if len(ctlWall) > 0 {
 		t.Logf("  kaironctl claim wall time: %s", summary(ctlWall))
 		t.Logf("  kaironctl claims' bindMillis: %s", summary(ctlBindMs))
