@@ -200,7 +200,9 @@ func TestBrowser(t *testing.T) {
 	// The budgets page, once the UI's cache has the three Machines.
 	row := "#budget-" + ns + "-web"
 	b.open(t, url+"/budgets?namespace="+ns, "budgets")
-	b.waitFor(t, "the budget to count 3 Machines", fmt.Sprintf(`document.querySelector(%q)?.querySelector("td.expected")?.textContent === "3"`, row))
+	// Each Machine is created, then its phase set: wait for both to reach
+	// the UI's cache (3 matching, 2 of them healthy), not only the count.
+	b.waitFor(t, "the budget to count 3 Machines, 2 healthy", fmt.Sprintf(`document.querySelector(%q)?.querySelector("td.expected")?.textContent === "3" && document.querySelector(%q)?.querySelector("td.healthy")?.textContent === "2"`, row, row))
 	checkBudgetRow := func() {
 		t.Helper()
 		s := rules.FindBudgetState(budgetsNow(t, env), ns, "web")
@@ -232,7 +234,7 @@ func TestBrowser(t *testing.T) {
 	// in place: the page is not reloaded (the marker set on window stays).
 	b.eval(t, `window.kaironNoReload = true`)
 	machine(t, env, ns, "web-4", "", kaironv1.MachineRunning, sel)
-	b.waitFor(t, "the budget page to count web-4", fmt.Sprintf(`document.querySelector(%q)?.querySelector("td.expected")?.textContent === "4"`, row))
+	b.waitFor(t, "the budget page to count web-4, Running", fmt.Sprintf(`document.querySelector(%q)?.querySelector("td.expected")?.textContent === "4" && document.querySelector(%q)?.querySelector("td.healthy")?.textContent === "3"`, row, row))
 	if !b.eval(t, `window.kaironNoReload === true`) {
 		t.Fatal("the budgets page was reloaded")
 	}
