@@ -349,6 +349,10 @@ func (e *Enforcer) machineScript(m Machine, p *Policy, staleSets []string) strin
 		}
 	}
 	deny("meta nfproto ipv4", ReasonIP)
+	// Only IPv4 reaches this chain (the map is by IPv4 source); anything
+	// else is dropped all the same rather than fall back to the base
+	// chain's accept.
+	w("add rule %s e_%s drop", i, tap)
 
 	if e.SNIPort != 0 {
 		s.WriteString(e.sniScript(m, p))
