@@ -44,11 +44,13 @@ type Agent struct {
 	// baseline is the guests' firewall on the bridge (nil without links).
 	baseline *network.Baseline
 	// egress enforces MachineNetworkPolicies (egress_controller.go); nil
-	// without a node network. dnsProxy answers confined guests' DNS.
+	// without a node network. dnsProxy answers confined guests' DNS;
+	// sniProxy checks the server names of their allowSNI connections.
 	egress   EgressEnforcer
 	dnsProxy *egress.DNSProxy
 	sniProxy *egress.SNIProxy
-	// egressDenials counts refused DNS queries per Machine
+	// egressDenials counts the refusals the agent makes itself (DNS
+	// queries, TLS server names) per Machine, and paces its egress events
 	// (egress_metrics.go).
 	egressDenials sync.Map
 	// receiving holds the migrations (client.ObjectKey) whose stream this
