@@ -73,6 +73,21 @@ func mergePatch(ctx context.Context, c client.Client, obj client.Object, body ma
 	return c.Patch(ctx, obj, p)
 }
 
+// dryPatch is mergePatch as a dry run, on a copy of obj: admission
+// decides as for the real write, and nothing is written.
+func dryPatch(ctx context.Context, c client.Client, obj client.Object, body map[string]any, status bool) error {
+	data, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	p := client.RawPatch(types.MergePatchType, data)
+	cp := obj.DeepCopyObject().(client.Object)
+	if status {
+		return c.Status().Patch(ctx, cp, p, client.DryRunAll)
+	}
+	return c.Patch(ctx, cp, p, client.DryRunAll)
+}
+
 // refused fails t unless err is the API server's 403 saying want.
 func refused(t *testing.T, what string, err error, want string) {
 	t.Helper()

@@ -116,15 +116,31 @@ func TestServiceAccountAgentConfinedToItsNode(t *testing.T) {
 
 	agentA := newClient(t, tokenConfig(bound.Status.Token))
 	label := map[string]any{"metadata": map[string]any{"labels": map[string]any{kaironv1.LabelNodeBackend: "qemu"}}}
-	// The policies made just now take effect a moment later.
-	testenv.Eventually(t, time.Minute, "the ServiceAccount's policies to be enforced", func() (bool, string) {
-		err := mergePatch(ctx, agentA, nodeB, label, false)
-		return err != nil && strings.Contains(err.Error(), "may not write Node "+b), "label node B: " + errText(err)
-	})
 	ns := makeNamespace(t, adm)
 	onA, onB := makeMachine(t, adm, ns, "on-a", a), makeMachine(t, adm, ns, "on-b", b)
 	betweenBC := makeMigration(t, adm, ns, "b-to-c", "on-b", b, c)
 	finalizer := map[string]any{"metadata": map[string]any{"finalizers": []string{kaironv1.FinalizerMachineVM}}}
+	nowhere := newClient(t, tokenConfig(unbound.Status.Token))
+	// The policies made just now take effect a moment later, each on its
+	// own: wait until the Node, Machine and MachineMigration policies all
+	// refuse. The probes are dry runs: admission decides as for the
+	// real writes, which the checks below then make.
+	testenv.Eventually(t, time.Minute, "the ServiceAccount's policies to be enforced", func() (bool, string) {
+		for _, probe := range []struct {
+			what, want string
+			err        error
+		}{
+			{"label node B", "may not write Node " + b, dryPatch(ctx, agentA, nodeB, label, false)},
+			{"finalizer on a Machine on node B", "may not write Machine on-b", dryPatch(ctx, agentA, onB, finalizer, false)},
+			{"fail a migration from B to C", "may not write MachineMigration b-to-c", dryPatch(ctx, agentA, betweenBC, map[string]any{"status": map[string]any{"phase": kaironv1.MigrationFailed}}, true)},
+			{"unbound token writes a Machine on A", "credentials name no node", dryPatch(ctx, nowhere, onA, map[string]any{"metadata": map[string]any{"finalizers": nil}}, false)},
+		} {
+			if probe.err == nil || !strings.Contains(probe.err.Error(), probe.want) {
+				return false, probe.what + ": " + errText(probe.err)
+			}
+		}
+		return true, ""
+	})
 
 	refused(t, "migration endpoint on its own node", mergePatch(ctx, agentA, nodeA, map[string]any{"metadata": map[string]any{
 		"annotations": map[string]any{kaironv1.AnnotationNodeMigrationEndpoint: "10.1.2.3:10251"}}}, false), "kairon-controller owns it")
@@ -133,7 +149,6 @@ func TestServiceAccountAgentConfinedToItsNode(t *testing.T) {
 	allowed(t, "label its own node", mergePatch(ctx, agentA, nodeA, label, false))
 	allowed(t, "finalizer on its Machine", mergePatch(ctx, agentA, onA, finalizer, false))
 
-	nowhere := newClient(t, tokenConfig(unbound.Status.Token))
 	refused(t, "unbound token labels node A", mergePatch(ctx, nowhere, nodeA, label, false), "credentials name no node")
 	refused(t, "unbound token writes a Machine on A", mergePatch(ctx, nowhere, onA, map[string]any{"metadata": map[string]any{"finalizers": nil}}, false), "credentials name no node")
 }
