@@ -73,7 +73,18 @@ func TestCordonEvacuationWithRealMigrations(t *testing.T) {
 	kubectl(t, env, "", "cordon", source)
 	waitAllRunning(t, env, ns, target, 3)
 
-	migs := migrationsIn(t, env, ns)
+	// A Machine runs on the target a moment before its migration records
+	// that it succeeded.
+	var migs []kaironv1.MachineMigration
+	testenv.Eventually(t, time.Minute, "every migration to end", func() (bool, string) {
+		migs = migrationsIn(t, env, ns)
+		for _, m := range migs {
+			if m.Status.Phase != kaironv1.MigrationSucceeded && m.Status.Phase != kaironv1.MigrationFailed {
+				return false, describeMigrations(migs)
+			}
+		}
+		return len(migs) >= 3, describeMigrations(migs)
+	})
 	if len(migs) != 3 {
 		t.Errorf("%d migrations, want exactly one per Machine: %s", len(migs), describeMigrations(migs))
 	}
@@ -167,10 +178,13 @@ func TestCordonEvacuationAutoFallsBackToCold(t *testing.T) {
 	kubectl(t, env, "", "cordon", source)
 	waitAllRunning(t, env, ns, target, 1)
 
-	migs := migrationsIn(t, env, ns)
-	if len(migs) != 1 {
-		t.Fatalf("%d migrations, want one: %s", len(migs), describeMigrations(migs))
-	}
+	// The Machine runs on the target a moment before its migration
+	// records that it succeeded.
+	var migs []kaironv1.MachineMigration
+	testenv.Eventually(t, time.Minute, "the migration to end", func() (bool, string) {
+		migs = migrationsIn(t, env, ns)
+		return len(migs) == 1 && (migs[0].Status.Phase == kaironv1.MigrationSucceeded || migs[0].Status.Phase == kaironv1.MigrationFailed), describeMigrations(migs)
+	})
 	mig := migs[0]
 	if mig.Spec.Strategy != kaironv1.MigrationCold || mig.Spec.TargetNode != "" ||
 		mig.Status.Phase != kaironv1.MigrationSucceeded || mig.Status.TargetNode != target {
