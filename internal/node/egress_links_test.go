@@ -116,10 +116,14 @@ func TestAgentConfinesBeforeTheVMStarts(t *testing.T) {
 	}
 	tap := network.TapName(nodeName, ns+"_vm")
 	waitEnforcement(t, env, client.ObjectKeyFromObject(policy), nodeName, "vm")
-	atStart, ok := watcher.tableAtStart(tap)
-	if !ok {
-		t.Fatal("the VM was never started")
-	}
+	// The report may come before the start: the rules go in as the
+	// Machine gets its address, the VM starts after.
+	var atStart string
+	testenv.Eventually(t, time.Minute, "the VM to start", func() (bool, string) {
+		var ok bool
+		atStart, ok = watcher.tableAtStart(tap)
+		return ok, "not started"
+	})
 	if !strings.Contains(atStart, "chain e_"+tap+" {") || !strings.Contains(atStart, "203.0.113.0/24") {
 		t.Fatalf("the VM started before its egress rules were in place; the table then:\n%s", atStart)
 	}
