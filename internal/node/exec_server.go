@@ -136,6 +136,20 @@ func (a *Agent) hasInstance(w http.ResponseWriter, r *http.Request, g *guestRequ
 }
 
 // upgrade answers 101 and takes the connection over.
+// openGuestStream reaches g's guest agent, then upgrades the request: a
+// guest that cannot be reached is answered in HTTP before the upgrade.
+func (a *Agent) openGuestStream(w http.ResponseWriter, r *http.Request, g *guestRequest) (*client.Client, net.Conn, *wire.Reader, bool) {
+	c, ok := a.guestClient(w, r, g)
+	if !ok {
+		return nil, nil, nil, false
+	}
+	conn, fr, err := upgrade(w)
+	if err != nil {
+		return nil, nil, nil, false
+	}
+	return c, conn, fr, true
+}
+
 func upgrade(w http.ResponseWriter) (net.Conn, *wire.Reader, error) {
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
@@ -359,12 +373,8 @@ func (a *Agent) serveExec(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	c, ok := a.guestClient(w, r, g)
+	c, conn, fr, ok := a.openGuestStream(w, r, g)
 	if !ok {
-		return
-	}
-	conn, fr, err := upgrade(w)
-	if err != nil {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
@@ -429,12 +439,8 @@ func (a *Agent) serveFileRead(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	c, ok := a.guestClient(w, r, g)
+	c, conn, fr, ok := a.openGuestStream(w, r, g)
 	if !ok {
-		return
-	}
-	conn, fr, err := upgrade(w)
-	if err != nil {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
@@ -455,12 +461,8 @@ func (a *Agent) serveFileWrite(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	c, ok := a.guestClient(w, r, g)
+	c, conn, fr, ok := a.openGuestStream(w, r, g)
 	if !ok {
-		return
-	}
-	conn, fr, err := upgrade(w)
-	if err != nil {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
