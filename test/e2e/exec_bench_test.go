@@ -89,8 +89,8 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 	b.StopTimer()
 	report := func(name string, d []time.Duration) {
 		sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
-		b.ReportMetric(float64(d[len(d)/2].Microseconds())/1000, name+"-p50-ms")
-		b.ReportMetric(float64(d[min(len(d)-1, len(d)*99/100)].Microseconds())/1000, name+"-p99-ms")
+		b.ReportMetric(ms(percentile(d, 50)), name+"-p50-ms")
+		b.ReportMetric(ms(percentile(d, 99)), name+"-p99-ms")
 	}
 	report("node", direct)
 	report("kaironctl", viaCLI)
