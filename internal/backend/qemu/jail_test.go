@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -110,8 +111,11 @@ func TestJailedVMs(t *testing.T) {
 			t.Fatal(err)
 		}
 		rec := recs[s.ID]
-		if err := syscall.Kill(pids[s.ID], 0); !errors.Is(err, syscall.ESRCH) {
-			t.Errorf("%s: qemu %d still exists after Stop (kill 0: %v)", s.ID, pids[s.ID], err)
+		// Dead is enough: the adopted VM is still the test's (b's) child, so
+		// it lingers as a zombie until b's reaper collects it, as it would
+		// not under a restarted kairon-node.
+		if state := processState(pids[s.ID]); state != "" && state != "Z" {
+			t.Errorf("%s: qemu %d still runs after Stop (state %s)", s.ID, pids[s.ID], state)
 		}
 		for _, cg := range rec.Cgroups {
 			if _, err := os.Stat(cg); !errors.Is(err, os.ErrNotExist) {
@@ -591,4 +595,18 @@ func TestNoJail(t *testing.T) {
 	if err := free.Stop(ctx, "ns1_free"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// processState is the state letter of process pid ("R", "S", "Z", ...), or
+// "" when there is no such process.
+func processState(pid int) string {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 || i+2 >= len(stat) {
+		return "?"
+	}
+	return string(stat[i+2])
 }
