@@ -124,6 +124,24 @@ const (
 	// MigrationReasonAlreadyMigrating: another migration of the same
 	// Machine was in flight first; only one may move a Machine at a time.
 	MigrationReasonAlreadyMigrating MigrationReason = "AlreadyMigrating"
+	// MigrationReasonParallelLimitReached is on a migration left Pending
+	// because its MigrationPolicy's maxParallelMigrations (cluster) or
+	// maxParallelOutboundPerNode (its Machine's node) are taken by
+	// Running migrations; it starts once one of them ends. The message
+	// names the policy and the limit.
+	MigrationReasonParallelLimitReached MigrationReason = "ParallelLimitReached"
+)
+
+// Reasons the source node's agent writes when it cancels a live migration
+// under its MigrationPolicy (status.migrationPolicy). The guest keeps
+// running on the source.
+const (
+	// MigrationReasonNoProgress: the guest memory left to send did not drop
+	// below its lowest value for progressTimeoutSeconds.
+	MigrationReasonNoProgress MigrationReason = "NoProgress"
+	// MigrationReasonCompletionTimeout: the live migration ran longer than
+	// completionTimeoutSeconds.
+	MigrationReasonCompletionTimeout MigrationReason = "CompletionTimeout"
 )
 
 // Reasons the node agents write when their part of a migration fails.

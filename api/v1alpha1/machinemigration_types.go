@@ -77,6 +77,13 @@ type MachineMigrationStatus struct {
 	// DowntimeMillis is how long the guest was not running.
 	// +optional
 	DowntimeMillis int64 `json:"downtimeMillis,omitempty"`
+	// MigrationPolicy is the MigrationPolicy this migration runs under,
+	// resolved by kairon-controller when it started the migration (the
+	// policy whose selectors match the Machine with the most labels); the
+	// source node's agent applies these values. Absent: no policy selected
+	// the Machine, and Kairon's defaults apply.
+	// +optional
+	MigrationPolicy *AppliedMigrationPolicy `json:"migrationPolicy,omitempty"`
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -95,6 +102,7 @@ type MachineMigrationStatus struct {
 // +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.status.targetNode`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.reason`,priority=1
 // +kubebuilder:printcolumn:name="Downtime-ms",type=integer,JSONPath=`.status.downtimeMillis`,priority=1
+// +kubebuilder:printcolumn:name="Policy",type=string,JSONPath=`.status.migrationPolicy.name`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type MachineMigration struct {
 	metav1.TypeMeta   `json:",inline"`
