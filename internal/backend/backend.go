@@ -103,6 +103,31 @@ type Backend interface {
 	ConsoleLog(id string) string
 }
 
+// LiveOptions shape one outgoing live migration: the values of the
+// MigrationPolicy it runs under (a MachineMigration's
+// status.migrationPolicy). The zero value is the backend's defaults.
+type LiveOptions struct {
+	// MaxBandwidth caps the stream, in bytes per second; 0 is the
+	// backend's default.
+	MaxBandwidth int64
+	// AutoConverge lets the hypervisor slow the guest's vCPUs down when it
+	// dirties memory faster than the stream carries it.
+	AutoConverge bool
+	// CompletionTimeout cancels the migration when it has not completed
+	// this long after it started; 0 is none.
+	CompletionTimeout time.Duration
+	// ProgressTimeout cancels the migration when the guest memory left to
+	// send has not dropped below its lowest value for this long; 0 is none.
+	ProgressTimeout time.Duration
+}
+
+// Errors a live migration cancelled under its LiveOptions wraps; the guest
+// runs on at the source.
+var (
+	ErrMigrationNoProgress        = errors.New("the migration made no progress within its progress timeout")
+	ErrMigrationCompletionTimeout = errors.New("the migration did not complete within its completion timeout")
+)
+
 // LiveMigrator is implemented by backends that can move a VM to another node
 // while it runs. The node agents connect the two ends (agent to agent over
 // TCP, TLS when configured) and hand each side its end of the connection;
@@ -113,8 +138,10 @@ type LiveMigrator interface {
 	// here: the agent stops this copy once the receiver took over, or
 	// resumes it if the migration failed after all. On an error the guest
 	// runs on here. downtime is how long the guest did not run, as far as
-	// the sender can tell.
-	SendLive(ctx context.Context, id string, w io.Writer) (downtime time.Duration, err error)
+	// the sender can tell. opts are the migration's MigrationPolicy values;
+	// a cancelled migration's error wraps ErrMigrationNoProgress or
+	// ErrMigrationCompletionTimeout.
+	SendLive(ctx context.Context, id string, w io.Writer, opts LiveOptions) (downtime time.Duration, err error)
 	// ReceiveLive starts spec from the stream SendLive writes, read from r,
 	// and returns once the guest runs here.
 	ReceiveLive(ctx context.Context, spec Spec, r io.Reader) (Instance, error)

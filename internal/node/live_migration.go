@@ -280,9 +280,10 @@ func (a *Agent) receiveLive(ctx context.Context, conn net.Conn, slots <-chan str
 		_ = a.teardown(ctx, id)
 		return
 	}
-	_ = conn.SetDeadline(time.Now().Add(liveTransferTimeout))
+	transfer := max(liveTransferTimeout, liveOptions(mig.Status.MigrationPolicy).CompletionTimeout+liveHandshakeTimeout)
+	_ = conn.SetDeadline(time.Now().Add(transfer))
 
-	receiveCtx, cancel := context.WithTimeout(ctx, liveTransferTimeout)
+	receiveCtx, cancel := context.WithTimeout(ctx, transfer)
 	defer cancel()
 	began := time.Now()
 	_, err = a.opts.Backend.(backend.LiveMigrator).ReceiveLive(receiveCtx, spec, in)
@@ -480,10 +481,22 @@ func (a *Agent) sendLive(ctx context.Context, mig *kaironv1.MachineMigration, id
 	if answer != "OK" {
 		return 0, kaironv1.MigrationReasonTargetRefused, fmt.Errorf("node %s refused the guest: %s", target, strings.TrimPrefix(answer, "ERR "))
 	}
-	_ = conn.SetDeadline(time.Now().Add(liveTransferTimeout))
-	sendCtx, cancel := context.WithTimeout(ctx, liveTransferTimeout)
+	opts := liveOptions(mig.Status.MigrationPolicy)
+	transfer := max(liveTransferTimeout, opts.CompletionTimeout+liveHandshakeTimeout)
+	_ = conn.SetDeadline(time.Now().Add(transfer))
+	sendCtx, cancel := context.WithTimeout(ctx, transfer)
 	defer cancel()
-	downtime, err := migrator.SendLive(sendCtx, id, conn)
+	downtime, err := migrator.SendLive(sendCtx, id, conn, opts)
+	if reason := policyReason(err); reason != "" {
+		err = fmt.Errorf("live migration from node %s to node %s cancelled under MigrationPolicy %s: %w; the guest keeps running on %s",
+			a.opts.NodeName, target, mig.Status.MigrationPolicy.Name, err, a.opts.NodeName)
+		// Recorded before the connection closes: the target, seeing the
+		// stream end, would record its ReceiveFailed otherwise.
+		if failErr := a.failMigration(ctx, mig, reason, err.Error()); failErr != nil {
+			log.FromContext(ctx).Error(failErr, "marking the migration failed", "migration", klog.KObj(mig))
+		}
+		return 0, reason, err
+	}
 	if err != nil {
 		// The target explains a failure on its side better than a broken pipe.
 		_ = conn.SetReadDeadline(time.Now().Add(time.Second))
@@ -500,6 +513,40 @@ func (a *Agent) sendLive(ctx context.Context, mig *kaironv1.MachineMigration, id
 		return 0, kaironv1.MigrationReasonReceiveFailed, errors.New(strings.TrimPrefix(answer, "ERR "))
 	}
 	return downtime, "", nil
+}
+
+// liveOptions are the backend's options for a live migration under the
+// MigrationPolicy kairon-controller recorded on it (nil: none, defaults).
+func liveOptions(p *kaironv1.AppliedMigrationPolicy) backend.LiveOptions {
+	var opts backend.LiveOptions
+	if p == nil {
+		return opts
+	}
+	if p.BandwidthPerMigration != nil {
+		opts.MaxBandwidth = p.BandwidthPerMigration.Value()
+	}
+	if p.AllowAutoConverge != nil {
+		opts.AutoConverge = *p.AllowAutoConverge
+	}
+	if p.CompletionTimeoutSeconds != nil {
+		opts.CompletionTimeout = time.Duration(*p.CompletionTimeoutSeconds) * time.Second
+	}
+	if p.ProgressTimeoutSeconds != nil {
+		opts.ProgressTimeout = time.Duration(*p.ProgressTimeoutSeconds) * time.Second
+	}
+	return opts
+}
+
+// policyReason is the migration's reason for a SendLive error that says
+// the backend cancelled it under its policy's timeouts, else "".
+func policyReason(err error) kaironv1.MigrationReason {
+	switch {
+	case errors.Is(err, backend.ErrMigrationNoProgress):
+		return kaironv1.MigrationReasonNoProgress
+	case errors.Is(err, backend.ErrMigrationCompletionTimeout):
+		return kaironv1.MigrationReasonCompletionTimeout
+	}
+	return ""
 }
 
 // dialLive connects to a node's migration endpoint, with TLS if configured.

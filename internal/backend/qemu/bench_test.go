@@ -84,7 +84,7 @@ func BenchmarkMigration(b *testing.B) {
 					send, receive := tcpPair(b)
 					received := make(chan error, 1)
 					go func() { _, err := to.ReceiveLive(ctx, spec, receive); received <- err }()
-					downtime, err := from.SendLive(ctx, spec.ID, send)
+					downtime, err := from.SendLive(ctx, spec.ID, send, backend.LiveOptions{})
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -29,8 +29,12 @@ const (
 	liveDrainTimeout = 30 * time.Second
 )
 
-// SendLive implements backend.LiveMigrator.
-func (b *Backend) SendLive(ctx context.Context, id string, w io.Writer) (time.Duration, error) {
+// SendLive implements backend.LiveMigrator. opts.MaxBandwidth becomes
+// QEMU's max-bandwidth, opts.AutoConverge its auto-converge capability
+// (set either way, since a QEMU keeps both from an earlier migration), and
+// awaitMigrationWithin cancels the migration (migrate_cancel) on its
+// timeouts.
+func (b *Backend) SendLive(ctx context.Context, id string, w io.Writer, opts backend.LiveOptions) (time.Duration, error) {
 	dir, done, err := b.beginLiveOp(id)
 	if err != nil {
 		return 0, err
@@ -64,12 +68,21 @@ func (b *Backend) SendLive(ctx context.Context, id string, w io.Writer) (time.Du
 
 	began := time.Now()
 	sock := filepath.Join(dir, qmpSock)
-	err = qmpDo(ctx, sock, func(q *qmpConn) error { return startMigration(q, theirs, liveBandwidth) })
+	bandwidth := opts.MaxBandwidth
+	if bandwidth <= 0 {
+		bandwidth = liveBandwidth
+	}
+	err = qmpDo(ctx, sock, func(q *qmpConn) error {
+		if err := setAutoConverge(q, opts.AutoConverge); err != nil {
+			return err
+		}
+		return startMigration(q, theirs, bandwidth)
+	})
 	theirs.Close() // QEMU holds its own copy now
 	if err != nil {
 		return 0, fmt.Errorf("qemu: live migration of %s: %w", id, err)
 	}
-	mig, err := awaitMigration(ctx, sock, abort)
+	mig, err := awaitMigrationWithin(ctx, sock, abort, migrationLimits{completion: opts.CompletionTimeout, progress: opts.ProgressTimeout})
 	if err != nil {
 		// QEMU resumes a guest whose outgoing migration failed or was cancelled.
 		return 0, fmt.Errorf("qemu: live migration of %s: %w", id, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"regexp"
@@ -98,9 +99,15 @@ func startLivePair(t *testing.T, name string) *livePair {
 	return p
 }
 
-// migrate streams the guest from source to target over loopback TCP; the
-// target is asked to load it as receiveSpec.
+// migrate streams the guest from source to target over loopback TCP with
+// the default LiveOptions; the target is asked to load it as receiveSpec.
 func (p *livePair) migrate(t *testing.T, receiveSpec backend.Spec) (downtime time.Duration, sendErr, receiveErr error) {
+	return p.migrateWith(t, receiveSpec, backend.LiveOptions{}, nil)
+}
+
+// migrateWith is migrate with opts; sent, if not nil, counts what the
+// source writes.
+func (p *livePair) migrateWith(t *testing.T, receiveSpec backend.Spec, opts backend.LiveOptions, sent *countingWriter) (downtime time.Duration, sendErr, receiveErr error) {
 	t.Helper()
 	send, receive := tcpPair(t)
 	received := make(chan error, 1)
@@ -109,7 +116,12 @@ func (p *livePair) migrate(t *testing.T, receiveSpec backend.Spec) (downtime tim
 		receive.Close()
 		received <- err
 	}()
-	downtime, sendErr = p.source.SendLive(context.Background(), p.spec.ID, send)
+	var w io.Writer = send
+	if sent != nil {
+		sent.w = send
+		w = sent
+	}
+	downtime, sendErr = p.source.SendLive(context.Background(), p.spec.ID, w, opts)
 	return downtime, sendErr, <-received
 }
 

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/zyvor/kairon/internal/backend"
 )
 
 // QEMU's migration stream is how a VM's state leaves and enters a process:
@@ -84,14 +86,81 @@ func startMigration(q *qmpConn, f *os.File, maxBandwidth int64) error {
 // migrationFD is the name the outgoing migration's descriptor has in QEMU.
 const migrationFD = "kairon-migration"
 
+// setAutoConverge sets QEMU's auto-converge migration capability: QEMU
+// throttles the guest's vCPUs while it dirties memory faster than the
+// migration sends it.
+func setAutoConverge(q *qmpConn, on bool) error {
+	_, err := q.execute("migrate-set-capabilities", map[string]any{
+		"capabilities": []map[string]any{{"capability": "auto-converge", "state": on}},
+	})
+	return err
+}
+
+// migrationLimits are when awaitMigration gives an outgoing migration up:
+// completion after it started, progress after the RAM left to send last
+// dropped below its lowest value. Zero is no limit.
+type migrationLimits struct {
+	completion, progress time.Duration
+}
+
+// migrationProgress follows the RAM an active migration has left to send:
+// progress is a new low, as KubeVirt's progress watermark.
+type migrationProgress struct {
+	began, lastLow time.Time
+	low            int64 // -1 before the first reading
+}
+
+func newMigrationProgress(now time.Time) *migrationProgress {
+	return &migrationProgress{began: now, lastLow: now, low: -1}
+}
+
+// observe takes one query-migrate answer at now and returns the error that
+// ends the migration under limits, or nil.
+func (p *migrationProgress) observe(mig qmpMigration, now time.Time, limits migrationLimits) error {
+	if mig.Status == "active" && mig.RAM != nil && (p.low < 0 || mig.RAM.Remaining < p.low) {
+		p.low, p.lastLow = mig.RAM.Remaining, now
+	}
+	if limits.completion > 0 && now.Sub(p.began) > limits.completion {
+		return fmt.Errorf("%w (%s; %d bytes of RAM left to send)", backend.ErrMigrationCompletionTimeout, limits.completion, max(p.low, 0))
+	}
+	if limits.progress > 0 && now.Sub(p.lastLow) > limits.progress {
+		return fmt.Errorf("%w (%s without the RAM left to send dropping below %d bytes)", backend.ErrMigrationNoProgress, limits.progress, max(p.low, 0))
+	}
+	return nil
+}
+
+// cancelWait bounds waiting for QEMU to finish cancelling a migration.
+const cancelWait = 10 * time.Second
+
 // awaitMigration polls an outgoing migration until it completes, and
 // cancels it when ctx ends or abort delivers an error first (the stream's
 // reader went away).
 func awaitMigration(ctx context.Context, sock string, abort <-chan error) (qmpMigration, error) {
+	return awaitMigrationWithin(ctx, sock, abort, migrationLimits{})
+}
+
+// awaitMigrationWithin is awaitMigration that also cancels the migration
+// when one of limits passes. After a cancel it waits (up to cancelWait)
+// until QEMU no longer migrates, so a guest QEMU resumes runs on return.
+func awaitMigrationWithin(ctx context.Context, sock string, abort <-chan error, limits migrationLimits) (qmpMigration, error) {
 	cancel := func(cause error) (qmpMigration, error) {
-		_ = qmpDo(context.Background(), sock, func(q *qmpConn) error { _, err := q.execute("migrate_cancel", nil); return err })
+		waitCtx, done := context.WithTimeout(context.Background(), cancelWait)
+		defer done()
+		_ = qmpDo(waitCtx, sock, func(q *qmpConn) error { _, err := q.execute("migrate_cancel", nil); return err })
+		for waitCtx.Err() == nil {
+			var mig qmpMigration
+			err := qmpDo(waitCtx, sock, func(q *qmpConn) error { var err error; mig, err = q.migration(); return err })
+			if err == nil && mig.Status != "active" && mig.Status != "cancelling" && mig.Status != "setup" {
+				break
+			}
+			select {
+			case <-waitCtx.Done():
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
 		return qmpMigration{}, cause
 	}
+	progress := newMigrationProgress(time.Now())
 	for {
 		var mig qmpMigration
 		if err := qmpDo(ctx, sock, func(q *qmpConn) error { var err error; mig, err = q.migration(); return err }); err != nil {
@@ -102,6 +171,9 @@ func awaitMigration(ctx context.Context, sock string, abort <-chan error) (qmpMi
 			return mig, nil
 		case "failed", "cancelled":
 			return mig, fmt.Errorf("migration %s: %s", mig.Status, mig.ErrorDesc)
+		}
+		if err := progress.observe(mig, time.Now(), limits); err != nil {
+			return cancel(err)
 		}
 		select {
 		case <-ctx.Done():

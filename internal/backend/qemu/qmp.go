@@ -176,6 +176,16 @@ type qmpMigration struct {
 	// Downtime is how long the guest was stopped, in milliseconds, once
 	// the migration completed.
 	Downtime int64 `json:"downtime"`
+	// RAM is the progress of the RAM part, while active or after.
+	RAM *qmpMigrationRAM `json:"ram,omitempty"`
+}
+
+// qmpMigrationRAM is query-migrate's ram object (the parts we read).
+type qmpMigrationRAM struct {
+	// Remaining is how many bytes of dirty RAM are left to send.
+	Remaining int64 `json:"remaining"`
+	// Transferred is how many bytes were sent so far.
+	Transferred int64 `json:"transferred"`
 }
 
 func (q *qmpConn) migration() (qmpMigration, error) {

@@ -192,8 +192,10 @@ func (b *Backend) Save(ctx context.Context, id, path string) error {
 }
 
 // SendLive implements backend.LiveMigrator: the same record as Save, one
-// JSON line written to w while the instance runs; then it is paused.
-func (b *Backend) SendLive(ctx context.Context, id string, w io.Writer) (time.Duration, error) {
+// JSON line written to w while the instance runs; then it is paused. The
+// record is one write with no memory behind it, so opts (bandwidth,
+// timeouts, auto-converge) have nothing to shape.
+func (b *Backend) SendLive(ctx context.Context, id string, w io.Writer, _ backend.LiveOptions) (time.Duration, error) {
 	err := b.handOver(id, func(data []byte) error {
 		_, err := w.Write(append(data, '\n'))
 		return err

@@ -97,7 +97,7 @@ func TestSimLiveMigration(t *testing.T) {
 		}
 		received <- in
 	}()
-	if _, err := source.SendLive(ctx, spec.ID, send); err != nil {
+	if _, err := source.SendLive(ctx, spec.ID, send, backend.LiveOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if in := <-received; in.Phase != backend.Running {
