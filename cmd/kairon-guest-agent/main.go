@@ -34,6 +34,7 @@ func main() {
 	port := flag.String("port", "kairon.agent", "name of the virtio-serial port, or a device path")
 	iface := flag.String("interface", "eth0", "network interface that configure requests set up")
 	wait := flag.Duration("wait", 30*time.Second, "how long to wait for the port to appear")
+	readyFile := flag.String("ready-file", "/run/kairon/ready", "file the guest's init creates once its services run; a ping reports the guest ready while it exists")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 
@@ -54,6 +55,8 @@ func main() {
 		Name:      "kairon-guest-agent/" + version,
 		Log:       log,
 		Configure: agent.System{Interface: *iface}.Configure,
+		Boot:      bootNonce(),
+		ReadyFile: *readyFile,
 	})
 	log.Info("serving", "port", dev)
 	br := bufio.NewReaderSize(f, 64<<10)
@@ -101,4 +104,23 @@ func findPort(name string, wait time.Duration) (string, error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// bootNonce is the kernel command line's kairon.boot: the nonce kairon-node
+// gave this boot, which every ping reports so that the host counts only a
+// ready marker of the boot it started.
+func bootNonce() string {
+	b, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		return ""
+	}
+	// The last one counts: kairon-node puts its own after any a Machine's
+	// spec asked for.
+	nonce := ""
+	for _, w := range strings.Fields(string(b)) {
+		if v, ok := strings.CutPrefix(w, "kairon.boot="); ok {
+			nonce = v
+		}
+	}
+	return nonce
 }

@@ -88,7 +88,7 @@ func (b *Backend) probeKVM(ctx context.Context) ProbeResult {
 	start := time.Now()
 	spec := launchSpec{
 		dir: dir, name: "kairon/accel-probe", accel: "kvm", cpu: 1, memMiB: 256,
-		kernel: kernel, initrd: initrd, cmdline: b.cmdline("kvm", "accel-probe", nil, nil),
+		kernel: kernel, initrd: initrd, cmdline: b.cmdline("kvm", "accel-probe", nil, nil, ""),
 	}
 	p, err := b.launch(spec)
 	if err != nil {

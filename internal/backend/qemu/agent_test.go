@@ -68,6 +68,12 @@ func TestGuestAgent(t *testing.T) {
 		if err := c.Ping(ctx); err != nil {
 			t.Fatal(err)
 		}
+		// The status that made it Running: ready, for this boot.
+		st, err := c.Status(ctx)
+		m, merr := readMeta(b.dir(spec.ID))
+		if err != nil || merr != nil || !st.Ready || len(m.BootNonce) != 32 || st.Boot != m.BootNonce {
+			t.Fatalf("status %+v, %v; this boot's nonce %q, %v", st, err, m.BootNonce, merr)
+		}
 	})
 	t.Run("echo", func(t *testing.T) {
 		res, out, _ := guestExec(t, c, nil, "echo", "hello", "from", "the", "guest")

@@ -303,7 +303,7 @@ func (b *Backend) launch(ls launchSpec) (_ *proc, err error) {
 
 // cmdline is the guest kernel command line: the backend's own part, the
 // network keys the default guest's /init reads, then the Spec's extras.
-func (b *Backend) cmdline(accel, hostname string, n *backend.Network, extra []string) string {
+func (b *Backend) cmdline(accel, hostname string, n *backend.Network, extra []string, bootNonce string) string {
 	args := []string{
 		"console=ttyS0", "reboot=t", "panic=-1",
 		// Quiet boot: each console byte costs an emulated UART write.
@@ -329,7 +329,12 @@ func (b *Backend) cmdline(accel, hostname string, n *backend.Network, extra []st
 			args = append(args, "kairon.gw="+n.Gateway.String())
 		}
 	}
-	return strings.Join(append(args, extra...), " ")
+	args = append(args, extra...)
+	if bootNonce != "" {
+		// Last, so that it wins over a kairon.boot among the extra args.
+		args = append(args, "kairon.boot="+bootNonce)
+	}
+	return strings.Join(args, " ")
 }
 
 // hostnameFor turns "namespace/name" into a hostname: the name, restricted

@@ -297,7 +297,10 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 		return backend.Instance{}, err
 	}
 	m := meta{Spec: spec, Acceleration: b.accel, StartedAt: time.Now(), RestoredFrom: origin, RestoredReady: hdr.Ready,
-		AgentPort: in == nil || hdr.AgentPort}
+		AgentPort: in == nil || hdr.AgentPort, BootNonce: hdr.BootNonce}
+	if in == nil {
+		m.BootNonce = newBootNonce()
+	}
 	if err := writeJSON(filepath.Join(dir, specFile), m); err != nil {
 		return backend.Instance{}, err
 	}
@@ -310,7 +313,7 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 	ls := launchSpec{
 		dir: dir, name: spec.Name, accel: b.accel, cpu: spec.CPU, memMiB: spec.MemoryMiB,
 		kernel: spec.Kernel, initrd: spec.Initrd, net: spec.Network, incoming: stream,
-		cmdline:   b.cmdline(b.accel, hostnameFor(spec.Name), spec.Network, spec.KernelArgs),
+		cmdline:   b.cmdline(b.accel, hostnameFor(spec.Name), spec.Network, spec.KernelArgs, m.BootNonce),
 		jail:      jail,
 		agentPort: m.AgentPort,
 	}
@@ -338,7 +341,7 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 		}
 	}
 	if _, err := os.Stat(filepath.Join(dir, readyFile)); err != nil {
-		go b.watchReady(spec.ID, v, gen, p, m.StartedAt)
+		go b.watchReady(spec.ID, v, gen, p, m)
 	}
 	if startFailpoint != nil {
 		if err := startFailpoint(spec.ID); err != nil {

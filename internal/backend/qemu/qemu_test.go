@@ -414,16 +414,17 @@ func TestCmdline(t *testing.T) {
 	b := &Backend{tscKHz: 2096007}
 	got := b.cmdline("tcg", "web", &backend.Network{
 		Address: netip.MustParsePrefix("10.88.0.5/24"), Gateway: netip.MustParseAddr("10.88.0.1"),
-	}, []string{"foo=bar"})
+	}, []string{"foo=bar", "kairon.boot=forged"}, "n0nce")
 	for _, want := range []string{"console=ttyS0", "tsc_early_khz=2096007", "kairon.hostname=web", "kairon.ip=10.88.0.5/24", "kairon.gw=10.88.0.1"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("cmdline %q lacks %q", got, want)
 		}
 	}
-	if !strings.HasSuffix(got, " foo=bar") {
-		t.Errorf("cmdline %q does not end with the spec's arguments", got)
+	// The spec's arguments, then the boot nonce, which wins over theirs.
+	if !strings.HasSuffix(got, " foo=bar kairon.boot=forged kairon.boot=n0nce") {
+		t.Errorf("cmdline %q does not end with the spec's arguments and then the boot nonce", got)
 	}
-	if kvm := b.cmdline("kvm", "", nil, nil); strings.Contains(kvm, "tsc_early_khz") || strings.Contains(kvm, "kairon.ip") {
+	if kvm := b.cmdline("kvm", "", nil, nil, ""); strings.Contains(kvm, "tsc_early_khz") || strings.Contains(kvm, "kairon.ip") {
 		t.Errorf("kvm cmdline %q", kvm)
 	}
 	for in, want := range map[string]string{"ns/web": "web", "ns/Web_1": "web-1", "x": "x", "ns/": "kairon", "ns/" + strings.Repeat("a", 70): strings.Repeat("a", 63)} {

@@ -2,6 +2,9 @@ package qemu
 
 import (
 	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -14,48 +17,201 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/zyvor/kairon/internal/guestagent/client"
+	"github.com/zyvor/kairon/internal/guestagent/wire"
 )
 
-// Readiness: a guest is ready once it printed readyMarker on its serial
-// console. The console log is the only place to learn it, for a VM this
-// Backend started (watchReady) as for one it adopted (get scans on demand).
+// Readiness. A VM with the guest agent's port (every VM started since it
+// exists) is ready once its agent reports, on that channel, that the
+// guest's init finished, naming the boot nonce this Backend put on the
+// kernel command line (meta.BootNonce): only the guest's root can write to
+// the channel, and a report of another boot does not count. A VM without
+// the port (restored from a state saved before it existed) is ready once
+// it printed readyMarker on its serial console, which any guest process
+// that can write to the console could forge.
+//
+// A watcher records the moment in ready.json: watchReady for a VM this
+// Backend started, watchAdopted for one it adopted after a restart (get
+// starts it, or scans the console on demand for a VM without the port).
 
 // readyMarker is what the guest prints on its console once it is up.
 const readyMarker = "KAIRON-READY"
 
-// watchReady polls the console log for the ready marker and records when it
-// appeared. It ends with the process, or when the VM was stopped or replaced.
-func (b *Backend) watchReady(id string, v *vmState, gen int, p *proc, started time.Time) {
-	path := b.ConsoleLog(id)
+// agentPollInterval is how often a watcher asks a connected agent whether
+// the guest is ready yet.
+const agentPollInterval = 10 * time.Millisecond
+
+// agentStatusTimeout bounds one status request: an agent that does not
+// answer within it is dialled again.
+const agentStatusTimeout = 5 * time.Second
+
+// agentStatusSeen, set only by tests, sees every status a readiness
+// watcher got from a guest agent.
+var agentStatusSeen atomic.Pointer[func(id string, st wire.Status)]
+
+// newBootNonce is a fresh boot nonce: 128 random bits in hex.
+func newBootNonce() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// watchReady records when the VM p runs became ready. It ends with the
+// process, or when the VM was stopped or replaced.
+func (b *Backend) watchReady(id string, v *vmState, gen int, p *proc, m meta) {
+	stale := func() bool {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		return v.gen != gen
+	}
+	record := func(at time.Time) {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		if v.gen == gen {
+			_ = writeJSON(filepath.Join(b.dir(id), readyFile), readyRecord{ReadyAfter: at.Sub(m.StartedAt), At: at})
+		}
+	}
+	ctx, cancel := whileRunning(func() bool {
+		select {
+		case <-p.exited:
+			return false
+		default:
+			return !stale()
+		}
+	})
+	defer cancel()
 	guardConsole(b.dir(id))
+	if m.AgentPort {
+		if at, ok := b.awaitAgentReady(ctx, id, m.BootNonce); ok {
+			record(at)
+		}
+		return
+	}
+	if at, ok := b.awaitConsoleReady(ctx, id); ok {
+		record(at)
+	}
+}
+
+// adoptedWatchers holds the state directories an adopted VM's watcher
+// watches.
+var adoptedWatchers sync.Map
+
+// watchAdopted is watchReady for a VM with the agent's port that this
+// Backend did not start: it runs once per directory until the VM is ready
+// or its process is gone.
+func (b *Backend) watchAdopted(id string, m meta) {
+	dir := b.dir(id)
+	if _, running := adoptedWatchers.LoadOrStore(dir, struct{}{}); running {
+		return
+	}
+	go func() {
+		defer adoptedWatchers.Delete(dir)
+		same := func() bool {
+			now, err := readMeta(dir)
+			return err == nil && now.PID == m.PID && now.StartedAt.Equal(m.StartedAt)
+		}
+		ctx, cancel := whileRunning(func() bool { return same() && processAlive(m.PID, dir) })
+		defer cancel()
+		at, ok := b.awaitAgentReady(ctx, id, m.BootNonce)
+		if ok && same() {
+			_ = writeJSON(filepath.Join(dir, readyFile), readyRecord{ReadyAfter: at.Sub(m.StartedAt), At: at})
+		}
+	}()
+}
+
+// whileRunning is a context that ends once running reports false (checked
+// every 50 ms) or it is cancelled.
+func whileRunning(running func() bool) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if !running() {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	return ctx, cancel
+}
+
+// awaitAgentReady asks the VM's guest agent until it reports the guest
+// ready with nonce, and returns that moment; false if ctx ended first. It
+// holds the agent's channel (one client at a time) only while it waits.
+func (b *Backend) awaitAgentReady(ctx context.Context, id, nonce string) (time.Time, bool) {
+	sock := b.AgentSocket(id)
+	warned := false
+	for ctx.Err() == nil {
+		c, err := client.Dial(ctx, sock, client.Options{Name: "kairon-node/ready"})
+		if err != nil {
+			// No socket yet, or the guest broke the protocol: try again.
+			if !sleepCtx(ctx, agentPollInterval) {
+				return time.Time{}, false
+			}
+			continue
+		}
+		for ctx.Err() == nil {
+			sctx, cancel := context.WithTimeout(ctx, agentStatusTimeout)
+			st, err := c.Status(sctx)
+			cancel()
+			if err != nil {
+				break
+			}
+			if seen := agentStatusSeen.Load(); seen != nil {
+				(*seen)(id, st)
+			}
+			if st.Ready && st.Boot == nonce {
+				_ = c.Close()
+				return time.Now(), true
+			}
+			if st.Ready && !warned {
+				warned = true
+				b.log.Warn("the guest agent reports another boot; waiting for this one's", "id", id, "want", nonce, "got", st.Boot)
+			}
+			if !sleepCtx(ctx, agentPollInterval) {
+				break
+			}
+		}
+		_ = c.Close()
+	}
+	return time.Time{}, false
+}
+
+// awaitConsoleReady polls the console log for the ready marker and returns
+// when it appeared; false if ctx ended first.
+func (b *Backend) awaitConsoleReady(ctx context.Context, id string) (time.Time, bool) {
+	path := b.ConsoleLog(id)
 	var sc markerScanner
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
 	for {
 		found, err := sc.scan(path)
 		if found {
-			at := time.Now()
-			v.mu.Lock()
-			if v.gen == gen {
-				_ = writeJSON(filepath.Join(b.dir(id), readyFile), readyRecord{ReadyAfter: at.Sub(started), At: at})
-			}
-			v.mu.Unlock()
-			return
+			return time.Now(), true
 		}
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			b.log.Warn("watching console", "id", id, "err", err)
 		}
-		select {
-		case <-p.exited:
-			return
-		case <-t.C:
+		if !sleepCtx(ctx, agentPollInterval) {
+			return time.Time{}, false
 		}
-		v.mu.Lock()
-		stale := v.gen != gen
-		v.mu.Unlock()
-		if stale {
-			return
-		}
+	}
+}
+
+// sleepCtx waits d, or less if ctx ends (then false).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

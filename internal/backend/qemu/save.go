@@ -92,14 +92,14 @@ func (b *Backend) headerOf(id, dir string) (saveHeader, error) {
 	}
 	var rr readyRecord
 	ready := readJSON(filepath.Join(dir, readyFile), &rr) == nil
-	if !ready { // the watcher may not have looked yet
+	if !ready && !m.AgentPort { // the watcher may not have looked yet
 		var sc markerScanner
 		ready, _ = sc.scan(filepath.Join(dir, consoleLogFile))
 	}
 	return saveHeader{
 		Format: saveFormat, ID: id, Name: m.Spec.Name, CPU: m.Spec.CPU, MemoryMiB: m.Spec.MemoryMiB,
 		NIC: m.Spec.Network != nil, Ready: ready, Acceleration: m.Acceleration, SavedAt: time.Now(),
-		AgentPort: m.AgentPort,
+		AgentPort: m.AgentPort, BootNonce: m.BootNonce,
 	}, nil
 }
 
@@ -124,6 +124,9 @@ type saveHeader struct {
 	// AgentPort: the saved VM has the guest agent's port (meta.AgentPort);
 	// absent in states saved before the port existed.
 	AgentPort bool `json:"agentPort,omitempty"`
+	// BootNonce is the saved guest's boot nonce (meta.BootNonce): its
+	// agent keeps reporting it after a restore.
+	BootNonce string `json:"bootNonce,omitempty"`
 }
 
 // compatible tells whether spec has the shape the saved VM had; QEMU can only

@@ -31,7 +31,7 @@ const (
 	consoleLogFile = "console.log"
 	// qemuLogFile is QEMU's stdout and stderr.
 	qemuLogFile = "qemu.log"
-	// readyFile is written once the guest printed its ready marker.
+	// readyFile is written once the guest is ready (ready.go).
 	readyFile = "ready.json"
 	// pausedFile is present while the VM is paused through the backend.
 	pausedFile = "paused"
@@ -81,6 +81,11 @@ type meta struct {
 	// started since it exists does; one restored keeps what it was saved
 	// with, since QEMU loads a state only into the same devices.
 	AgentPort bool `json:"agentPort,omitempty"`
+	// BootNonce is the nonce this boot of the guest was given (kernel
+	// command line kairon.boot); with AgentPort the guest is ready once its
+	// agent reports it ready with this nonce. A restored or migrated VM
+	// keeps the saved guest's.
+	BootNonce string `json:"bootNonce,omitempty"`
 }
 
 // readyRecord is ready.json.

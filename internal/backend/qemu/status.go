@@ -90,9 +90,12 @@ func (b *Backend) get(ctx context.Context, id string, v *vmState, useQMP bool) (
 
 	var rr readyRecord
 	ready := readJSON(filepath.Join(dir, readyFile), &rr) == nil
-	if !ready && p == nil {
-		// No watcher of ours (an adopted VM): look for the marker now and take
-		// the log's last write as the moment it appeared.
+	if !ready && p == nil && m.AgentPort {
+		// No watcher of ours (an adopted VM): start one.
+		b.watchAdopted(id, m)
+	} else if !ready && p == nil {
+		// An adopted VM without the agent's port: look for the marker now and
+		// take the log's last write as the moment it appeared.
 		var sc markerScanner
 		if found, _ := sc.scan(filepath.Join(dir, consoleLogFile)); found {
 			rr = readyRecord{ReadyAfter: sc.mtime.Sub(m.StartedAt), At: sc.mtime}

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 
@@ -33,6 +34,13 @@ type Options struct {
 	Configure func(*wire.Configure) error
 	// Env is the base environment of commands; nil: DefaultEnv.
 	Env []string
+	// Boot is the boot nonce a ping reports until a configure request
+	// replaces it (the kernel command line's kairon.boot in a guest).
+	Boot string
+	// ReadyFile is the file whose presence makes a ping report the guest
+	// ready (the guest's init creates it once its services run); empty:
+	// ready as soon as the agent serves.
+	ReadyFile string
 }
 
 // DefaultEnv is the base environment of a command.
@@ -48,6 +56,8 @@ type Agent struct {
 	// connection's Hello, or the host would read a frame cut in two.
 	wmu  sync.Mutex
 	wbuf []byte
+
+	boot atomic.Pointer[string]
 }
 
 // New returns an Agent.
@@ -65,7 +75,29 @@ func New(opts Options) *Agent {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Agent{opts: opts, log: log}
+	a := &Agent{opts: opts, log: log}
+	a.boot.Store(&opts.Boot)
+	return a
+}
+
+// status is what a ping reports.
+func (a *Agent) status() *wire.Status {
+	st := &wire.Status{Boot: *a.boot.Load(), Ready: true}
+	if a.opts.ReadyFile != "" {
+		_, err := os.Stat(a.opts.ReadyFile)
+		st.Ready = err == nil
+	}
+	return st
+}
+
+// configure applies c, and takes its boot nonce even if a part of the rest
+// failed: the guest is the clone the host names either way.
+func (a *Agent) configure(c *wire.Configure) error {
+	if c.Boot != "" {
+		boot := c.Boot
+		a.boot.Store(&boot)
+	}
+	return a.opts.Configure(c)
 }
 
 // ErrProtocol is returned by Serve when the host broke the protocol; the

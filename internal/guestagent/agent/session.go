@@ -190,7 +190,7 @@ func (s *session) run(req *wire.Request) {
 	var exit *wire.Exit
 	switch req.Op {
 	case wire.OpPing:
-		exit = &wire.Exit{}
+		exit = &wire.Exit{Status: s.c.a.status()}
 	case wire.OpExec:
 		exit = s.exec(req.Exec)
 	case wire.OpReadFile:
@@ -199,7 +199,7 @@ func (s *session) run(req *wire.Request) {
 		exit = s.writeFile(req.File)
 	case wire.OpConfigure:
 		exit = &wire.Exit{}
-		if err := s.c.a.opts.Configure(req.Configure); err != nil {
+		if err := s.c.a.configure(req.Configure); err != nil {
 			exit = &wire.Exit{Code: 1, Error: clip(err.Error())}
 		}
 	}

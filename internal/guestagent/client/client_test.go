@@ -269,6 +269,42 @@ func TestConfigure(t *testing.T) {
 	}
 }
 
+// A ping reports the boot nonce the agent was started with, or the one the
+// last configure gave it, and readiness as the ready file says.
+func TestStatus(t *testing.T) {
+	ctx := context.Background()
+	ready := filepath.Join(t.TempDir(), "ready")
+	c := agentPair(t, agent.Options{Boot: "b00t1", ReadyFile: ready, Configure: func(*wire.Configure) error { return nil }})
+	status := func() wire.Status {
+		t.Helper()
+		st, err := c.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	if st := status(); st != (wire.Status{Boot: "b00t1"}) {
+		t.Errorf("before the ready file: %+v", st)
+	}
+	if err := os.WriteFile(ready, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(); st != (wire.Status{Boot: "b00t1", Ready: true}) {
+		t.Errorf("with the ready file: %+v", st)
+	}
+	if err := c.Configure(ctx, &wire.Configure{Boot: "cl0ne2"}); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(); st != (wire.Status{Boot: "cl0ne2", Ready: true}) {
+		t.Errorf("after configure: %+v", st)
+	}
+	// A nonce is letters and digits: nothing a log or a command line would
+	// misread.
+	if err := c.Configure(ctx, &wire.Configure{Boot: "a b"}); err == nil || !strings.Contains(err.Error(), "configure.boot") {
+		t.Errorf("configure with a bad nonce: %v", err)
+	}
+}
+
 // A caller that stops taking one session's output stalls that session
 // only: the guest fills its window and waits, and the channel still serves
 // the others.

@@ -374,7 +374,19 @@ func (c *Client) WriteFile(ctx context.Context, path string, mode uint32, r io.R
 
 // Ping asks the agent whether it is there.
 func (c *Client) Ping(ctx context.Context) error {
-	return c.simple(ctx, &wire.Request{Op: wire.OpPing})
+	_, err := c.Status(ctx)
+	return err
+}
+
+// Status pings the agent and returns what it reports of the guest: its
+// boot nonce and whether the guest's init finished. An agent too old to
+// report it answers with a zero Status.
+func (c *Client) Status(ctx context.Context) (wire.Status, error) {
+	exit, err := c.simpleExit(ctx, &wire.Request{Op: wire.OpPing})
+	if err != nil || exit.Status == nil {
+		return wire.Status{}, err
+	}
+	return *exit.Status, nil
 }
 
 // Configure sets the guest's hostname, addresses, gateway and DNS servers
@@ -384,21 +396,28 @@ func (c *Client) Configure(ctx context.Context, cfg *wire.Configure) error {
 }
 
 func (c *Client) simple(ctx context.Context, req *wire.Request) error {
+	_, err := c.simpleExit(ctx, req)
+	return err
+}
+
+// simpleExit runs a session that carries no data and returns its Exit,
+// which must report success.
+func (c *Client) simpleExit(ctx context.Context, req *wire.Request) (*wire.Exit, error) {
 	s, err := c.open(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	exit, err := s.wait(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := exitError(exit); err != nil {
-		return err
+		return nil, err
 	}
 	if exit.Code != 0 {
-		return fmt.Errorf("guestagent: %s ended with code %d", req.Op, exit.Code)
+		return nil, fmt.Errorf("guestagent: %s ended with code %d", req.Op, exit.Code)
 	}
-	return nil
+	return exit, nil
 }
 
 type countingWriter struct {

@@ -100,6 +100,10 @@ type Configure struct {
 	DNS       []string `json:"dns,omitempty"`
 	// Seed is mixed into the guest's entropy pool (base64 in JSON).
 	Seed []byte `json:"seed,omitempty"`
+	// Boot replaces the boot nonce the agent reports (Status.Boot): a
+	// clone of a saved guest gets its own, so that nothing its sibling or
+	// the saved original reported counts for it.
+	Boot string `json:"boot,omitempty"`
 }
 
 // Response accepts a Request (OK) or says why not; a refused session ends
@@ -124,6 +128,19 @@ type Exit struct {
 	// Error says why a session failed outside the program (a file that
 	// cannot be opened, a program not found).
 	Error string `json:"error,omitempty"`
+	// Status answers a ping: the guest's boot nonce and readiness.
+	Status *Status `json:"status,omitempty"`
+}
+
+// Status is what a ping learns of the guest. It is how kairon-node knows a
+// guest is ready: the ready marker travels on this channel, which only the
+// guest's root can write, and names the boot it belongs to.
+type Status struct {
+	// Boot is the nonce kairon-node gave this boot (the kernel command
+	// line's kairon.boot, or the last configure's Boot).
+	Boot string `json:"boot,omitempty"`
+	// Ready: the guest's init finished starting its services.
+	Ready bool `json:"ready,omitempty"`
 }
 
 // Resize changes a TTY session's window.
@@ -369,6 +386,22 @@ func (c *Configure) Validate() error {
 	if len(c.Seed) > MaxSeedLen {
 		return fmt.Errorf("wire: configure.seed: at most %d bytes", MaxSeedLen)
 	}
+	if err := validBoot("configure.boot", c.Boot); err != nil {
+		return err
+	}
+	return nil
+}
+
+// MaxBootLen bounds a boot nonce.
+const MaxBootLen = 64
+
+// validBoot checks a boot nonce: at most MaxBootLen letters and digits.
+func validBoot(field, b string) error {
+	if len(b) > MaxBootLen || strings.ContainsFunc(b, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+	}) {
+		return fmt.Errorf("wire: %s %q: at most %d letters and digits", field, clip(b), MaxBootLen)
+	}
 	return nil
 }
 
@@ -405,6 +438,11 @@ func (e *Exit) Validate() error {
 	}
 	if len(e.Error) > MaxErrorLen {
 		return fmt.Errorf("wire: exit.error: at most %d bytes", MaxErrorLen)
+	}
+	if e.Status != nil {
+		if err := validBoot("exit.status.boot", e.Status.Boot); err != nil {
+			return err
+		}
 	}
 	return nil
 }
