@@ -56,6 +56,19 @@ const (
 	MachineReasonSuspendIncomplete = "SuspendIncomplete"
 )
 
+// ConditionGuestAgentReady is the Machine condition the node agent keeps
+// while the Machine is Running on a backend with a guest agent channel:
+// true while the guest's agent answers the node's pings (each tick). A
+// MachinePool with spec.readiness GuestAgent binds only members with it.
+const ConditionGuestAgentReady ConditionType = "GuestAgentReady"
+
+// Reasons of a Machine's GuestAgentReady condition.
+const (
+	GuestAgentReasonAnswered     = "AgentAnswered"
+	GuestAgentReasonNotAnswering = "AgentNotAnswering"
+	GuestAgentReasonNotRunning   = "MachineNotRunning"
+)
+
 // Reasons of a Machine's Scheduled condition.
 const (
 	MachineReasonScheduled     = "Scheduled"

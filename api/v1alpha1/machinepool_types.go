@@ -17,7 +17,26 @@ type MachinePoolSpec struct {
 	// members; claimed ones are left alone.
 	// +optional
 	Template MachineTemplateSpec `json:"template,omitempty"`
+
+	// Readiness is when a warm member may be bound: Running (the default:
+	// status.phase is Running) or GuestAgent (Running, and its guest agent
+	// answered the node's latest ping: the GuestAgentReady condition).
+	// +kubebuilder:default=Running
+	// +optional
+	Readiness MachinePoolReadiness `json:"readiness,omitempty"`
 }
+
+// MachinePoolReadiness is when a pool's warm member counts as ready.
+// +kubebuilder:validation:Enum=Running;GuestAgent
+type MachinePoolReadiness string
+
+const (
+	// PoolReadinessRunning: the member's status.phase is Running.
+	PoolReadinessRunning MachinePoolReadiness = "Running"
+	// PoolReadinessGuestAgent: Running, and its GuestAgentReady condition
+	// is True, so a claim gets a guest it can exec into at once.
+	PoolReadinessGuestAgent MachinePoolReadiness = "GuestAgent"
+)
 
 // MachinePoolStatus counts the pool's members.
 type MachinePoolStatus struct {

@@ -34,6 +34,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // claimPoolIndex indexes MachineClaims by spec.poolName in the cache.
@@ -305,9 +306,11 @@ func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedN
 		}
 		switch {
 		case b.tracker.machineTaken(m):
-		case m.Status.Phase == kaironv1.MachineRunning:
+		case rules.WarmMemberReady(pass.pool, m):
 			pass.candidates = append(pass.candidates, m)
-		case machineWarming(m):
+		case machineWarming(m) || m.Status.Phase == kaironv1.MachineRunning:
+			// Running but not yet ready by the pool's spec.readiness (its
+			// guest agent not answering) counts as warming too.
 			pass.warming++
 		}
 	}
@@ -625,6 +628,9 @@ func waitReason(pass *bindingPass) (reason, message string) {
 		return kaironv1.ClaimReasonPoolNotFound, fmt.Sprintf("MachinePool %q not found in namespace %q", pass.key.Name, pass.key.Namespace)
 	case pass.pool.DeletionTimestamp != nil:
 		return kaironv1.ClaimReasonPoolDeleting, fmt.Sprintf("MachinePool %q is being deleted", pass.key.Name)
+	}
+	if pass.pool.Spec.Readiness == kaironv1.PoolReadinessGuestAgent {
+		return kaironv1.ClaimReasonWaitingForWarmMachine, fmt.Sprintf("no Running warm machine with an answering guest agent in pool %q (%d warming)", pass.key.Name, pass.warming)
 	}
 	return kaironv1.ClaimReasonWaitingForWarmMachine, fmt.Sprintf("no Running warm machine in pool %q (%d warming)", pass.key.Name, pass.warming)
 }

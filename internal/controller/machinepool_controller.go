@@ -34,6 +34,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 var machinePoolKind = kaironv1.GroupVersion.WithKind("MachinePool")
@@ -74,7 +75,8 @@ func poolOfMachine(_ context.Context, o client.Object) []reconcile.Request {
 }
 
 // poolMemberChanged passes the Machine events that change a pool's counts:
-// membership and state (labels, owner), readiness (phase) and deletion.
+// membership and state (labels, owner), readiness (phase, and the
+// GuestAgentReady condition) and deletion.
 // Status chatter that leaves the phase alone does not.
 func poolMemberChanged() predicate.Funcs {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
@@ -84,10 +86,17 @@ func poolMemberChanged() predicate.Funcs {
 			return true
 		}
 		return old.Status.Phase != cur.Status.Phase ||
+			guestAgentReady(old) != guestAgentReady(cur) ||
 			!maps.Equal(old.Labels, cur.Labels) ||
 			!equality.Semantic.DeepEqual(old.OwnerReferences, cur.OwnerReferences) ||
 			(old.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil)
 	}}
+}
+
+// guestAgentReady: m's GuestAgentReady condition is True, which a pool
+// with spec.readiness GuestAgent binds on.
+func guestAgentReady(m *kaironv1.Machine) bool {
+	return meta.IsStatusConditionTrue(m.Status.Conditions, kaironv1.ConditionGuestAgentReady.String())
 }
 
 // Reconcile brings one pool to spec.replicas warm members built from its
@@ -359,7 +368,7 @@ func computePoolStatus(pool *kaironv1.MachinePool, warm, claimed []*kaironv1.Mac
 	status.Warm = int32(len(warm))
 	status.ReadyWarm = 0
 	for _, m := range warm {
-		if m.Status.Phase == kaironv1.MachineRunning {
+		if rules.WarmMemberReady(pool, m) {
 			status.ReadyWarm++
 		}
 	}
@@ -369,7 +378,7 @@ func computePoolStatus(pool *kaironv1.MachinePool, warm, claimed []*kaironv1.Mac
 	desired := ptr.Deref(pool.Spec.Replicas, 1)
 	ready := metav1.Condition{
 		Type: kaironv1.ConditionReady.String(), Status: metav1.ConditionTrue, Reason: kaironv1.PoolReasonWarmMachinesReady,
-		Message:            fmt.Sprintf("%d/%d warm machines Running", status.ReadyWarm, desired),
+		Message:            fmt.Sprintf("%d/%d warm machines %s", status.ReadyWarm, desired, readyWord(pool)),
 		ObservedGeneration: pool.Generation,
 	}
 	if status.ReadyWarm != desired || status.Warm != desired {
@@ -381,4 +390,12 @@ func computePoolStatus(pool *kaironv1.MachinePool, warm, claimed []*kaironv1.Mac
 	meta.SetStatusCondition(&status.Conditions, ready)
 	setReplicaFailure(&status.Conditions, syncErr, status.Warm, desired, pool.Generation)
 	return status
+}
+
+// readyWord is what a ready member is under the pool's spec.readiness.
+func readyWord(pool *kaironv1.MachinePool) string {
+	if pool.Spec.Readiness == kaironv1.PoolReadinessGuestAgent {
+		return "Running with an answering guest agent"
+	}
+	return "Running"
 }

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/backend/sim"
 	"github.com/zyvor/kairon/internal/node"
 	"github.com/zyvor/kairon/internal/testenv"
@@ -64,19 +65,26 @@ func prepareNamespace(t *testing.T, env *testenv.Env) string {
 // registers a Node named <ns>-<name>, until the test ends.
 func runSimAgent(t *testing.T, env *testenv.Env, ns, name, cidr string, cpu int64, memory string, bootDelay time.Duration) string {
 	t.Helper()
-	nodeName := ns + "-" + name
 	state := t.TempDir()
 	backend, err := sim.New(sim.Options{StateDir: filepath.Join(state, "instances"), BootDelay: bootDelay})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The agent learns of boots from its instance poller; a short tick
+	// would only have it re-check hundreds of Machines every second.
+	return runAgentWith(t, env, ns, name, cidr, cpu, memory, backend, state, 30*time.Second)
+}
+
+// runAgentWith is runSimAgent over a backend of the caller's, with its
+// state directory and reconcile tick.
+func runAgentWith(t *testing.T, env *testenv.Env, ns, name, cidr string, cpu int64, memory string, backend backend.Backend, state string, interval time.Duration) string {
+	t.Helper()
+	nodeName := ns + "-" + name
 	agent, err := node.New(env.Config, node.Options{
 		NodeName: nodeName, Register: true, Backend: backend, StateDir: state,
 		CPU: cpu, Memory: resource.MustParse(memory),
-		Network: &node.NetworkOptions{CIDR: netip.MustParsePrefix(cidr), NoLinks: true},
-		// The agent learns of boots from its instance poller; a short tick
-		// would only have it re-check hundreds of Machines every second.
-		Interval: 30 * time.Second,
+		Network:  &node.NetworkOptions{CIDR: netip.MustParsePrefix(cidr), NoLinks: true},
+		Interval: interval,
 	})
 	if err != nil {
 		t.Fatal(err)

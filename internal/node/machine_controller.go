@@ -148,6 +148,7 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 	}
 
 	a.observe(machine, instance, id)
+	a.observeGuestAgent(ctx, machine, id)
 	if instance.Phase != backend.Exited {
 		// A VM adopted from an earlier agent (or one that ran before the
 		// baseline existed) gets its tap pinned too; a known one costs nothing.

@@ -30,7 +30,15 @@ type Backend struct {
 
 	mu     sync.Mutex
 	guests map[string]*Guest
+	// silent: guests' agents take connections but never answer, as a hung
+	// agent does.
+	silent atomic.Bool
 }
+
+// SetAgentsSilent makes every guest's agent hang (true: connections are
+// taken, nothing is answered) or answer again (false). A connection taken
+// while silent stays unanswered; the node drops it and dials again.
+func (b *Backend) SetAgentsSilent(silent bool) { b.silent.Store(silent) }
 
 // Guest is one VM's in-process guest agent and interactive console.
 type Guest struct {
@@ -39,6 +47,7 @@ type Guest struct {
 	agentLn, consoleLn     net.Listener
 	connections            atomic.Int64
 	requests               atomic.Int64
+	silent                 *atomic.Bool
 }
 
 // Connections is how many times the node connected to the guest agent.
@@ -75,7 +84,7 @@ func (b *Backend) Guest(id string) *Guest {
 	}
 	sum := sha256.Sum256([]byte(id))
 	base := filepath.Join(b.dir, hex.EncodeToString(sum[:6]))
-	g := &Guest{AgentPath: base + ".agent", ConsolePath: base + ".console"}
+	g := &Guest{AgentPath: base + ".agent", ConsolePath: base + ".console", silent: &b.silent}
 	var err error
 	if g.agentLn, err = net.Listen("unix", g.AgentPath); err != nil {
 		b.t.Errorf("guest %s: %v", id, err)
@@ -106,6 +115,13 @@ func (g *Guest) serveAgent() {
 			return
 		}
 		g.connections.Add(1)
+		if g.silent.Load() {
+			go func() { // read and drop everything, answer nothing
+				_, _ = io.Copy(io.Discard, conn)
+				conn.Close()
+			}()
+			continue
+		}
 		a := agent.New(agent.Options{Name: "kairon-guest-agent/guestsim", Configure: func(*wire.Configure) error { return nil }})
 		_ = a.Serve(countingConn{Conn: conn, g: g, fr: newFrameCounter()})
 		conn.Close()

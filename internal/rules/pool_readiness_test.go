@@ -1,0 +1,38 @@
+package rules
+
+import (
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+)
+
+func TestWarmMemberReady(t *testing.T) {
+	agent := func(s metav1.ConditionStatus) []metav1.Condition {
+		return []metav1.Condition{{Type: kaironv1.ConditionGuestAgentReady.String(), Status: s}}
+	}
+	for _, tc := range []struct {
+		name      string
+		readiness kaironv1.MachinePoolReadiness
+		phase     kaironv1.MachinePhase
+		conds     []metav1.Condition
+		want      bool
+	}{
+		{"default: Running is enough", "", kaironv1.MachineRunning, nil, true},
+		{"Running: Running is enough", kaironv1.PoolReadinessRunning, kaironv1.MachineRunning, agent(metav1.ConditionFalse), true},
+		{"Running: Booting is not", kaironv1.PoolReadinessRunning, kaironv1.MachineBooting, nil, false},
+		{"GuestAgent: Running without the condition", kaironv1.PoolReadinessGuestAgent, kaironv1.MachineRunning, nil, false},
+		{"GuestAgent: Running, agent silent", kaironv1.PoolReadinessGuestAgent, kaironv1.MachineRunning, agent(metav1.ConditionFalse), false},
+		{"GuestAgent: Running, agent answered", kaironv1.PoolReadinessGuestAgent, kaironv1.MachineRunning, agent(metav1.ConditionTrue), true},
+		{"GuestAgent: agent answered but Booting", kaironv1.PoolReadinessGuestAgent, kaironv1.MachineBooting, agent(metav1.ConditionTrue), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := &kaironv1.MachinePool{Spec: kaironv1.MachinePoolSpec{Readiness: tc.readiness}}
+			m := &kaironv1.Machine{Status: kaironv1.MachineStatus{Phase: tc.phase, Conditions: tc.conds}}
+			if got := WarmMemberReady(pool, m); got != tc.want {
+				t.Errorf("WarmMemberReady = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
