@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -12,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -166,7 +168,10 @@ type Budget struct {
 	Summary            string            `json:"summary"`
 	Error              string            `json:"error"`
 	Machines           []BudgetMachine   `json:"machines"`
-	ReportedStatus     ReportedStatus    `json:"reportedStatus"`
+	// HiddenMachines counts the matching Machines left out of machines
+	// because the user may not list Machines in their namespace.
+	HiddenMachines int            `json:"hiddenMachines"`
+	ReportedStatus ReportedStatus `json:"reportedStatus"`
 }
 
 // BudgetMachine is one Machine a budget matches: the receipt for its count.
@@ -225,14 +230,46 @@ func serveList[T any](w http.ResponseWriter, items []T, err error) {
 	writeJSON(w, http.StatusOK, List[T]{Items: items})
 }
 
+// readError answers an error of a read: 401 and 403 for a user who is not
+// signed in or may not read it, the API server's own status for its
+// errors, 500 otherwise.
+func readError(w http.ResponseWriter, err error) {
+	var f forbidden
+	var status apierrors.APIStatus
+	switch {
+	case errors.Is(err, errNotAuthenticate):
+		writeError(w, http.StatusUnauthorized, err.Error())
+	case errors.As(err, &f):
+		writeError(w, http.StatusForbidden, f.reason)
+	case errors.As(err, &status) && status.Status().Code != 0:
+		writeError(w, int(status.Status().Code), status.Status().Message)
+	default:
+		writeError(w, http.StatusInternalServerError, err.Error())
+	}
+}
+
+// serveRead answers a list endpoint once the user may make the reads of
+// needs in the request's namespace.
+func serveRead[T any](s *Server, w http.ResponseWriter, r *http.Request, list func(ctx context.Context, ns string) ([]T, error), needs ...access) {
+	ns := r.URL.Query().Get("namespace")
+	if err := s.mayRead(r.Context(), ns, needs...); err != nil {
+		readError(w, err)
+		return
+	}
+	items, err := list(r.Context(), ns)
+	if err != nil {
+		readError(w, err)
+		return
+	}
+	serveList(w, items, nil)
+}
+
 func (s *Server) apiBudgets(w http.ResponseWriter, r *http.Request) {
-	items, err := s.budgets(r.Context(), r.URL.Query().Get("namespace"))
-	serveList(w, items, err)
+	serveRead(s, w, r, s.budgets, listBudgets)
 }
 
 func (s *Server) apiNodes(w http.ResponseWriter, r *http.Request) {
-	items, err := s.nodes(r.Context(), r.URL.Query().Get("namespace"))
-	serveList(w, items, err)
+	serveRead(s, w, r, s.nodes, listNodes, listMachines)
 }
 
 func (s *Server) apiMachines(w http.ResponseWriter, r *http.Request) {
@@ -241,28 +278,23 @@ func (s *Server) apiMachines(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	items, err := s.machines(r.Context(), f)
-	serveList(w, items, err)
+	serveRead(s, w, r, func(ctx context.Context, ns string) ([]Machine, error) { return s.machines(ctx, f) }, listMachines)
 }
 
 func (s *Server) apiPools(w http.ResponseWriter, r *http.Request) {
-	items, err := s.pools(r.Context(), r.URL.Query().Get("namespace"))
-	serveList(w, items, err)
+	serveRead(s, w, r, s.pools, listPools)
 }
 
 func (s *Server) apiClaims(w http.ResponseWriter, r *http.Request) {
-	items, err := s.claims(r.Context(), r.URL.Query().Get("namespace"))
-	serveList(w, items, err)
+	serveRead(s, w, r, s.claims, listClaims)
 }
 
 func (s *Server) apiMigrations(w http.ResponseWriter, r *http.Request) {
-	items, err := s.migrations(r.Context(), r.URL.Query().Get("namespace"))
-	serveList(w, items, err)
+	serveRead(s, w, r, s.migrations, listMigrations)
 }
 
 func (s *Server) apiPolicies(w http.ResponseWriter, r *http.Request) {
-	items, err := s.policies(r.Context(), r.URL.Query().Get("namespace"))
-	serveList(w, items, err)
+	serveRead(s, w, r, s.policies, listPolicies)
 }
 
 // apiEvents is the server-sent event stream: one "change" event whose data
@@ -383,6 +415,17 @@ func (s *Server) budgets(ctx context.Context, ns string) ([]Budget, error) {
 			b.Error = st.Err.Error()
 		}
 		for _, m := range st.Machines {
+			// The numbers are the budget's, which whoever reads the budget
+			// reads in its status; a receipt names a Machine, which only
+			// those who may list that namespace's Machines see.
+			if err := s.mayRead(ctx, m.Namespace, listMachines); err != nil {
+				var f forbidden
+				if !errors.As(err, &f) {
+					return nil, err
+				}
+				b.HiddenMachines++
+				continue
+			}
 			b.Machines = append(b.Machines, BudgetMachine{Namespace: m.Namespace, Name: m.Name, Phase: string(m.Phase), Healthy: m.Healthy, Migration: m.Migration, Reason: m.Reason})
 		}
 		out = append(out, b)

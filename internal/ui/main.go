@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -21,9 +22,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kairon-ui", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the cluster to show (default: $KUBECONFIG, ~/.kube/config, then the in-cluster config)")
-	listen := fs.String("listen", "127.0.0.1:8090", "address to serve the dashboard and the API on; the UI has no login yet, so keep it on loopback")
+	listen := fs.String("listen", "127.0.0.1:8090", "address to serve the dashboard and the API on")
+	auth := fs.String("auth", "auto", "who requests act as: token (each request's own bearer token, from an Authorization header or the login page), kubeconfig (the identity kairon-ui runs with), or auto (token with the in-cluster config, kubeconfig otherwise)")
+	allowWrite := fs.Bool("allow-write", false, "turn the actions on (evacuate a node, migrate a Machine, scale a pool), made with the user's identity")
+	allowNonLoopback := fs.Bool("allow-non-loopback", false, "with --auth kubeconfig: listen on a non-loopback --listen address, so that whoever reaches it acts as the kubeconfig's identity")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "Usage: kairon-ui [flags]\n\nServes Kairon's read-only web dashboard and its JSON API (/api/v1/...);\nsee docs/guides/ui.md.\n\nFlags:\n")
+		fmt.Fprint(stderr, "Usage: kairon-ui [flags]\n\nServes Kairon's web dashboard and its JSON API (/api/v1/...);\nsee docs/guides/ui.md.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -36,19 +40,41 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kairon-ui: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
-	if err := serve(ctx, *kubeconfig, *listen, stdout, stderr); err != nil {
+	mode := AuthMode(*auth)
+	switch *auth {
+	case "auto":
+		mode = AuthKubeconfig
+		if *kubeconfig == "" && os.Getenv("KUBECONFIG") == "" && os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+			mode = AuthToken
+		}
+	case string(AuthKubeconfig), string(AuthToken):
+	default:
+		fmt.Fprintf(stderr, "kairon-ui: --auth %q: use token, kubeconfig or auto\n", *auth)
+		return 2
+	}
+	host, _, err := net.SplitHostPort(*listen)
+	if err != nil {
+		fmt.Fprintf(stderr, "kairon-ui: --listen %q: %v\n", *listen, err)
+		return 2
+	}
+	if mode == AuthKubeconfig && !isLoopback(host) && !*allowNonLoopback {
+		fmt.Fprintf(stderr, "kairon-ui: refusing --listen %s with --auth kubeconfig: whoever reaches a non-loopback address would act as the kubeconfig's identity. Listen on 127.0.0.1, use --auth token, or add --allow-non-loopback.\n", *listen)
+		return 2
+	}
+	opts := Options{Auth: mode, AllowWrite: *allowWrite}
+	if err := serve(ctx, *kubeconfig, *listen, opts, stdout, stderr); err != nil {
 		fmt.Fprintln(stderr, "kairon-ui:", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(ctx context.Context, kubeconfig, listen string, stdout, stderr io.Writer) error {
+func serve(ctx context.Context, kubeconfig, listen string, opts Options, stdout, stderr io.Writer) error {
 	cfg, err := restConfig(kubeconfig)
 	if err != nil {
 		return err
 	}
-	srv, err := New(cfg, Options{})
+	srv, err := New(cfg, opts)
 	if err != nil {
 		return err
 	}
@@ -59,10 +85,14 @@ func serve(ctx context.Context, kubeconfig, listen string, stdout, stderr io.Wri
 	if err != nil {
 		return err
 	}
-	if host, _, _ := net.SplitHostPort(listen); !isLoopback(host) {
-		fmt.Fprintf(stderr, "kairon-ui: warning: listening on %s, not loopback: anyone who reaches it reads what this identity may read (per-user auth is not built yet)\n", listen)
+	if host, _, _ := net.SplitHostPort(listen); !isLoopback(host) && opts.Auth == AuthKubeconfig {
+		fmt.Fprintf(stderr, "kairon-ui: warning: listening on %s, not loopback (--allow-non-loopback): whoever reaches it acts as this kubeconfig's identity\n", listen)
 	}
-	fmt.Fprintf(stdout, "kairon-ui: serving http://%s (API server %s)\n", ln.Addr(), cfg.Host)
+	writes := "actions off"
+	if opts.AllowWrite {
+		writes = "actions on"
+	}
+	fmt.Fprintf(stdout, "kairon-ui: serving http://%s (API server %s, auth %s, %s)\n", ln.Addr(), cfg.Host, opts.Auth, writes)
 	hs := &http.Server{
 		Handler:           srv.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,

@@ -79,6 +79,13 @@ func TestMainCommand(t *testing.T) {
 		t.Errorf("stderr: %s", stderr.String())
 	}
 
+	// With the kubeconfig's identity, a non-loopback address needs
+	// --allow-non-loopback: whoever reached it would act as that identity.
+	var refused syncBuffer
+	if code := ui.Main(context.Background(), []string{"--kubeconfig", env.Kubeconfig, "--listen", "0.0.0.0:0"}, &refused, &refused); code != 2 || !strings.Contains(refused.String(), "--allow-non-loopback") {
+		t.Errorf("--listen 0.0.0.0:0 with the kubeconfig's identity: exit %d, printed %s", code, refused.String())
+	}
+
 	var usage syncBuffer
 	if code := ui.Main(context.Background(), []string{"--nope"}, &usage, &usage); code != 2 || !strings.Contains(usage.String(), "--listen") && !strings.Contains(usage.String(), "-listen") {
 		t.Errorf("a bad flag: exit %d, printed %s", code, usage.String())

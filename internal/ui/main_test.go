@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
@@ -27,8 +28,14 @@ func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 // returns its URL. It stops when the test ends.
 func startUI(t *testing.T, env *testenv.Env) string {
 	t.Helper()
+	return startUIWith(t, env.Config, ui.Options{})
+}
+
+// startUIWith is startUI with the identity cfg and options.
+func startUIWith(t *testing.T, cfg *rest.Config, opts ui.Options) string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	srv, err := ui.New(env.Config, ui.Options{})
+	srv, err := ui.New(cfg, opts)
 	if err != nil {
 		cancel()
 		t.Fatal(err)

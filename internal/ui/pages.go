@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"html/template"
 	"io/fs"
@@ -80,36 +81,48 @@ type pageData struct {
 	Kinds string
 	Query map[string]string
 	Data  any
+	// User is who the page is shown to ("" when the kubeconfig's identity
+	// is not known); Token: signed in with a token (so a sign-out button).
+	User  string
+	Token bool
+	// Error is the message of an error page.
+	Error string
 }
 
 func (s *Server) pageRoutes() {
 	type pageFunc func(ctx context.Context, r *http.Request) (title string, data any, err error)
 	add := func(pattern, nav, file string, kinds []string, f pageFunc) {
 		p := mustPage(file, kinds...)
-		s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-			title, data, err := f(r.Context(), r)
-			if err != nil {
-				code := http.StatusInternalServerError
-				if apierrors.IsNotFound(err) {
-					code = http.StatusNotFound
-				} else if _, bad := err.(badRequest); bad {
-					code = http.StatusBadRequest
-				}
-				http.Error(w, err.Error(), code)
-				return
-			}
+		s.authed.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			q := map[string]string{}
 			for k := range r.URL.Query() {
 				q[k] = r.URL.Query().Get(k)
 			}
-			var buf bytes.Buffer
-			if err := p.tmpl.Execute(&buf, pageData{Title: title, Nav: nav, Kinds: strings.Join(p.kinds, " "), Query: q, Data: data}); err != nil {
-				http.Error(w, "rendering the page: "+err.Error(), http.StatusInternalServerError)
+			pd := pageData{Nav: nav, Kinds: strings.Join(p.kinds, " "), Query: q}
+			if u := userOf(r.Context()); u != nil {
+				pd.User, pd.Token = u.name, !u.trusted
+			}
+			title, data, err := f(r.Context(), r)
+			if err != nil {
+				code := http.StatusInternalServerError
+				var fb forbidden
+				var status apierrors.APIStatus
+				switch {
+				case errors.As(err, &fb):
+					code = http.StatusForbidden
+				case apierrors.IsNotFound(err):
+					code = http.StatusNotFound
+				case errors.As(err, new(badRequest)):
+					code = http.StatusBadRequest
+				case errors.As(err, &status) && status.Status().Code != 0:
+					code = int(status.Status().Code)
+				}
+				pd.Title, pd.Error, pd.Kinds = http.StatusText(code), err.Error(), ""
+				s.renderPage(w, code, errorPage, pd)
 				return
 			}
-			w.Header().Set("Content-Type", "text/html; charset=utf-8")
-			w.Header().Set("Cache-Control", "no-store")
-			_, _ = w.Write(buf.Bytes())
+			pd.Title, pd.Data = title, data
+			s.renderPage(w, http.StatusOK, p, pd)
 		})
 	}
 	add("GET /{$}", "overview", "overview.html", []string{"nodes", "machines", "machine-pools", "machine-claims", "disruption-budgets", "migrations", "kubernetes-events"}, s.overviewPage)
@@ -124,6 +137,28 @@ func (s *Server) pageRoutes() {
 
 type badRequest struct{ error }
 
+var (
+	errorPage = mustPage("error.html")
+	loginPage = mustPage("login.html")
+)
+
+// renderPage renders p with d, answering code.
+func (s *Server) renderPage(w http.ResponseWriter, code int, p page, d pageData) {
+	var buf bytes.Buffer
+	if err := p.tmpl.Execute(&buf, d); err != nil {
+		http.Error(w, "rendering the page: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func (s *Server) renderLogin(w http.ResponseWriter, code int, d loginData) {
+	s.renderPage(w, code, loginPage, pageData{Title: "Sign in", Nav: "login", Data: d, Query: map[string]string{}})
+}
+
 // overview is the at-a-glance page.
 type overview struct {
 	Nodes, NodesReady, NodesCordoned int
@@ -135,6 +170,10 @@ type overview struct {
 	Budgets                          []Budget
 	Migrations                       []phaseCount
 	Warnings                         []Event
+	// Show has the sections the user may read; Denied says why the
+	// others are not shown.
+	Show   map[string]bool
+	Denied []string
 }
 
 type phaseCount struct {
@@ -161,52 +200,90 @@ func countPhases[T any](items []T, phase func(T) string) []phaseCount {
 
 func (s *Server) overviewPage(ctx context.Context, r *http.Request) (string, any, error) {
 	ns := r.URL.Query().Get("namespace")
-	var o overview
-	nodes, err := s.nodes(ctx, ns)
-	if err != nil {
-		return "", nil, err
-	}
-	o.Nodes = len(nodes)
-	for _, n := range nodes {
-		if n.Ready {
-			o.NodesReady++
+	o := overview{Show: map[string]bool{}}
+	// Each section shows what the user may read; the others say why not.
+	section := func(name string, needs ...access) (bool, error) {
+		err := s.mayRead(ctx, ns, needs...)
+		var f forbidden
+		if errors.As(err, &f) {
+			o.Denied = append(o.Denied, f.reason)
+			return false, nil
 		}
-		if n.Cordoned {
-			o.NodesCordoned++
+		o.Show[name] = err == nil
+		return err == nil, err
+	}
+	if ok, err := section("nodes", listNodes, listMachines); err != nil {
+		return "", nil, err
+	} else if ok {
+		nodes, err := s.nodes(ctx, ns)
+		if err != nil {
+			return "", nil, err
+		}
+		o.Nodes = len(nodes)
+		for _, n := range nodes {
+			if n.Ready {
+				o.NodesReady++
+			}
+			if n.Cordoned {
+				o.NodesCordoned++
+			}
 		}
 	}
-	machines, err := s.machines(ctx, machineFilter{Namespace: ns})
-	if err != nil {
+	if ok, err := section("machines", listMachines); err != nil {
 		return "", nil, err
+	} else if ok {
+		machines, err := s.machines(ctx, machineFilter{Namespace: ns})
+		if err != nil {
+			return "", nil, err
+		}
+		o.Machines = len(machines)
+		o.Phases = countPhases(machines, func(m Machine) string { return m.Phase })
 	}
-	o.Machines = len(machines)
-	o.Phases = countPhases(machines, func(m Machine) string { return m.Phase })
-	pools, err := s.pools(ctx, ns)
-	if err != nil {
+	if ok, err := section("pools", listPools); err != nil {
 		return "", nil, err
+	} else if ok {
+		pools, err := s.pools(ctx, ns)
+		if err != nil {
+			return "", nil, err
+		}
+		o.Pools = len(pools)
+		for _, p := range pools {
+			o.Warm += p.Warm
+			o.ReadyWarm += p.ReadyWarm
+			o.Claimed += p.Claimed
+		}
 	}
-	o.Pools = len(pools)
-	for _, p := range pools {
-		o.Warm += p.Warm
-		o.ReadyWarm += p.ReadyWarm
-		o.Claimed += p.Claimed
-	}
-	claims, err := s.claims(ctx, ns)
-	if err != nil {
+	if ok, err := section("claims", listClaims); err != nil {
 		return "", nil, err
+	} else if ok {
+		claims, err := s.claims(ctx, ns)
+		if err != nil {
+			return "", nil, err
+		}
+		o.Claims = countPhases(claims, func(c Claim) string { return c.Phase })
 	}
-	o.Claims = countPhases(claims, func(c Claim) string { return c.Phase })
-	if o.Budgets, err = s.budgets(ctx, ns); err != nil {
+	if ok, err := section("budgets", listBudgets); err != nil {
 		return "", nil, err
+	} else if ok {
+		if o.Budgets, err = s.budgets(ctx, ns); err != nil {
+			return "", nil, err
+		}
 	}
-	migs, err := s.migrations(ctx, ns)
-	if err != nil {
+	if ok, err := section("migrations", listMigrations); err != nil {
 		return "", nil, err
+	} else if ok {
+		migs, err := s.migrations(ctx, ns)
+		if err != nil {
+			return "", nil, err
+		}
+		o.Migrations = countPhases(migs, func(m Migration) string { return m.Phase })
 	}
-	o.Migrations = countPhases(migs, func(m Migration) string { return m.Phase })
-	o.Warnings, err = s.events(ctx, ns, 20, func(e *eventsv1.Event) bool { return e.Type == "Warning" })
-	if err != nil {
+	if ok, err := section("events", listEvents); err != nil {
 		return "", nil, err
+	} else if ok {
+		if o.Warnings, err = s.events(ctx, ns, 20, func(e *eventsv1.Event) bool { return e.Type == "Warning" }); err != nil {
+			return "", nil, err
+		}
 	}
 	return "Overview", o, nil
 }
@@ -225,7 +302,11 @@ type receipt struct {
 }
 
 func (s *Server) budgetsPage(ctx context.Context, r *http.Request) (string, any, error) {
-	budgets, err := s.budgets(ctx, r.URL.Query().Get("namespace"))
+	ns := r.URL.Query().Get("namespace")
+	if err := s.mayRead(ctx, ns, listBudgets); err != nil {
+		return "", nil, err
+	}
+	budgets, err := s.budgets(ctx, ns)
 	if err != nil {
 		return "", nil, err
 	}
@@ -270,6 +351,9 @@ func (s *Server) machinesPage(ctx context.Context, r *http.Request) (string, any
 	if err != nil {
 		return "", nil, badRequest{err}
 	}
+	if err := s.mayRead(ctx, f.Namespace, listMachines); err != nil {
+		return "", nil, err
+	}
 	ms, err := s.machines(ctx, f)
 	if err != nil {
 		return "", nil, err
@@ -278,12 +362,15 @@ func (s *Server) machinesPage(ctx context.Context, r *http.Request) (string, any
 	for _, p := range []kaironv1.MachinePhase{kaironv1.MachinePending, kaironv1.MachineScheduled, kaironv1.MachineBooting, kaironv1.MachineRunning, kaironv1.MachineStopping, kaironv1.MachineStopped, kaironv1.MachineFailed} {
 		v.Phases = append(v.Phases, string(p))
 	}
-	nodes, err := s.nodes(ctx, "")
-	if err != nil {
-		return "", nil, err
-	}
-	for _, n := range nodes {
-		v.Nodes = append(v.Nodes, n.Name)
+	// The node menu, for those who may list nodes.
+	if s.mayRead(ctx, "", listNodes) == nil {
+		nodes, err := s.nodes(ctx, f.Namespace)
+		if err != nil {
+			return "", nil, err
+		}
+		for _, n := range nodes {
+			v.Nodes = append(v.Nodes, n.Name)
+		}
 	}
 	return "Machines", v, nil
 }
@@ -291,33 +378,71 @@ func (s *Server) machinesPage(ctx context.Context, r *http.Request) (string, any
 type machineDetail struct {
 	Machine
 	Events []Event
+	// Migrate: show the migrate action (on, and the user may create
+	// MachineMigrations here); Targets are the nodes to offer.
+	Migrate bool
+	Targets []string
 }
 
 func (s *Server) machinePage(ctx context.Context, r *http.Request) (string, any, error) {
 	key := types.NamespacedName{Namespace: r.PathValue("namespace"), Name: r.PathValue("name")}
+	if err := s.mayRead(ctx, key.Namespace, getMachines); err != nil {
+		return "", nil, err
+	}
 	var m kaironv1.Machine
 	if err := s.cache.Get(ctx, key, &m); err != nil {
 		return "", nil, err
 	}
-	evs, err := s.events(ctx, key.Namespace, 50, func(e *eventsv1.Event) bool {
-		return e.Regarding.Kind == "Machine" && e.Regarding.Name == key.Name ||
-			e.Related != nil && e.Related.Kind == "Machine" && e.Related.Name == key.Name
-	})
-	if err != nil {
-		return "", nil, err
+	d := machineDetail{Machine: machineView(&m), Events: []Event{}}
+	if s.mayRead(ctx, key.Namespace, listEvents) == nil {
+		evs, err := s.events(ctx, key.Namespace, 50, func(e *eventsv1.Event) bool {
+			return e.Regarding.Kind == "Machine" && e.Regarding.Name == key.Name ||
+				e.Related != nil && e.Related.Kind == "Machine" && e.Related.Name == key.Name
+		})
+		if err != nil {
+			return "", nil, err
+		}
+		d.Events = evs
 	}
-	return fmt.Sprintf("Machine %s/%s", key.Namespace, key.Name), machineDetail{Machine: machineView(&m), Events: evs}, nil
+	d.Migrate = m.Spec.NodeName != "" && s.mayDo(ctx, createMigrations, key.Namespace)
+	if d.Migrate && s.mayRead(ctx, "", listNodes) == nil {
+		nodes, err := s.nodes(ctx, key.Namespace)
+		if err != nil {
+			return "", nil, err
+		}
+		for _, n := range nodes {
+			if n.Name != m.Spec.NodeName {
+				d.Targets = append(d.Targets, n.Name)
+			}
+		}
+	}
+	return fmt.Sprintf("Machine %s/%s", key.Namespace, key.Name), d, nil
+}
+
+// nodesView is the Nodes page; Evacuate: show the evacuate action (on, and
+// the user may create MachineMigrations in every namespace, as evacuating
+// a node does).
+type nodesView struct {
+	Nodes    []Node
+	Evacuate bool
 }
 
 func (s *Server) nodesPage(ctx context.Context, r *http.Request) (string, any, error) {
-	nodes, err := s.nodes(ctx, r.URL.Query().Get("namespace"))
-	return "Nodes", nodes, err
+	ns := r.URL.Query().Get("namespace")
+	if err := s.mayRead(ctx, ns, listNodes, listMachines); err != nil {
+		return "", nil, err
+	}
+	nodes, err := s.nodes(ctx, ns)
+	return "Nodes", nodesView{Nodes: nodes, Evacuate: s.mayDo(ctx, createMigrations, "")}, err
 }
 
 type poolsView struct {
 	Pools  []Pool
 	Claims []Claim
 	Bind   bindHistogram
+	// Scale has the namespaces whose pools the user may scale (when
+	// actions are on).
+	Scale map[string]bool
 }
 
 // bindHistogram is how long the bound claims shown took to bind
@@ -372,20 +497,37 @@ func bindHistogramOf(claims []Claim) bindHistogram {
 
 func (s *Server) poolsPage(ctx context.Context, r *http.Request) (string, any, error) {
 	ns := r.URL.Query().Get("namespace")
+	if err := s.mayRead(ctx, ns, listPools, listClaims); err != nil {
+		return "", nil, err
+	}
 	pools, err := s.pools(ctx, ns)
 	if err != nil {
 		return "", nil, err
 	}
 	claims, err := s.claims(ctx, ns)
-	return "Pools and claims", poolsView{Pools: pools, Claims: claims, Bind: bindHistogramOf(claims)}, err
+	v := poolsView{Pools: pools, Claims: claims, Bind: bindHistogramOf(claims), Scale: map[string]bool{}}
+	for _, p := range pools {
+		if _, seen := v.Scale[p.Namespace]; !seen {
+			v.Scale[p.Namespace] = s.mayDo(ctx, patchPoolScale, p.Namespace)
+		}
+	}
+	return "Pools and claims", v, err
 }
 
 func (s *Server) migrationsPage(ctx context.Context, r *http.Request) (string, any, error) {
-	migs, err := s.migrations(ctx, r.URL.Query().Get("namespace"))
+	ns := r.URL.Query().Get("namespace")
+	if err := s.mayRead(ctx, ns, listMigrations); err != nil {
+		return "", nil, err
+	}
+	migs, err := s.migrations(ctx, ns)
 	return "Migrations", migs, err
 }
 
 func (s *Server) policiesPage(ctx context.Context, r *http.Request) (string, any, error) {
-	ps, err := s.policies(ctx, r.URL.Query().Get("namespace"))
+	ns := r.URL.Query().Get("namespace")
+	if err := s.mayRead(ctx, ns, listPolicies); err != nil {
+		return "", nil, err
+	}
+	ps, err := s.policies(ctx, ns)
 	return "Network policies", ps, err
 }

@@ -1,6 +1,7 @@
-// Package ui is kairon-ui: a read-only web dashboard and JSON API over the
-// Kairon objects of one cluster, served from an informer cache, with pages
-// that update live through server-sent events.
+// Package ui is kairon-ui: a web dashboard and JSON API over the Kairon
+// objects of one cluster, served from an informer cache, with pages that
+// update live through server-sent events, and (with Options.AllowWrite)
+// actions made with the user's own identity: see auth.go.
 //
 // Every number about a MachineDisruptionBudget is computed by
 // rules.ComputeBudgetStates, the code kaironctl, evacuation and the
@@ -17,12 +18,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
@@ -32,14 +35,28 @@ type Options struct {
 	// SyncTimeout bounds how long Start waits for the first list of every
 	// kind; zero means one minute.
 	SyncTimeout time.Duration
+	// Auth is how requests are authenticated; "" is AuthKubeconfig.
+	Auth AuthMode
+	// AllowWrite turns the actions on (evacuate a node, migrate a Machine,
+	// scale a pool). Without it their endpoints answer 403 and no page
+	// shows them.
+	AllowWrite bool
 }
 
 // Server serves the dashboard and the JSON API from an informer cache.
 type Server struct {
-	cache cache.Cache
-	hub   *hub
-	mux   *http.ServeMux
-	opts  Options
+	cfg     *rest.Config
+	scheme  *runtime.Scheme
+	mapper  meta.RESTMapper
+	cache   cache.Cache
+	hub     *hub
+	mux     *http.ServeMux
+	opts    Options
+	reviews *reviews
+	// authed serves what needs a user: the API and the pages.
+	authed *http.ServeMux
+	// self is the kubeconfig identity requests act as with AuthKubeconfig.
+	self *user
 }
 
 // watched are the kinds the UI shows, by the name change notifications
@@ -75,14 +92,33 @@ func New(cfg *rest.Config, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := cache.New(cfg, cache.Options{Scheme: scheme})
+	httpClient, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	mapper, err := apiutil.NewDynamicRESTMapper(cfg, httpClient)
+	if err != nil {
+		return nil, err
+	}
+	c, err := cache.New(cfg, cache.Options{Scheme: scheme, Mapper: mapper, HTTPClient: httpClient})
 	if err != nil {
 		return nil, fmt.Errorf("creating the informer cache: %w", err)
 	}
 	if opts.SyncTimeout == 0 {
 		opts.SyncTimeout = time.Minute
 	}
-	s := &Server{cache: c, hub: newHub(), mux: http.NewServeMux(), opts: opts}
+	switch opts.Auth {
+	case "":
+		opts.Auth = AuthKubeconfig
+	case AuthKubeconfig, AuthToken:
+	default:
+		return nil, fmt.Errorf("unknown auth mode %q: use %s or %s", opts.Auth, AuthKubeconfig, AuthToken)
+	}
+	s := &Server{
+		cfg: cfg, scheme: scheme, mapper: mapper, cache: c, hub: newHub(), mux: http.NewServeMux(), opts: opts,
+		reviews: &reviews{m: map[string]reviewAnswer{}},
+		self:    &user{cfg: rest.CopyConfig(cfg), key: "", trusted: true},
+	}
 	s.routes()
 	return s, nil
 }
@@ -116,6 +152,12 @@ func (s *Server) Start(ctx context.Context) error {
 		}
 		return errors.New("the informer cache did not list every kind within " + s.opts.SyncTimeout.String() + ": can this identity list and watch Kairon's kinds, nodes and events.k8s.io events?")
 	}
+	if s.opts.Auth == AuthKubeconfig {
+		// Shown on the pages, so it is clear whose rights they use.
+		if name, err := s.whoami(ctx, s.self); err == nil {
+			s.self.name = name
+		}
+	}
 	return nil
 }
 
@@ -123,18 +165,27 @@ func (s *Server) Start(ctx context.Context) error {
 func (s *Server) Handler() http.Handler { return gzipped(s.mux) }
 
 func (s *Server) routes() {
-	s.mux.HandleFunc("GET /api/v1/disruption-budgets", s.apiBudgets)
-	s.mux.HandleFunc("GET /api/v1/nodes", s.apiNodes)
-	s.mux.HandleFunc("GET /api/v1/machines", s.apiMachines)
-	s.mux.HandleFunc("GET /api/v1/machine-pools", s.apiPools)
-	s.mux.HandleFunc("GET /api/v1/machine-claims", s.apiClaims)
-	s.mux.HandleFunc("GET /api/v1/migrations", s.apiMigrations)
-	s.mux.HandleFunc("GET /api/v1/network-policies", s.apiPolicies)
-	s.mux.HandleFunc("GET /api/v1/events", s.apiEvents)
-	s.mux.HandleFunc("GET /api/", func(w http.ResponseWriter, r *http.Request) {
+	// Open to all: the assets and the login page.
+	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(staticFS())))
+	s.mux.HandleFunc("GET /login", s.login)
+	s.mux.HandleFunc("POST /login", s.login)
+	s.mux.HandleFunc("POST /logout", s.logout)
+
+	// Everything else acts as the request's user.
+	s.authed = http.NewServeMux()
+	s.mux.Handle("/", s.authenticate(s.authed))
+	s.authed.HandleFunc("GET /api/v1/disruption-budgets", s.apiBudgets)
+	s.authed.HandleFunc("GET /api/v1/nodes", s.apiNodes)
+	s.authed.HandleFunc("GET /api/v1/machines", s.apiMachines)
+	s.authed.HandleFunc("GET /api/v1/machine-pools", s.apiPools)
+	s.authed.HandleFunc("GET /api/v1/machine-claims", s.apiClaims)
+	s.authed.HandleFunc("GET /api/v1/migrations", s.apiMigrations)
+	s.authed.HandleFunc("GET /api/v1/network-policies", s.apiPolicies)
+	s.authed.HandleFunc("GET /api/v1/events", s.apiEvents)
+	s.authed.HandleFunc("GET /api/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
 	})
-	s.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(staticFS())))
+	s.actionRoutes()
 	s.pageRoutes()
 }
 
