@@ -311,8 +311,8 @@ func TestExecForbiddenReachesNoGuest(t *testing.T) {
 			t.Errorf("kaironctl %s without machines/exec: %q exit %d, want 403", strings.Join(args, " "), stderr, code)
 		}
 	}
-	if n := untouched.Connections(); n != 0 {
-		t.Errorf("a refused exec reached the untouched guest: %d connections", n)
+	if n := untouched.Requests(); n != 0 {
+		t.Errorf("a refused exec reached the untouched guest: %d sessions", n)
 	}
 	if n := used.Requests() - before; n != 0 {
 		t.Errorf("refused requests reached the used guest: %d sessions", n)

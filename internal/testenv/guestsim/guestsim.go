@@ -8,6 +8,7 @@ package guestsim
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"io"
 	"net"
 	"os"
@@ -50,10 +51,12 @@ type Guest struct {
 	silent                 *atomic.Bool
 }
 
-// Connections is how many times the node connected to the guest agent.
+// Connections is how many times the node connected to the guest agent
+// (its pings of a Running Machine's agent count).
 func (g *Guest) Connections() int64 { return g.connections.Load() }
 
-// Requests is how many sessions the node asked the guest agent for.
+// Requests is how many sessions other than pings the node asked the guest
+// agent for.
 func (g *Guest) Requests() int64 { return g.requests.Load() }
 
 // New wraps b; sockets live in a short directory removed with t.
@@ -171,10 +174,14 @@ func (c countingConn) Read(p []byte) (int, error) {
 }
 
 // frameCounter follows the frame boundaries of a byte stream (12-byte
-// headers, big-endian length at 8..12) and counts Request frames.
+// headers, big-endian length at 8..12) and counts the Request frames of
+// sessions other than pings (the node pings every Running Machine's agent
+// each tick; what tests count is what a user asked for).
 type frameCounter struct {
 	header  []byte
 	payload uint32
+	request []byte // the payload of the Request frame being read
+	inReq   bool
 }
 
 func newFrameCounter() *frameCounter { return &frameCounter{} }
@@ -183,8 +190,14 @@ func (f *frameCounter) feed(p []byte, requests *atomic.Int64) {
 	for len(p) > 0 {
 		if f.payload > 0 {
 			k := min(uint32(len(p)), f.payload)
+			if f.inReq {
+				f.request = append(f.request, p[:k]...)
+			}
 			f.payload -= k
 			p = p[k:]
+			if f.payload == 0 && f.inReq {
+				f.countRequest(requests)
+			}
 			continue
 		}
 		need := 12 - len(f.header)
@@ -192,12 +205,23 @@ func (f *frameCounter) feed(p []byte, requests *atomic.Int64) {
 		f.header = append(f.header, p[:k]...)
 		p = p[k:]
 		if len(f.header) == 12 {
-			if wire.Type(f.header[3]) == wire.TypeRequest {
-				requests.Add(1)
-			}
+			f.inReq = wire.Type(f.header[3]) == wire.TypeRequest
+			f.request = f.request[:0]
 			f.payload = uint32(f.header[8])<<24 | uint32(f.header[9])<<16 | uint32(f.header[10])<<8 | uint32(f.header[11])
 			f.header = f.header[:0]
+			if f.payload == 0 && f.inReq {
+				f.countRequest(requests)
+			}
 		}
 	}
 }
 
+func (f *frameCounter) countRequest(requests *atomic.Int64) {
+	f.inReq = false
+	var req struct {
+		Op string `json:"op"`
+	}
+	if json.Unmarshal(f.request, &req) != nil || req.Op != wire.OpPing {
+		requests.Add(1)
+	}
+}
