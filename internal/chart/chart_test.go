@@ -230,6 +230,8 @@ func TestControllerRBAC(t *testing.T) {
 		{kaironGroup, "machinenetworkpolicies", []string{"get", "list", "watch", "create", "patch", "delete"}},
 		{kaironGroup, "machinemigrations", []string{"get", "list", "watch"}},
 		{kaironGroup, "machinemigrations/status", []string{"patch"}},
+		{kaironGroup, "migrationpolicies", []string{"get", "list", "watch"}},
+		{"", "namespaces", []string{"get", "list", "watch"}},
 		// patch: the controller owns the Nodes' migration-endpoint annotation.
 		{"", "nodes", []string{"get", "list", "watch", "patch"}},
 		{kaironGroup, "machines", []string{"place"}},
@@ -254,6 +256,8 @@ func TestControllerRBAC(t *testing.T) {
 		{kaironGroup, "machinemigrations", "delete"},
 		{kaironGroup, "machinedisruptionbudgets", "update"},
 		{kaironGroup, "machinequotas", "delete"},
+		{kaironGroup, "migrationpolicies", "update"},
+		{"", "namespaces", "update"},
 		{"", "nodes", "update"},
 		{"", "nodes", "delete"},
 		{"", "secrets", "get"},

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -30,7 +31,11 @@ import (
 const DefaultMigrationTimeout = 5 * time.Minute
 
 // MachineMigrationReconciler drives a MachineMigration's phase. It picks
-// the target and starts the migration (phase Running); the node agents of
+// the target and the MigrationPolicy (rules.SelectMigrationPolicy), waits
+// Pending (reason ParallelLimitReached) while the policy's
+// maxParallelMigrations or maxParallelOutboundPerNode are taken by Running
+// migrations, then starts the migration (phase Running) with the policy's
+// values in status.migrationPolicy, which the source agent applies; the node agents of
 // the source and target move the VM and switch the Machine's
 // spec.nodeName (internal/node/migration.go); it then sees the Machine
 // Running on the target and marks the migration Succeeded, or Failed on a
@@ -45,6 +50,9 @@ type MachineMigrationReconciler struct {
 	Timeout  time.Duration
 
 	ended migrationEnds
+	// started are the migrations this reconciler set Running that the
+	// cache may still show Pending, counted against the parallel limits.
+	started startedMigrations
 }
 
 // SetupWithManager registers the reconciler with mgr.
@@ -58,7 +66,27 @@ func (r *MachineMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&kaironv1.MachineMigration{}).
 		// The Machine moving or becoming Running ends a migration.
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.migrationsOf)).
+		// A migration that ends (or is deleted) frees a parallel slot.
+		Watches(&kaironv1.MachineMigration{}, handler.EnqueueRequestsFromMapFunc(r.waitingForSlot)).
 		Complete(r)
+}
+
+// waitingForSlot maps any migration to the Pending ones that wait for a
+// MigrationPolicy's parallel limit, in any namespace.
+func (r *MachineMigrationReconciler) waitingForSlot(ctx context.Context, o client.Object) []reconcile.Request {
+	var list kaironv1.MachineMigrationList
+	if err := r.Client.List(ctx, &list); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range list.Items {
+		mig := &list.Items[i]
+		if mig.Status.Reason == kaironv1.MigrationReasonParallelLimitReached && !mig.Status.Phase.IsTerminal() &&
+			mig.Status.Phase != kaironv1.MigrationRunning && mig.UID != o.GetUID() {
+			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: mig.Namespace, Name: mig.Name}})
+		}
+	}
+	return out
 }
 
 // migrationsOf maps a Machine to its in-flight migrations.
@@ -103,6 +131,9 @@ func (r *MachineMigrationReconciler) Reconcile(ctx context.Context, req reconcil
 				return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 			}
 			return reconcile.Result{}, err
+		}
+		if desired.Status.Phase == kaironv1.MigrationRunning && mig.Status.Phase != kaironv1.MigrationRunning {
+			r.started.add(desired)
 		}
 		if desired.Status.Phase != mig.Status.Phase {
 			kind := corev1.EventTypeNormal
@@ -154,6 +185,22 @@ func (r *MachineMigrationReconciler) start(ctx context.Context, mig *kaironv1.Ma
 		failMigration(mig, kaironv1.MigrationReasonAlreadyMigrating, rules.ConflictingMigrationMessage(machine.Name, other))
 		return nil
 	}
+	policy, err := r.migrationPolicy(ctx, machine)
+	if err != nil {
+		return err
+	}
+	if policy != nil {
+		running, err := r.runningMigrations(ctx)
+		if err != nil {
+			return err
+		}
+		if why := rules.MigrationParallelLimit(policy, machine.Spec.NodeName, running); why != "" {
+			mig.Status.Phase = kaironv1.MigrationPending
+			mig.Status.Reason = kaironv1.MigrationReasonParallelLimitReached
+			mig.Status.Message = why
+			return nil
+		}
+	}
 	target, why, err := r.pickTarget(ctx, mig, machine)
 	if err != nil {
 		return err
@@ -175,6 +222,10 @@ func (r *MachineMigrationReconciler) start(ctx context.Context, mig *kaironv1.Ma
 		strategy = kaironv1.MigrationCold
 	}
 	mig.Status.Message = fmt.Sprintf("moving machine %s from node %s to node %s (%s)", machine.Name, machine.Spec.NodeName, target, strategy)
+	if policy != nil {
+		mig.Status.Message += " under MigrationPolicy " + policy.Name
+	}
+	mig.Status.MigrationPolicy = rules.ApplyMigrationPolicy(policy, machine)
 	mig.Status.SourceNode = machine.Spec.NodeName
 	mig.Status.TargetNode = target
 	mig.Status.StartTime = &now
@@ -242,7 +293,8 @@ func (r *MachineMigrationReconciler) watchRunning(mig *kaironv1.MachineMigration
 	if mig.Status.StartTime != nil {
 		started = mig.Status.StartTime.Time
 	}
-	left := time.Until(started.Add(r.Timeout))
+	timeout := r.timeoutOf(mig)
+	left := time.Until(started.Add(timeout))
 	// ObservedGeneration == Generation means the status was written after
 	// the switch of spec.nodeName, by the target's agent. The source's
 	// state-saved annotation is its side of the hand-over (for a live
@@ -264,10 +316,101 @@ func (r *MachineMigrationReconciler) watchRunning(mig *kaironv1.MachineMigration
 		return reconcile.Result{}
 	}
 	if left <= 0 {
-		failMigration(mig, kaironv1.MigrationReasonTimeout, fmt.Sprintf("the migration did not finish within %s", r.Timeout))
+		failMigration(mig, kaironv1.MigrationReasonTimeout, fmt.Sprintf("the migration did not finish within %s", timeout))
 		return reconcile.Result{}
 	}
 	return reconcile.Result{RequeueAfter: min(left, r.Interval)}
+}
+
+// timeoutOf is how long mig may stay Running: the reconciler's Timeout, or
+// longer when its MigrationPolicy gives the live stream a longer
+// completion timeout (the source agent cancels it then, with its reason;
+// this is the minute after, for an agent that could not).
+func (r *MachineMigrationReconciler) timeoutOf(mig *kaironv1.MachineMigration) time.Duration {
+	p := mig.Status.MigrationPolicy
+	if p == nil || p.CompletionTimeoutSeconds == nil {
+		return r.Timeout
+	}
+	return max(r.Timeout, time.Duration(*p.CompletionTimeoutSeconds)*time.Second+time.Minute)
+}
+
+// migrationPolicy is the MigrationPolicy that governs machine's
+// migrations (rules.SelectMigrationPolicy), or nil.
+func (r *MachineMigrationReconciler) migrationPolicy(ctx context.Context, machine *kaironv1.Machine) (*kaironv1.MigrationPolicy, error) {
+	var policies kaironv1.MigrationPolicyList
+	if err := r.Client.List(ctx, &policies); err != nil {
+		return nil, fmt.Errorf("listing migration policies: %w", err)
+	}
+	if len(policies.Items) == 0 {
+		return nil, nil
+	}
+	ns := &corev1.Namespace{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: machine.Namespace}, ns); err != nil {
+		return nil, fmt.Errorf("reading namespace %s for its labels: %w", machine.Namespace, err)
+	}
+	return rules.SelectMigrationPolicy(policies.Items, machine.Labels, ns.Labels), nil
+}
+
+// runningMigrations are the migrations Running in the cluster: those the
+// cache shows Running, and those this reconciler set Running that it
+// still shows Pending.
+func (r *MachineMigrationReconciler) runningMigrations(ctx context.Context) ([]*kaironv1.MachineMigration, error) {
+	var list kaironv1.MachineMigrationList
+	if err := r.Client.List(ctx, &list); err != nil {
+		return nil, fmt.Errorf("listing machine migrations: %w", err)
+	}
+	return r.started.running(list.Items, time.Now()), nil
+}
+
+// startedMigrations remembers the migrations a reconciler set Running
+// until its cache shows them so (or assumeTTL passed), as the scheduler's
+// assumed bindings: a reconcile right after a start must count it.
+type startedMigrations struct {
+	mu   sync.Mutex
+	byID map[types.UID]startedMigration
+}
+
+type startedMigration struct {
+	mig *kaironv1.MachineMigration
+	at  time.Time
+}
+
+func (s *startedMigrations) add(mig *kaironv1.MachineMigration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.byID == nil {
+		s.byID = map[types.UID]startedMigration{}
+	}
+	s.byID[mig.UID] = startedMigration{mig: mig.DeepCopy(), at: time.Now()}
+}
+
+// running is the Running migrations among cached, with the started ones
+// the cache does not show Running yet; it forgets those it shows moved on.
+func (s *startedMigrations) running(cached []kaironv1.MachineMigration, now time.Time) []*kaironv1.MachineMigration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for uid, started := range s.byID {
+		if now.Sub(started.at) > assumeTTL { // also one deleted meanwhile
+			delete(s.byID, uid)
+		}
+	}
+	var out []*kaironv1.MachineMigration
+	for i := range cached {
+		mig := &cached[i]
+		started, ok := s.byID[mig.UID]
+		switch {
+		case mig.Status.Phase == kaironv1.MigrationRunning:
+			out = append(out, mig)
+			delete(s.byID, mig.UID)
+		case mig.Status.Phase.IsTerminal():
+			delete(s.byID, mig.UID)
+		case ok:
+			out = append(out, started.mig)
+		default:
+			delete(s.byID, mig.UID)
+		}
+	}
+	return out
 }
 
 // downtimeMillis is how long the guest did not run: as the source's

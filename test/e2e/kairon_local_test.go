@@ -19,14 +19,14 @@ import (
 )
 
 // What `make up` runs: kairon-local with the control plane, kairon-controller
-// and a QEMU-backed agent. Its kubeconfig lists the eight CRDs, and a Machine
+// and a QEMU-backed agent. Its kubeconfig lists the nine CRDs, and a Machine
 // applied with kubectl boots a real VM that answers on its address. The
 // agent's network lives in a namespace the test creates.
 func TestKaironLocalRunsRealVMs(t *testing.T) {
 	c := startKaironLocal(t, 1)
 	crds := c.kubectl("", "get", "crd", "-o", "name")
 	for _, plural := range []string{"machines", "machinesets", "machinepools", "machineclaims",
-		"machinedisruptionbudgets", "machinemigrations", "machinenetworkpolicies", "machinequotas"} {
+		"machinedisruptionbudgets", "machinemigrations", "machinenetworkpolicies", "machinequotas", "migrationpolicies"} {
 		if !strings.Contains(crds, "customresourcedefinition.apiextensions.k8s.io/"+plural+".kairon.zyvor.dev\n") {
 			t.Errorf("CRD %s.kairon.zyvor.dev missing:\n%s", plural, crds)
 		}
