@@ -96,6 +96,39 @@ const (
 	PoolReasonWarmMachinesNotReady = "WarmMachinesNotReady"
 )
 
+// ConditionSnapshotReady is on a MachinePool with spec.warmFrom Snapshot:
+// true once the template Machine of the current spec.template is saved
+// (status.snapshot) and new members are restored from it.
+const ConditionSnapshotReady ConditionType = "SnapshotReady"
+
+// Reasons of a MachinePool's SnapshotReady condition.
+const (
+	// SnapshotReasonTemplateBooting: the template Machine is being created,
+	// scheduled or booted; members boot meanwhile.
+	SnapshotReasonTemplateBooting = "TemplateBooting"
+	// SnapshotReasonSaving: the template runs and its node was asked to
+	// save it.
+	SnapshotReasonSaving = "Saving"
+	// SnapshotReasonSaved: status.snapshot is the current template's.
+	SnapshotReasonSaved = "Saved"
+	// SnapshotReasonFailed: the template Machine failed (it is replaced) or
+	// its node could not save it; members boot meanwhile.
+	SnapshotReasonFailed = "SnapshotFailed"
+)
+
+// Reasons of a Machine's Ready condition for a pool's template Machine and
+// its clones.
+const (
+	// MachineReasonSnapshotSaved: the template Machine's VM was saved for
+	// its pool's clones and stopped; it is not booted again.
+	MachineReasonSnapshotSaved = "SnapshotSaved"
+	// MachineReasonSnapshotFailed: the node could not save the template.
+	MachineReasonSnapshotFailed = "SnapshotFailed"
+	// MachineReasonRestoredClone: the guest was restored from its pool's
+	// snapshot and given its own identity.
+	MachineReasonRestoredClone = "RestoredClone"
+)
+
 // Reasons of the MachineClaim Ready condition.
 const (
 	ClaimReasonBound                 = "Bound"

@@ -24,6 +24,49 @@ type MachinePoolSpec struct {
 	// +kubebuilder:default=Running
 	// +optional
 	Readiness MachinePoolReadiness `json:"readiness,omitempty"`
+
+	// WarmFrom is how new members come up: Boot (the default: each one
+	// boots its kernel) or Snapshot (the pool boots one template Machine
+	// from spec.template, its node saves it once, and members are restored
+	// from that saved state, each given its own address, MAC, hostname,
+	// RNG seed and boot nonce before it reports Running). Snapshot members
+	// are created on the template's node. Until the snapshot exists,
+	// members boot. See docs/guides/machinepool.md.
+	// +kubebuilder:default=Boot
+	// +optional
+	WarmFrom MachinePoolWarmFrom `json:"warmFrom,omitempty"`
+}
+
+// MachinePoolWarmFrom is how a pool's new members come up.
+// +kubebuilder:validation:Enum=Boot;Snapshot
+type MachinePoolWarmFrom string
+
+const (
+	// WarmFromBoot: every member boots.
+	WarmFromBoot MachinePoolWarmFrom = "Boot"
+	// WarmFromSnapshot: members are clones of a saved template Machine.
+	WarmFromSnapshot MachinePoolWarmFrom = "Snapshot"
+)
+
+// MachinePoolSnapshot is the saved template a pool with warmFrom Snapshot
+// restores its members from.
+type MachinePoolSnapshot struct {
+	// Machine is the template Machine that was saved (in the pool's
+	// namespace, labelled kairon.zyvor.dev/machinepool-template).
+	Machine string `json:"machine"`
+	// NodeName is the node holding the saved state; clones run there.
+	NodeName string `json:"nodeName"`
+	// Path is the saved state's file on that node.
+	Path string `json:"path"`
+	// TemplateHash is the hash of spec.template the template Machine was
+	// built from (its kairon.zyvor.dev/machinepool-template-hash).
+	TemplateHash string `json:"templateHash"`
+	// TakenAt is when the node finished saving it.
+	// +optional
+	TakenAt *metav1.Time `json:"takenAt,omitempty"`
+	// SizeBytes is the saved state's size.
+	// +optional
+	SizeBytes int64 `json:"sizeBytes,omitempty"`
 }
 
 // MachinePoolReadiness is when a pool's warm member counts as ready.
@@ -63,6 +106,11 @@ type MachinePoolStatus struct {
 	// for the scale subresource and HPA. Claimed members are not selected.
 	// +optional
 	Selector string `json:"selector,omitempty"`
+	// Snapshot is the saved template members are restored from, with
+	// spec.warmFrom Snapshot, once its node saved it; the SnapshotReady
+	// condition says where it is on its way.
+	// +optional
+	Snapshot *MachinePoolSnapshot `json:"snapshot,omitempty"`
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// +optional

@@ -36,6 +36,13 @@ func (sys System) Configure(c *wire.Configure) error {
 			_ = os.WriteFile("/etc/hostname", []byte(c.Hostname+"\n"), 0o644)
 		}
 	}
+	if c.MAC != "" {
+		// virtio-net changes it live (and tells the device, so the device
+		// filters on the new one).
+		if err := ip("link", "set", "dev", ifname, "address", c.MAC); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if len(c.Addresses) > 0 {
 		cmds := [][]string{{"addr", "flush", "dev", ifname}}
 		for _, a := range c.Addresses {

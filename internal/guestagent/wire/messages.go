@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"path"
 	"strings"
@@ -94,6 +95,10 @@ type File struct {
 // clone of a saved guest needs to become a new Machine.
 type Configure struct {
 	Hostname string `json:"hostname,omitempty"`
+	// MAC is the interface's new hardware address (aa:bb:cc:dd:ee:ff): a
+	// clone's NIC still has the saved guest's, which its node's tap does
+	// not let through.
+	MAC string `json:"mac,omitempty"`
 	// Addresses are the interface's addresses, in CIDR form.
 	Addresses []string `json:"addresses,omitempty"`
 	Gateway   string   `json:"gateway,omitempty"`
@@ -361,6 +366,11 @@ func (c *Configure) Validate() error {
 		return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-')
 	}) {
 		return fmt.Errorf("wire: configure.hostname %q: a DNS label (lowercase letters, digits, '-'), at most %d", clip(c.Hostname), MaxHostnameLen)
+	}
+	if c.MAC != "" {
+		if hw, err := net.ParseMAC(c.MAC); err != nil || len(hw) != 6 || hw[0]&1 != 0 {
+			return fmt.Errorf("wire: configure.mac %q: want a unicast Ethernet address (aa:bb:cc:dd:ee:ff)", clip(c.MAC))
+		}
 	}
 	if len(c.Addresses) > MaxAddresses {
 		return fmt.Errorf("wire: configure.addresses: at most %d", MaxAddresses)
