@@ -196,6 +196,19 @@ var kinds = []*Kind{
 		}),
 	},
 	{
+		Resource: "migrationpolicies", Singular: "migrationpolicy", Aliases: []string{"mpol"},
+		GVR: kaironGVR("migrationpolicies"), GoKind: "MigrationPolicy",
+		Columns: cols("NAME", "BANDWIDTH", "COMPLETION-S-PER-GIB", "PROGRESS-S", "AUTO-CONVERGE", "MAX-PARALLEL", "MAX-PER-NODE", "SELECTORS*", "AGE"),
+		Row: rowOf(func(p *kaironv1.MigrationPolicy, rc *RowContext) []string {
+			return []string{
+				p.Name, quantity(p.Spec.BandwidthPerMigration), ptrInt64(p.Spec.CompletionTimeoutPerGiB), ptrInt64(p.Spec.ProgressTimeout),
+				ptrBool(p.Spec.AllowAutoConverge), ptrInt32(p.Spec.MaxParallelMigrations), ptrInt32(p.Spec.MaxParallelOutboundPerNode),
+				policySelectors(p), age(p.CreationTimestamp, rc.Now),
+			}
+		}),
+		Describe: describeMigrationPolicy,
+	},
+	{
 		Resource: "machinenetworkpolicies", Singular: "machinenetworkpolicy", Aliases: []string{"mnp"},
 		GVR: kaironGVR("machinenetworkpolicies"), GoKind: "MachineNetworkPolicy", Namespaced: true,
 		Columns: cols("NAME", "MACHINE", "MACHINES", "SELECTOR*", "AGE"),
@@ -340,6 +353,20 @@ func ptrInt32(v *int32) string {
 		return "-"
 	}
 	return itoa(int64(*v))
+}
+
+func ptrInt64(v *int64) string {
+	if v == nil {
+		return "-"
+	}
+	return itoa(*v)
+}
+
+func ptrBool(v *bool) string {
+	if v == nil {
+		return "-"
+	}
+	return strconv.FormatBool(*v)
 }
 
 func quantity(q *resource.Quantity) string {

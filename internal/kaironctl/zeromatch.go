@@ -7,8 +7,8 @@ import (
 )
 
 // machineMatch is which Machines a describe exception (describe budget,
-// describe quota, and the ones to come for snapshot schedules and migration
-// policies) lists after the object's JSON.
+// describe quota, describe migrationpolicy, and the one to come for
+// snapshot schedules) lists after the object's JSON.
 type machineMatch struct {
 	// Kind and Name are the described object as the user calls it, e.g.
 	// "budget" and "web-tier".
@@ -30,6 +30,7 @@ type machineMatch struct {
 //
 //	No Machines match budget web-tier (selector tier=web, in any namespace); check with: kaironctl get machines -A -l tier=web
 //	No Machines match quota team (every Machine, in namespace team-a); check with: kaironctl get machines -n team-a
+//	No Machines match migrationpolicy slow (selector app=db, in any namespace whose labels match team=a); check with: kaironctl get machines -A -l app=db and kubectl get namespaces -l team=a
 func zeroMatchHint(m machineMatch) string {
 	which, where := "every Machine", "in any namespace"
 	check := []string{"kaironctl", "get", "machines"}
