@@ -45,7 +45,9 @@ func TestEveryExampleIsAccepted(t *testing.T) {
 		}
 		for _, doc := range strings.Split(string(data), "\n---\n") {
 			u := object(t, doc)
-			u.SetNamespace(ns)
+			if u.GetKind() != "MigrationPolicy" { // cluster-scoped
+				u.SetNamespace(ns)
+			}
 			if err := env.Client.Create(context.Background(), u); err != nil {
 				t.Errorf("%s: %s %q refused: %v", file, u.GetKind(), u.GetName(), err)
 			}
@@ -53,7 +55,7 @@ func TestEveryExampleIsAccepted(t *testing.T) {
 		}
 	}
 	for _, kind := range []string{"Machine", "MachineSet", "MachinePool", "MachineClaim",
-		"MachineDisruptionBudget", "MachineMigration", "MachineNetworkPolicy", "MachineQuota"} {
+		"MachineDisruptionBudget", "MachineMigration", "MachineNetworkPolicy", "MachineQuota", "MigrationPolicy"} {
 		if !kinds[kind] {
 			t.Errorf("examples/ has no %s", kind)
 		}
