@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,9 +18,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/rules"
 	"github.com/zyvor/kairon/internal/testenv"
+	"github.com/zyvor/kairon/internal/ui"
 )
 
 // Environment variables of the browser tests.
@@ -129,15 +133,21 @@ func (b *browser) do(t *testing.T, what string, actions ...chromedp.Action[chrom
 	}
 }
 
+// text waits for sel and returns its text. It is read in one JavaScript
+// evaluation: a live update may replace the element between a query and a
+// separate read, which then reads a detached node's nothing.
 func (b *browser) text(t *testing.T, sel string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
 	defer cancel()
-	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+	type found struct {
+		Text string `json:"text"`
+	}
+	f, err := chromedp.Run(ctx, chromedp.Poll[found](fmt.Sprintf(`(() => { const e = document.querySelector(%q); return e ? {text: e.innerText} : null; })()`, sel)))
 	if err != nil {
 		t.Fatalf("reading %s: %v", sel, err)
 	}
-	return strings.TrimSpace(s)
+	return strings.TrimSpace(f.Text)
 }
 
 func (b *browser) eval(t *testing.T, expr string) bool {
@@ -167,6 +177,13 @@ func (b *browser) open(t *testing.T, url, shot string) {
 	t.Helper()
 	b.do(t, "loading "+url, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS("#live")))
 	b.waitFor(t, url+" to connect its event stream", `document.body.dataset.live === "connected"`)
+	b.screenshot(t, shot)
+}
+
+// screenshot saves the page as it is now in $KAIRON_UI_SCREENSHOTS (or the
+// test's temporary directory) as shot.png.
+func (b *browser) screenshot(t *testing.T, shot string) {
+	t.Helper()
 	dir := os.Getenv(screenshotsEnv)
 	if dir == "" {
 		dir = t.TempDir()
@@ -175,7 +192,7 @@ func (b *browser) open(t *testing.T, url, shot string) {
 	defer cancel()
 	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	if err != nil {
-		t.Fatalf("screenshot of %s: %v", url, err)
+		t.Fatalf("screenshot %s: %v", shot, err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, shot+".png"), png, 0o644); err != nil {
 		t.Fatal(err)
@@ -270,5 +287,91 @@ func TestBrowser(t *testing.T) {
 	}
 	if errs := b.consoleErrors(); len(errs) > 0 {
 		t.Errorf("the pages logged errors:\n%s", strings.Join(errs, "\n"))
+	}
+}
+
+// TestBrowserEvacuate signs in at the login page with a ServiceAccount's
+// token (kairon-ui with --auth token --allow-write), evacuates a node from
+// the Nodes page, and checks that the MachineMigrations created are the
+// ones the budget allows and that the page lists the Machines it held back,
+// with the budget's reason. Without --allow-write the page has no action.
+func TestBrowserEvacuate(t *testing.T) {
+	env := testenv.Get(t)
+	b := newBrowser(t)
+	url := startUIWith(t, env.Config, ui.Options{Auth: ui.AuthToken, AllowWrite: true})
+	ns := env.Namespace(t)
+	node := "ui-evac-" + ns[len(ns)-5:]
+	kaironNode(t, env, node, true)
+	sel := map[string]string{"ui-evacuate": ns}
+	for i := 1; i <= 5; i++ {
+		machine(t, env, ns, fmt.Sprintf("web-%d", i), node, kaironv1.MachineRunning, sel)
+	}
+	// 5 healthy, 3 must stay: 2 may go.
+	budget(t, env, ns, "web", sel, ptr.To(intstr.FromInt32(3)), nil)
+	operator := serviceAccount(t, env, ns, "operator")
+	grantCluster(t, env, ns, "operator", operatorRules)
+
+	// Without a token the Nodes page sends the browser to the login page.
+	b.do(t, "loading the Nodes page", chromedp.Navigate(url+"/nodes"), chromedp.WaitVisible(chromedp.CSS("#token")))
+	b.screenshot(t, "login")
+	b.do(t, "signing in", chromedp.SetValue(chromedp.CSS("#token"), operator), chromedp.Click(chromedp.CSS(`form.login button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS("table#nodes")))
+	row := fmt.Sprintf(`tr[data-name=%q]`, node)
+	b.waitFor(t, "the Nodes page as the operator, with the node's 5 Machines", fmt.Sprintf(
+		`location.pathname === "/nodes" && document.querySelector(%q)?.children[5]?.textContent === "5"`, row))
+	b.waitFor(t, "the event stream", `document.body.dataset.live === "connected"`)
+	if who := b.text(t, "#user"); who != "system:serviceaccount:"+ns+":operator" {
+		t.Errorf("signed in as %q", who)
+	}
+
+	// Evacuate: open the panel, press the button.
+	panel := "#evacuate-" + node
+	b.do(t, "evacuating "+node,
+		chromedp.Click(chromedp.CSS(panel+" summary")),
+		chromedp.WaitVisible(chromedp.CSS(panel+` button[type="submit"]`)),
+		chromedp.Click(chromedp.CSS(panel+` button[type="submit"]`)))
+	b.waitFor(t, "the evacuation's result", `document.getElementById("action-result").className === "done"`)
+	b.screenshot(t, "nodes-evacuated")
+
+	var migs kaironv1.MachineMigrationList
+	if err := env.Client.List(context.Background(), &migs, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	var moved []string
+	for _, m := range migs.Items {
+		if m.Labels[kaironv1.LabelEvacuatedNode] != node {
+			t.Errorf("migration %s lacks the evacuated-node label: %v", m.Name, m.Labels)
+		}
+		moved = append(moved, m.Spec.MachineName)
+	}
+	if len(moved) != 2 {
+		t.Fatalf("the evacuation created migrations for %v, want 2 (the budget allows 2 of 5)", moved)
+	}
+	created := b.text(t, "#action-result ul.created")
+	for _, m := range moved {
+		if !strings.Contains(created, ns+"/"+m) {
+			t.Errorf("the page's created list %q lacks %s", created, m)
+		}
+	}
+	if n := b.eval(t, `document.querySelectorAll("#action-result ul.skipped li").length === 3`); !n {
+		t.Errorf("the page lists skipped: %q, want 3 Machines", b.text(t, "#action-result"))
+	}
+	skipped := b.text(t, "#action-result ul.skipped")
+	for i := 1; i <= 5; i++ {
+		name := fmt.Sprintf("web-%d", i)
+		if !slices.Contains(moved, name) && !strings.Contains(skipped, ns+"/"+name+": budget "+ns+"/web allows no more disruptions") {
+			t.Errorf("the page's skipped list %q lacks %s held back by budget %s/web", skipped, name, ns)
+		}
+	}
+	if errs := b.consoleErrors(); len(errs) > 0 {
+		t.Errorf("the pages logged errors:\n%s", strings.Join(errs, "\n"))
+	}
+
+	// Without --allow-write, the same page has no action.
+	readOnly := startUIWith(t, env.Config, ui.Options{})
+	b.open(t, readOnly+"/nodes", "nodes-read-only")
+	b.waitFor(t, "the node on the read-only Nodes page", fmt.Sprintf(`document.querySelector(%q) !== null`, row))
+	if b.eval(t, `document.querySelector("details.action, form[data-action]") !== null`) {
+		t.Error("the Nodes page without --allow-write shows an action")
 	}
 }
