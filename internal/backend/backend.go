@@ -103,6 +103,17 @@ type Backend interface {
 	ConsoleLog(id string) string
 }
 
+// Cloner is implemented by backends that start a VM as a clone of another
+// one's saved state (a MachinePool with spec.warmFrom Snapshot).
+type Cloner interface {
+	// RestoreClone starts spec from path, a state Save wrote of another
+	// VM with the same shape, and gives the guest spec's identity before
+	// it counts as ready: hostname (from spec.Name), spec.Network's
+	// address, gateway and MAC, a fresh seed for its RNG and a new boot
+	// nonce, which the instance is Running only once the guest reports.
+	RestoreClone(ctx context.Context, spec Spec, path string) (Instance, error)
+}
+
 // LiveOptions shape one outgoing live migration: the values of the
 // MigrationPolicy it runs under (a MachineMigration's
 // status.migrationPolicy). The zero value is the backend's defaults.

@@ -296,9 +296,9 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return backend.Instance{}, err
 	}
-	m := meta{Spec: spec, Acceleration: b.accel, StartedAt: time.Now(), RestoredFrom: origin, RestoredReady: hdr.Ready,
-		AgentPort: in == nil || hdr.AgentPort, BootNonce: hdr.BootNonce}
-	if in == nil {
+	m := meta{Spec: spec, Acceleration: b.accel, StartedAt: time.Now(), RestoredFrom: origin, RestoredReady: hdr.Ready && !hdr.clone,
+		AgentPort: in == nil || hdr.AgentPort, BootNonce: hdr.BootNonce, Clone: hdr.clone}
+	if in == nil || hdr.clone {
 		m.BootNonce = newBootNonce()
 	}
 	if err := writeJSON(filepath.Join(dir, specFile), m); err != nil {
@@ -336,7 +336,12 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 		if err := b.finishRestore(ctx, dir, p); err != nil {
 			return backend.Instance{}, err
 		}
-		if hdr.Ready {
+		if hdr.clone {
+			// Its own identity and nonce before anything counts it ready.
+			if err := b.configureClone(ctx, spec, m.BootNonce); err != nil {
+				return backend.Instance{}, err
+			}
+		} else if hdr.Ready {
 			_ = writeJSON(filepath.Join(dir, readyFile), readyRecord{ReadyAfter: time.Since(m.StartedAt), At: time.Now()})
 		}
 	}

@@ -127,6 +127,10 @@ type saveHeader struct {
 	// BootNonce is the saved guest's boot nonce (meta.BootNonce): its
 	// agent keeps reporting it after a restore.
 	BootNonce string `json:"bootNonce,omitempty"`
+
+	// clone, never written: RestoreClone loads this state as another
+	// Machine, which gets its own identity and boot nonce (clone.go).
+	clone bool
 }
 
 // compatible tells whether spec has the shape the saved VM had; QEMU can only

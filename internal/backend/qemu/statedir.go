@@ -86,6 +86,9 @@ type meta struct {
 	// agent reports it ready with this nonce. A restored or migrated VM
 	// keeps the saved guest's.
 	BootNonce string `json:"bootNonce,omitempty"`
+	// Clone: restored from another VM's saved state by RestoreClone, with
+	// a new BootNonce the guest got through its agent's configure.
+	Clone bool `json:"clone,omitempty"`
 }
 
 // readyRecord is ready.json.

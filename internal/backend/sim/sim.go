@@ -357,3 +357,11 @@ func (b *Backend) save(id string, r record) error {
 	}
 	return os.Rename(p+".tmp", p)
 }
+
+var _ backend.Cloner = (*Backend)(nil)
+
+// RestoreClone implements backend.Cloner. A hollow instance has no guest
+// to give an identity: it is Restore under the clone's spec.
+func (b *Backend) RestoreClone(ctx context.Context, spec backend.Spec, path string) (backend.Instance, error) {
+	return b.Restore(ctx, spec, path)
+}
