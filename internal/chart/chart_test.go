@@ -100,6 +100,7 @@ func TestLint(t *testing.T) {
 			"alerts.enabled=true",
 		}), "--set-string", "webhook.caBundle="+ca),
 		"no node agent": setArgs([]string{"node.enabled=false"}),
+		"kairon-ui":     setArgs([]string{"ui.enabled=true", "ui.allowWrite=true"}),
 	} {
 		t.Run(name, func(t *testing.T) {
 			args := append([]string{"lint", "--strict", chartDir(t), "--namespace", testNamespace}, flags...)

@@ -170,6 +170,12 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /login", s.login)
 	s.mux.HandleFunc("POST /login", s.login)
 	s.mux.HandleFunc("POST /logout", s.logout)
+	// kairon-ui listens only once its cache is filled, so answering is
+	// being ready.
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
 
 	// Everything else acts as the request's user.
 	s.authed = http.NewServeMux()

@@ -31,6 +31,16 @@ to 50 characters so that "-controller" and friends still fit in 63.
 {{ include "kairon.fullname" . }}-node
 {{- end }}
 
+{{- define "kairon.uiName" -}}
+{{ include "kairon.fullname" . }}-ui
+{{- end }}
+
+{{- define "kairon.uiSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "kairon.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: ui
+{{- end }}
+
 {{- define "kairon.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
@@ -111,6 +121,12 @@ every install, upgrade and template.
 {{- end }}
 {{- if not (has (toString .Values.webhook.failurePolicy) (list "Fail" "Ignore")) }}
 {{- fail (printf "webhook.failurePolicy=%q is not valid: use Fail or Ignore." (toString .Values.webhook.failurePolicy)) }}
+{{- end }}
+{{- end }}
+{{- if .Values.ui.enabled }}
+{{- $port := int .Values.ui.port }}
+{{- if or (lt $port 1) (gt $port 65535) }}
+{{- fail (printf "ui.port=%v is not a TCP port." .Values.ui.port) }}
 {{- end }}
 {{- end }}
 {{- if .Values.node.enabled }}
