@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"sync"
 
 	"github.com/zyvor/kairon/internal/controlplane"
@@ -26,7 +28,8 @@ type Component interface {
 }
 
 // components lists what runs on top of the control plane for these flags:
-// kairon-controller, then one agent per --nodes. It is decided before
+// kairon-controller, then one agent per --nodes, then kairon-ui (unless
+// --ui=false). It is decided before
 // anything starts, so a bad request fails in a second rather than after the
 // control plane came up.
 func components(f upFlags) ([]Component, error) {
@@ -41,6 +44,9 @@ func components(f upFlags) ([]Component, error) {
 	default:
 		return nil, fmt.Errorf("--backend %q: must be qemu or sim", f.node.backend)
 	}
+	if f.ui && (f.uiPort < 1 || f.uiPort > 65535) {
+		return nil, fmt.Errorf("--ui-port %d is not a TCP port", f.uiPort)
+	}
 	if f.nodes == 0 {
 		return nil, nil
 	}
@@ -51,6 +57,16 @@ func components(f upFlags) ([]Component, error) {
 	comps := []Component{controller}
 	for i := 1; i <= f.nodes; i++ {
 		comps = append(comps, nodeComponent(f.binDir, f.dataDir, i, f.node))
+	}
+	if f.ui {
+		// Listening on the port is kairon-ui's to do; taken now, say so
+		// before anything starts.
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(f.uiPort)))
+		if err != nil {
+			return nil, fmt.Errorf("--ui-port %d: %w; pick another port with --ui-port, or run without kairon-ui: --ui=false", f.uiPort, err)
+		}
+		ln.Close()
+		comps = append(comps, uiComponent(f.binDir, f.dataDir, f.uiPort, f.uiAllowWrite))
 	}
 	return comps, nil
 }

@@ -197,6 +197,37 @@ func nodeComponent(binDir, dataDir string, i int, o nodeOptions) Component {
 	}
 }
 
+// uiComponent runs kairon-ui as kairon-local's admin (the data dir's
+// kubeconfig), on 127.0.0.1:port only; it is ready when /healthz answers,
+// which it does once its cache holds every kind.
+func uiComponent(binDir, dataDir string, port int, allowWrite bool) Component {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	args := []string{"--kubeconfig", filepath.Join(dataDir, "kubeconfig"), "--auth", "kubeconfig", "--listen", addr}
+	if allowWrite {
+		args = append(args, "--allow-write")
+	}
+	return &process{
+		name: "kairon-ui",
+		bin:  filepath.Join(binDir, "kairon-ui"),
+		args: args,
+		ready: func(ctx context.Context, _ *controlplane.ControlPlane) error {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/healthz", nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("/healthz: %s", resp.Status)
+			}
+			return nil
+		},
+	}
+}
+
+// uiURL is where kairon-local's kairon-ui answers.
+func uiURL(port int) string { return "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
+
 // egressProxyBase is node-1's DNS proxy port; its SNI proxy has the next,
 // node-2 the two after, and so on.
 const egressProxyBase = 10153

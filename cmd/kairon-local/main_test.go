@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"errors"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,6 +42,7 @@ func TestCommandsThatStartNothing(t *testing.T) {
 		{name: "down --purge on nothing", args: []string{"down", "--purge", "--data-dir", dataDir}, wantStdout: "does not exist; nothing to delete"},
 		{name: "unknown flag", args: []string{"up", "--replicas", "3"}, wantCode: 2, wantStderr: "flag provided but not defined: -replicas"},
 		{name: "bad port", args: []string{"up", "--port", "70000"}, wantCode: 2, wantStderr: "--port 70000 is not a TCP port"},
+		{name: "bad ui port", args: []string{"up", "--ui-port", "0", "--data-dir", dataDir}, wantCode: 1, wantStderr: "--ui-port 0 is not a TCP port"},
 		{
 			name:       "unknown backend",
 			args:       []string{"up", "--backend", "xen", "--data-dir", dataDir},
@@ -228,7 +231,7 @@ spec:
 // here; test/e2e boots real VMs).
 func TestUpRunsControllerAndNodeAgents(t *testing.T) {
 	binDir := host.BinDir(t)
-	for _, bin := range []string{"kairon-controller", "kairon-node", "kaironctl"} {
+	for _, bin := range []string{"kairon-controller", "kairon-node", "kaironctl", "kairon-ui"} {
 		if _, err := os.Stat(filepath.Join(binDir, bin)); err != nil {
 			t.Fatalf("%s missing in %s: run `make build`", bin, binDir)
 		}
@@ -239,7 +242,28 @@ func TestUpRunsControllerAndNodeAgents(t *testing.T) {
 	}
 	dataDir := t.TempDir()
 	kubeconfig := filepath.Join(dataDir, "kubeconfig")
-	up := startUp(t, exe, "--data-dir", dataDir, "--port", "0", "--bin-dir", binDir, "--nodes", "2", "--backend", "sim")
+	uiAddr, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uiPort := strconv.Itoa(uiAddr.Addr().(*net.TCPAddr).Port)
+	uiAddr.Close()
+	up := startUp(t, exe, "--data-dir", dataDir, "--port", "0", "--bin-dir", binDir, "--nodes", "2", "--backend", "sim", "--ui-port", uiPort)
+
+	// kairon-ui runs with the rest, and up prints its URL.
+	uiURL := "http://127.0.0.1:" + uiPort
+	if out, _ := os.ReadFile(up.stdout); !bytes.Contains(out, []byte("Dashboard (kairon-ui, as the admin, on this machine only): "+uiURL+"\n")) {
+		t.Errorf("up does not print kairon-ui's URL %s:\n%s", uiURL, out)
+	}
+	resp, err := http.Get(uiURL + "/api/v1/nodes")
+	if err != nil {
+		t.Fatalf("kairon-ui at %s: %v", uiURL, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !bytes.Contains(body, []byte(`"name":"node-1"`)) || !bytes.Contains(body, []byte(`"name":"node-2"`)) {
+		t.Errorf("kairon-ui's /api/v1/nodes: %s %s", resp.Status, body)
+	}
 
 	nodes, err := exec.Command(filepath.Join(binDir, "kaironctl"), "--kubeconfig", kubeconfig, "get", "nodes").CombinedOutput()
 	if err != nil {

@@ -29,6 +29,10 @@ type upFlags struct {
 	nodes   int
 	node    nodeOptions
 	verbose bool
+	// kairon-ui, with the agents: on 127.0.0.1:uiPort as the admin.
+	ui           bool
+	uiPort       int
+	uiAllowWrite bool
 }
 
 func up(args []string, stdout, stderr io.Writer) int {
@@ -46,6 +50,9 @@ func up(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&f.node.cpu, "node-cpu", 4, "vCPUs each node offers to Machines")
 	fs.StringVar(&f.node.memory, "node-memory", "4Gi", "memory each node offers to Machines")
 	fs.StringVar(&f.node.dnsUpstream, "egress-dns-upstream", "auto", "resolver (host:port) the nodes' egress DNS proxies forward the allowed queries of confined guests to; auto: the first nameserver of /etc/resolv.conf")
+	fs.BoolVar(&f.ui, "ui", true, "run kairon-ui, the web dashboard, with the agents (as the admin kubeconfig, on 127.0.0.1 only)")
+	fs.IntVar(&f.uiPort, "ui-port", 8090, "kairon-ui's port on 127.0.0.1")
+	fs.BoolVar(&f.uiAllowWrite, "ui-allow-write", true, "kairon-ui's actions (evacuate, migrate, scale) on the pages, made as the admin")
 	fs.BoolVar(&f.verbose, "v", false, "log each startup step")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "Usage: kairon-local up [flags]\n\nStarts the control plane with Kairon's CRDs and runs until Ctrl-C or SIGTERM,\nwhich save every VM and stop it; the next up resumes them.\n\nFlags:\n")
@@ -126,7 +133,11 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 	if err := set.start(ctx, cp, comps); err != nil {
 		return errors.Join(err, cp.Stop())
 	}
-	printHowTo(stdout, cp, f.binDir, time.Since(began))
+	ui := ""
+	if f.ui && f.nodes > 0 {
+		ui = uiURL(f.uiPort)
+	}
+	printHowTo(stdout, cp, f.binDir, ui, time.Since(began))
 
 	var failure error
 	select {
@@ -194,7 +205,7 @@ func defaultBinDir() string {
 	return "bin"
 }
 
-func printHowTo(w io.Writer, cp *controlplane.ControlPlane, binDir string, took time.Duration) {
+func printHowTo(w io.Writer, cp *controlplane.ControlPlane, binDir, ui string, took time.Duration) {
 	kubectl := filepath.Join(binDir, "kubectl")
 	if wd, err := os.Getwd(); err == nil {
 		if rel, err := filepath.Rel(wd, kubectl); err == nil && !strings.HasPrefix(rel, "..") {
@@ -206,9 +217,17 @@ kairon-local is up (%s): API server %s
 
   export KUBECONFIG=%s
   %s get crd
-
+%s
 Data, certificates and logs are in %s.
 Press Ctrl-C to stop (or send SIGTERM, or run 'kairon-local down --data-dir %s'): every VM is saved,
 and the next 'kairon-local up' continues where this one stopped.
-`, took.Round(100*time.Millisecond), cp.RESTConfig().Host, cp.KubeconfigPath(), kubectl, cp.DataDir(), cp.DataDir())
+`, took.Round(100*time.Millisecond), cp.RESTConfig().Host, cp.KubeconfigPath(), kubectl, uiLine(ui), cp.DataDir(), cp.DataDir())
+}
+
+// uiLine is the how-to's line about kairon-ui, if it runs.
+func uiLine(url string) string {
+	if url == "" {
+		return ""
+	}
+	return "\nDashboard (kairon-ui, as the admin, on this machine only): " + url + "\n"
 }
