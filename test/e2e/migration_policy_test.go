@@ -1,0 +1,68 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/zyvor/kairon/internal/testenv"
+)
+
+// TestMigrationPolicyCancelsALiveMigration: on kairon-local with two QEMU
+// nodes, a MigrationPolicy that caps a guest's live migration at 1 MiB/s
+// with 12 s per GiB to complete (3 s for its 256Mi) makes kairon-controller
+// record the policy on the migration and the source agent cancel it: the
+// migration fails CompletionTimeout and the guest runs on at its node with
+// its memory (token, counter going on). Once the policy is gone, the same
+// guest moves live with none recorded.
+func TestMigrationPolicyCancelsALiveMigration(t *testing.T) {
+	c := startKaironLocal(t, 2)
+	c.kubectl("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata: {name: policed, namespace: default, labels: {app: policed}}\nspec: {}\n", "apply", "-f", "-")
+	var node string
+	testenv.Eventually(t, 3*time.Minute, "machine policed Running", func() (bool, string) {
+		state := c.jsonpath("machine", "policed", "{.status.phase} {.spec.nodeName}")
+		fields := strings.Fields(state)
+		if len(fields) != 2 {
+			return false, state
+		}
+		node = fields[1]
+		return fields[0] == "Running", state
+	})
+	// One console per QEMU: its socket takes one client at a time.
+	con := c.console(node, "default", "policed")
+	state := startGuestState(t, con)
+	c.kubectl(`apiVersion: kairon.zyvor.dev/v1alpha1
+kind: MigrationPolicy
+metadata: {name: slow-link}
+spec:
+  selectors: {machineSelector: {app: policed}}
+  bandwidthPerMigration: 1Mi
+  completionTimeoutPerGiB: 12
+  allowAutoConverge: true
+`, "apply", "-f", "-")
+
+	phase, reason, message := c.migrate("slow", "policed", "live")
+	t.Logf("under the policy: %s %s: %s", phase, reason, message)
+	if phase != "Failed" || reason != "CompletionTimeout" ||
+		!strings.Contains(message, "cancelled under MigrationPolicy slow-link") || !strings.Contains(message, "keeps running on "+node) {
+		t.Fatalf("migration under the policy: %s %s: %s; want Failed CompletionTimeout naming the policy", phase, reason, message)
+	}
+	if got := c.jsonpath("machinemigration", "slow", "{.status.migrationPolicy.name} {.status.migrationPolicy.bandwidthPerMigration} {.status.migrationPolicy.completionTimeoutSeconds} {.status.migrationPolicy.allowAutoConverge}"); got != "slow-link 1Mi 3 true" {
+		t.Errorf("status.migrationPolicy %q, want slow-link 1Mi 3 true", got)
+	}
+	if at := c.jsonpath("machine", "policed", "{.spec.nodeName} {.status.phase}"); at != node+" Running" {
+		t.Fatalf("after the cancelled migration the machine is %q, want Running on %s", at, node)
+	}
+	state = checkGuestKeptState(t, con, state, "after the cancelled migration")
+
+	c.kubectl("", "delete", "migrationpolicy", "slow-link")
+	phase, reason, message = c.migrate("free", "policed", "live")
+	if phase != "Succeeded" {
+		t.Fatalf("migration without the policy: %s %s: %s", phase, reason, message)
+	}
+	if got := c.jsonpath("machinemigration", "free", "{.status.migrationPolicy}"); got != "" {
+		t.Errorf("a migration no policy selects recorded %q", got)
+	}
+	checkGuestKeptState(t, c.console(otherNode(node), "default", "policed"), state, "after the live migration without the policy")
+	c.kubectl("", "delete", "machine", "policed", "--timeout=60s")
+}
