@@ -158,9 +158,12 @@ func TestMigrationPolicyParallelLimits(t *testing.T) {
 	}
 
 	// The one off node a ends: the next off a starts; the other waits on.
-	offA := running[0]
+	offA := running[0] // sorted: move-m4 is last
 	end(offA)
 	running = waitFor("a second migration off node a to start", 2, 1, 1)
+	if !contains(running, "move-m4") || contains(running, offA) {
+		t.Errorf("Running %v after %s ended, want move-m4 and another one off node a", running, offA)
+	}
 	// m4 ends: the cluster has room, but node a does not.
 	end("move-m4")
 	running = waitFor("the last one off node a to wait for its node", 1, 1, 2)
