@@ -122,6 +122,12 @@ type MachineStatus struct {
 	// +optional
 	ConsoleTail string `json:"consoleTail,omitempty"`
 
+	// Snapshot is set by the node agent on a pool's template Machine
+	// (annotation kairon.zyvor.dev/snapshot-save) once it saved the VM
+	// for the pool's clones and stopped it.
+	// +optional
+	Snapshot *MachineSnapshot `json:"snapshot,omitempty"`
+
 	// ObservedGeneration is the spec generation this status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
@@ -195,4 +201,15 @@ type MachineTemplateMeta struct {
 
 func init() {
 	register(&Machine{}, &MachineList{})
+}
+
+// MachineSnapshot is a saved template Machine's state file on its node
+// (spec.nodeName).
+type MachineSnapshot struct {
+	// Path is the state file on the node.
+	Path string `json:"path"`
+	// SizeBytes is its size.
+	SizeBytes int64 `json:"sizeBytes"`
+	// SavedAt is when the save finished.
+	SavedAt metav1.Time `json:"savedAt"`
 }

@@ -66,8 +66,12 @@ func (r *MachinePoolReconciler) SetupWithManager(mgr manager.Manager) error {
 
 // poolOfMachine maps a member, warm or claimed, to its pool. Claimed members
 // belong to their claims, but the pool still counts them.
+// A template Machine (warmFrom Snapshot) maps to its pool too.
 func poolOfMachine(_ context.Context, o client.Object) []reconcile.Request {
 	pool := o.GetLabels()[kaironv1.LabelMachinePool]
+	if pool == "" {
+		pool = o.GetLabels()[kaironv1.LabelMachinePoolTemplate]
+	}
 	if pool == "" {
 		return nil
 	}
@@ -127,15 +131,17 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	members := classifyMembers(&pool, live)
 	current, stale := splitByTemplate(members.warm, hash)
 
-	warm, syncErr := r.syncMembers(ctx, &pool, hash, current, stale, createsInFlight)
+	snap, snapCond, snapErr := r.reconcileSnapshot(ctx, &pool, hash)
+	warm, syncErr := r.syncMembers(ctx, &pool, hash, snap, current, stale, createsInFlight)
 	desired := pool.DeepCopy()
 	desired.Status = *computePoolStatus(&pool, warm, members.claimed, syncErr)
+	setSnapshotStatus(&desired.Status, snap, snapCond)
 	// The pool's status is this controller's alone: all of it is written.
 	if err := patch.Status(ctx, r.Client, &pool, desired, patch.WholeStatus(), patch.IgnoreNotFound()); err != nil {
 		return reconcile.Result{}, errors.Join(syncErr, err)
 	}
-	if syncErr != nil {
-		return reconcile.Result{}, syncErr
+	if err := errors.Join(syncErr, snapErr); err != nil {
+		return reconcile.Result{}, err
 	}
 	return reconcile.Result{RequeueAfter: r.Interval}, nil
 }
@@ -209,7 +215,7 @@ func splitByTemplate(warm []*kaironv1.Machine, hash string) (current, stale []*k
 // syncMembers deletes stale and surplus warm members and creates missing
 // ones. It returns the warm members left afterwards (creations not
 // included: they are counted once the cache shows them).
-func (r *MachinePoolReconciler) syncMembers(ctx context.Context, pool *kaironv1.MachinePool, hash string,
+func (r *MachinePoolReconciler) syncMembers(ctx context.Context, pool *kaironv1.MachinePool, hash string, snap *kaironv1.MachinePoolSnapshot,
 	current, stale []*kaironv1.Machine, createsInFlight int) ([]*kaironv1.Machine, error) {
 	var errs []error
 	// Nobody uses a warm member, so one built from an older template is
@@ -223,7 +229,7 @@ func (r *MachinePoolReconciler) syncMembers(ctx context.Context, pool *kaironv1.
 	diff := int(ptr.Deref(pool.Spec.Replicas, 1)) - len(current) - createsInFlight
 	switch {
 	case diff > 0:
-		errs = append(errs, r.createMembers(ctx, pool, hash, diff))
+		errs = append(errs, r.createMembers(ctx, pool, hash, snap, diff))
 	case diff < 0 && createsInFlight == 0:
 		// Deleting while creations are unconfirmed could leave one too few
 		// once they show up.
@@ -250,9 +256,10 @@ func (r *MachinePoolReconciler) syncMembers(ctx context.Context, pool *kaironv1.
 // slowStartBatch, as a MachineSet does: it stops after the first batch with
 // a failure, since whatever refused one (a quota, the webhook) refuses the
 // rest, and the next reconcile tries again.
-func (r *MachinePoolReconciler) createMembers(ctx context.Context, pool *kaironv1.MachinePool, hash string, n int) error {
+// With snap, they are its clones (machinepool_snapshot.go).
+func (r *MachinePoolReconciler) createMembers(ctx context.Context, pool *kaironv1.MachinePool, hash string, snap *kaironv1.MachinePoolSnapshot, n int) error {
 	_, err := slowStartBatch(min(n, maxCreatesPerSync), slowStartInitialBatch, func() error {
-		m, err := r.createMember(ctx, pool, hash)
+		m, err := r.createMember(ctx, pool, hash, snap)
 		if err != nil {
 			r.Recorder.Eventf(pool, nil, corev1.EventTypeWarning, kaironv1.ReplicaReasonFailedCreate, "Create", "Creating a warm machine: %v", err)
 			return fmt.Errorf("creating a warm machine: %w", err)
@@ -267,10 +274,11 @@ func (r *MachinePoolReconciler) createMembers(ctx context.Context, pool *kaironv
 
 // createMember names members <pool>-<8 hex digits>, as users see them in
 // kaironctl claim's output, retrying the rare name collision.
-func (r *MachinePoolReconciler) createMember(ctx context.Context, pool *kaironv1.MachinePool, hash string) (*kaironv1.Machine, error) {
+func (r *MachinePoolReconciler) createMember(ctx context.Context, pool *kaironv1.MachinePool, hash string, snap *kaironv1.MachinePoolSnapshot) (*kaironv1.Machine, error) {
 	var err error
 	for range 3 {
 		m := newPoolMember(pool, hash)
+		cloneFrom(m, snap)
 		if err = r.Client.Create(ctx, m); err == nil {
 			return m, nil
 		}

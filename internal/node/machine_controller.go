@@ -71,7 +71,7 @@ func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 		if held, err := a.migrationHolds(ctx, req.Namespace, req.Name); err != nil || held {
 			return ctrl.Result{RequeueAfter: a.opts.Interval}, err
 		}
-		return ctrl.Result{}, a.teardown(ctx, id)
+		return ctrl.Result{}, errors.Join(a.teardown(ctx, id), a.removeSnapshot(id))
 	}
 	if !machine.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, a.reconcileDelete(ctx, machine, id)
@@ -115,6 +115,9 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 		return a.opts.Interval, nil
 	}
 
+	if handled, err := a.reconcileSnapshotTemplate(ctx, machine, id); handled {
+		return a.opts.Interval, err
+	}
 	instance, err := a.opts.Backend.Get(ctx, id)
 	if err != nil && !errors.Is(err, backend.ErrNotFound) {
 		return time.Second, err
@@ -137,7 +140,11 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 			// started again; restarting it silently would hide the failure.
 			return a.opts.Interval, nil
 		}
-		instance, err = a.start(ctx, machine, id)
+		if machine.Annotations[kaironv1.AnnotationRestoreFrom] != "" {
+			instance, err = a.restoreClone(ctx, machine, id)
+		} else {
+			instance, err = a.start(ctx, machine, id)
+		}
 		if err != nil {
 			_ = a.teardown(ctx, id)
 			setPhase(machine, kaironv1.MachineFailed, kaironv1.MachineReasonStartFailed, err.Error())
@@ -166,6 +173,9 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 	}
 	if instance.Phase == backend.Booting {
 		return time.Second, nil
+	}
+	if wantsSnapshot(machine, instance) {
+		return a.opts.Interval, a.saveTemplate(ctx, machine, id)
 	}
 	return a.opts.Interval, nil
 }
@@ -321,7 +331,7 @@ func (a *Agent) reconcileDelete(ctx context.Context, machine *kaironv1.Machine, 
 			return err
 		}
 	}
-	if err := a.teardown(ctx, id); err != nil {
+	if err := errors.Join(a.teardown(ctx, id), a.removeSnapshot(id)); err != nil {
 		return err
 	}
 	base := machine.DeepCopy()

@@ -1,0 +1,151 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/backend"
+)
+
+// Snapshot clones (MachinePool spec.warmFrom Snapshot).
+//
+// A pool's template Machine carries AnnotationSnapshotSave. Once its VM is
+// Running (for QEMU: its guest agent reported this boot ready), the node
+// saves it to StateDir/snapshots/<id>.state (under a temporary name until
+// complete), stops it and frees its tap and address, and reports the file
+// in the Machine's status.snapshot, Stopped (SnapshotSaved) from then on:
+// it never boots again. A failed save fails the Machine (SnapshotFailed). The file goes with
+// the template Machine (deleted, or gone from this node).
+//
+// A clone is a pool member with AnnotationRestoreFrom naming the template
+// Machine, created on the template's node: instead of booting it, the node
+// attaches it to the network as any Machine (its own tap, MAC and address)
+// and starts it with backend.Cloner.RestoreClone from the template's file,
+// which gives the guest that identity before it counts as ready. A clone
+// on a node without the file fails to start (StartFailed): the state is
+// not copied between nodes.
+
+const snapshotDirName = "snapshots"
+
+func (a *Agent) snapshotPath(id string) string {
+	return filepath.Join(a.opts.StateDir, snapshotDirName, id+".state")
+}
+
+// reconcileSnapshotTemplate handles a template Machine this node already
+// saved (status.snapshot): it stays stopped. It reports whether it
+// handled the Machine.
+func (a *Agent) reconcileSnapshotTemplate(ctx context.Context, machine *kaironv1.Machine, id string) (bool, error) {
+	snap := machine.Status.Snapshot
+	if machine.Annotations[kaironv1.AnnotationSnapshotSave] == "" || snap == nil {
+		return false, nil
+	}
+	if _, err := os.Stat(snap.Path); err != nil || snap.Path != a.snapshotPath(id) {
+		// Not this node's (or lost with its state directory): saved anew.
+		machine.Status.Snapshot = nil
+		return false, nil
+	}
+	// Saved, then stopped; a stop the agent did not get to is finished here.
+	if _, err := a.opts.Backend.Get(ctx, id); err == nil {
+		if err := a.teardown(ctx, id); err != nil {
+			return true, err
+		}
+	} else if !errors.Is(err, backend.ErrNotFound) {
+		return true, err
+	}
+	machine.Status.Addresses = nil
+	machine.Status.StartedAt = nil
+	setPhase(machine, kaironv1.MachineStopped, kaironv1.MachineReasonSnapshotSaved,
+		fmt.Sprintf("saved for its pool's clones to %s (%d MiB)", snap.Path, snap.SizeBytes>>20))
+	return true, nil
+}
+
+// wantsSnapshot: machine is a template Machine that runs here and is not
+// saved yet.
+func wantsSnapshot(machine *kaironv1.Machine, instance backend.Instance) bool {
+	return machine.Annotations[kaironv1.AnnotationSnapshotSave] != "" && machine.Status.Snapshot == nil && instance.Phase == backend.Running
+}
+
+// saveTemplate saves the template Machine's VM for its clones, stops it and
+// reports the file in its status; a failed save fails the Machine (its pool
+// replaces it).
+func (a *Agent) saveTemplate(ctx context.Context, machine *kaironv1.Machine, id string) error {
+	path := a.snapshotPath(id)
+	began := time.Now()
+	size, err := a.saveSnapshotFile(ctx, id, path)
+	if err != nil {
+		msg := fmt.Sprintf("saving the template for its pool's clones: %v", err)
+		a.event(machine, corev1.EventTypeWarning, kaironv1.MachineReasonSnapshotFailed, msg)
+		terr := a.teardown(ctx, id)
+		machine.Status.Addresses = nil
+		setPhase(machine, kaironv1.MachineFailed, kaironv1.MachineReasonSnapshotFailed, msg)
+		return terr
+	}
+	log.FromContext(ctx).Info("saved template for clones", "machine", klog.KObj(machine), "path", path, "bytes", size, "took", time.Since(began))
+	a.event(machine, corev1.EventTypeNormal, kaironv1.MachineReasonSnapshotSaved,
+		fmt.Sprintf("saved for its pool's clones in %dms (%d MiB); the VM is stopped", time.Since(began).Milliseconds(), size>>20))
+	machine.Status.Snapshot = &kaironv1.MachineSnapshot{Path: path, SizeBytes: size, SavedAt: metav1.Now()}
+	_, err = a.reconcileSnapshotTemplate(ctx, machine, id)
+	return err
+}
+
+// saveSnapshotFile saves VM id to path (complete or not at all) and
+// returns its size.
+func (a *Agent) saveSnapshotFile(ctx context.Context, id, path string) (int64, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return 0, err
+	}
+	tmp := path + ".partial"
+	if err := a.opts.Backend.Save(ctx, id, tmp); err != nil {
+		os.Remove(tmp)
+		return 0, err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return 0, err
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
+}
+
+// removeSnapshot deletes the state a template Machine was saved to.
+func (a *Agent) removeSnapshot(id string) error {
+	path := a.snapshotPath(id)
+	for _, p := range []string{path, path + ".partial"} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// restoreClone starts a clone from its template's saved state on this node.
+func (a *Agent) restoreClone(ctx context.Context, machine *kaironv1.Machine, id string) (backend.Instance, error) {
+	template := machine.Annotations[kaironv1.AnnotationRestoreFrom]
+	cloner, ok := a.opts.Backend.(backend.Cloner)
+	if !ok {
+		return backend.Instance{}, fmt.Errorf("the %s backend cannot restore clones", a.opts.Backend.Name())
+	}
+	path := a.snapshotPath(instanceID(machine.Namespace, template))
+	if _, err := os.Stat(path); err != nil {
+		return backend.Instance{}, fmt.Errorf("the snapshot of template Machine %s is not on node %s: %w", template, a.opts.NodeName, err)
+	}
+	spec, err := a.attach(machine, id)
+	if err != nil {
+		return backend.Instance{}, err
+	}
+	log.FromContext(ctx).Info("restoring clone", "machine", klog.KObj(machine), "template", template)
+	return cloner.RestoreClone(ctx, spec, path)
+}
