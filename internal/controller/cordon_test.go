@@ -154,7 +154,7 @@ func TestCordonEvacuation(t *testing.T) {
 	// as the budget lets them come. The node empties, and never more than
 	// one web Machine is disrupted at once.
 	stop := executeMigrations(t, env, ns, nodeB.Name)
-	testenv.Eventually(t, 90*time.Second, "node "+nodeA.Name+" to empty", func() (bool, string) {
+	testenv.Eventually(t, 3*time.Minute, "node "+nodeA.Name+" to empty", func() (bool, string) {
 		var on []string
 		for _, m := range listMachines(t, env, ns) {
 			if m.Spec.NodeName == nodeA.Name {

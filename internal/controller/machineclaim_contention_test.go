@@ -85,7 +85,7 @@ func TestMachineClaimNoDoubleBindUnderContention(t *testing.T) {
 
 	began := time.Now()
 	createPool(t, env, ns, "agents", warm)
-	testenv.Eventually(t, 90*time.Second, "50 Running warm members", func() (bool, string) {
+	testenv.Eventually(t, 5*time.Minute, "50 Running warm members", func() (bool, string) {
 		w, _ := poolMachines(t, env, ns, "agents")
 		return len(w) == warm && countRunning(w) == warm, fmt.Sprintf("%d warm, %d Running", len(w), countRunning(w))
 	})
@@ -121,7 +121,7 @@ func TestMachineClaimNoDoubleBindUnderContention(t *testing.T) {
 	t.Logf("%d claims created in %s", claims, time.Since(began).Round(time.Millisecond))
 
 	var list kaironv1.MachineClaimList
-	testenv.Eventually(t, 120*time.Second, "every claim bound", func() (bool, string) {
+	testenv.Eventually(t, 5*time.Minute, "every claim bound", func() (bool, string) {
 		if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 			return false, err.Error()
 		}
@@ -189,7 +189,7 @@ func TestMachineClaimNoDoubleBindUnderContention(t *testing.T) {
 	t.Logf("bindMillis p50 %d, p90 %d, max %d", millis[len(millis)/2], millis[len(millis)*9/10], millis[len(millis)-1])
 
 	// And the pool is back to 50 warm members.
-	testenv.Eventually(t, 60*time.Second, "the pool back to 50 Running warm members", func() (bool, string) {
+	testenv.Eventually(t, 5*time.Minute, "the pool back to 50 Running warm members", func() (bool, string) {
 		w, c := poolMachines(t, env, ns, "agents")
 		return len(w) == warm && countRunning(w) == warm && len(c) == claims, fmt.Sprintf("%d warm (%d Running), %d claimed", len(w), countRunning(w), len(c))
 	})
