@@ -344,7 +344,9 @@ func checkSameOrigin(r *http.Request, needHeader bool) error {
 // API server accepts the token.
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	next := r.FormValue("next")
-	if next == "" || !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") {
+	// Only a path of this site: not "//host" nor "/\host", which browsers
+	// take for another site.
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\\r\n") {
 		next = "/"
 	}
 	data := loginData{Next: next, Mode: string(s.opts.Auth)}

@@ -380,6 +380,34 @@ func TestAuthToken(t *testing.T) {
 	if code, _ := (call{method: http.MethodPost, path: "/api/v1/actions/scale", header: map[string]string{"Cookie": "kairon_ui_token=" + cookie.Value, "X-Kairon-UI": ""}, body: ui.ScaleRequest{Namespace: ns, Pool: "warm", Replicas: ptr.To[int32](1)}}).do(t, url); code != http.StatusForbidden {
 		t.Errorf("scale with the cookie but without X-Kairon-UI: %d, want 403", code)
 	}
+	// After signing in, only a page of this site: another site's address
+	// in next goes to the overview instead, and behind an HTTPS proxy the
+	// cookie is Secure.
+	for _, next := range []string{"//evil.example/x", "/\\evil.example/x", "https://evil.example/x"} {
+		req, _ := http.NewRequest(http.MethodPost, url+"/login", strings.NewReader(neturlValues("token", operator, "next", next)))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("X-Forwarded-Proto", "https")
+		resp, err := noRedirects.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther || loc != "/" {
+			t.Errorf("login with next=%q: %s to %q, want 303 to /", next, resp.Status, loc)
+		}
+		if cs := resp.Cookies(); len(cs) != 1 || !cs[0].Secure {
+			t.Errorf("login behind an HTTPS proxy: cookies %+v, want one Secure cookie", cs)
+		}
+	}
+	// A login form posted from another site is refused.
+	req, _ = http.NewRequest(http.MethodPost, url+"/login", strings.NewReader(neturlValues("token", operator)))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", "http://evil.example")
+	if resp, err := noRedirects.Do(req); err != nil || resp.StatusCode != http.StatusForbidden || len(resp.Cookies()) != 0 {
+		t.Errorf("login from another Origin: %v %v, want 403 and no cookie", err, resp)
+	} else {
+		resp.Body.Close()
+	}
 	req, _ = http.NewRequest(http.MethodPost, url+"/login", strings.NewReader(neturlValues("token", "not-a-token")))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	if resp, err := noRedirects.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized || len(resp.Cookies()) != 0 {
