@@ -136,48 +136,8 @@ func TestMachineClaimNoDoubleBindUnderContention(t *testing.T) {
 	t.Logf("all %d claims bound %s after creation; %v bind conflicts", claims, time.Since(began).Round(time.Millisecond),
 		testutil.ToFloat64(claimBindConflicts)-conflictsBefore)
 
-	// Every bound claim has its own Machine.
-	boundTo := map[string]string{}
-	var millis []int64
-	for _, c := range list.Items {
-		if other, dup := boundTo[c.Status.MachineName]; dup {
-			t.Errorf("machine %s bound to both %s and %s", c.Status.MachineName, other, c.Name)
-		}
-		boundTo[c.Status.MachineName] = c.Name
-		millis = append(millis, c.Status.BindMillis)
-	}
-	// That Machine carries the claim, and no other Machine does once the
-	// members taken by the binds that lost a race are handed back.
-	testenv.Eventually(t, waitTimeout, "each claim's label on its bound Machine only", func() (bool, string) {
-		labelled := map[string][]string{}
-		for _, m := range listMachines(t, env, ns) {
-			if c := m.Labels[kaironv1.LabelMachineClaim]; c != "" && m.DeletionTimestamp == nil {
-				labelled[c] = append(labelled[c], m.Name)
-			}
-		}
-		for _, c := range list.Items {
-			if got := labelled[c.Name]; len(got) != 1 || got[0] != c.Status.MachineName {
-				return false, fmt.Sprintf("claim %s is bound to %s but these Machines carry it: %v", c.Name, c.Status.MachineName, got)
-			}
-		}
-		return true, ""
-	})
-	testenv.Eventually(t, waitTimeout, "the watch to see every bind", func() (bool, string) {
-		history.mu.Lock()
-		defer history.mu.Unlock()
-		return len(history.byClaim) == claims, fmt.Sprintf("%d claims seen bound", len(history.byClaim))
-	})
+	millis := checkBoundOnce(t, env, ns, list.Items, history)
 	history.mu.Lock()
-	for claim, ms := range history.byClaim {
-		if len(ms) > 1 {
-			t.Errorf("claim %s named several machines over time: %v", claim, ms)
-		}
-	}
-	for m, cs := range history.byMachine {
-		if len(cs) > 1 {
-			t.Errorf("machine %s was named by several claims over time: %v", m, cs)
-		}
-	}
 	// The first 50 bind at once; the rest wait, saying so, for replacements
 	// (a few of the last may find one already Running).
 	if len(history.waited) < claims-2*warm {
@@ -290,4 +250,56 @@ func TestClaimBindSkipsConflictingMember(t *testing.T) {
 	if claimed != 1 {
 		t.Errorf("%d members claimed after two passes, want 1", claimed)
 	}
+}
+
+// checkBoundOnce checks that every claim in claims (all Bound) has a
+// Machine of its own that carries its label, no other Machine does, and
+// over the watch's whole history no claim named two Machines and no
+// Machine was named by two claims. It returns the claims' bindMillis.
+func checkBoundOnce(t *testing.T, env *testenv.Env, ns string, claims []kaironv1.MachineClaim, history *claimBindHistory) []int64 {
+	t.Helper()
+	// Every bound claim has its own Machine.
+	boundTo := map[string]string{}
+	var millis []int64
+	for _, c := range claims {
+		if other, dup := boundTo[c.Status.MachineName]; dup {
+			t.Errorf("machine %s bound to both %s and %s", c.Status.MachineName, other, c.Name)
+		}
+		boundTo[c.Status.MachineName] = c.Name
+		millis = append(millis, c.Status.BindMillis)
+	}
+	// That Machine carries the claim, and no other Machine does once the
+	// members taken by the binds that lost a race are handed back.
+	testenv.Eventually(t, waitTimeout, "each claim's label on its bound Machine only", func() (bool, string) {
+		labelled := map[string][]string{}
+		for _, m := range listMachines(t, env, ns) {
+			if c := m.Labels[kaironv1.LabelMachineClaim]; c != "" && m.DeletionTimestamp == nil {
+				labelled[c] = append(labelled[c], m.Name)
+			}
+		}
+		for _, c := range claims {
+			if got := labelled[c.Name]; len(got) != 1 || got[0] != c.Status.MachineName {
+				return false, fmt.Sprintf("claim %s is bound to %s but these Machines carry it: %v", c.Name, c.Status.MachineName, got)
+			}
+		}
+		return true, ""
+	})
+	testenv.Eventually(t, waitTimeout, "the watch to see every bind", func() (bool, string) {
+		history.mu.Lock()
+		defer history.mu.Unlock()
+		return len(history.byClaim) == len(claims), fmt.Sprintf("%d claims seen bound", len(history.byClaim))
+	})
+	history.mu.Lock()
+	defer history.mu.Unlock()
+	for claim, ms := range history.byClaim {
+		if len(ms) > 1 {
+			t.Errorf("claim %s named several machines over time: %v", claim, ms)
+		}
+	}
+	for m, cs := range history.byMachine {
+		if len(cs) > 1 {
+			t.Errorf("machine %s was named by several claims over time: %v", m, cs)
+		}
+	}
+	return millis
 }
