@@ -60,7 +60,13 @@ func serviceAccount(t *testing.T, env *testenv.Env, ns, name string) string {
 // ClusterRole and its binding go when the test ends.
 func grantCluster(t *testing.T, env *testenv.Env, ns, sa string, rules []rbacv1.PolicyRule) {
 	t.Helper()
-	name := ns + "-" + sa
+	grantClusterAs(t, env, ns+"-"+sa, ns, sa, rules)
+}
+
+// grantClusterAs is grantCluster with the ClusterRole and binding named
+// name; it returns the binding.
+func grantClusterAs(t *testing.T, env *testenv.Env, name, ns, sa string, rules []rbacv1.PolicyRule) *rbacv1.ClusterRoleBinding {
+	t.Helper()
 	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}
 	binding := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -73,6 +79,7 @@ func grantCluster(t *testing.T, env *testenv.Env, ns, sa string, rules []rbacv1.
 		_ = env.Client.Delete(context.Background(), binding)
 		_ = env.Client.Delete(context.Background(), role)
 	})
+	return binding
 }
 
 // grantNamespace gives ServiceAccount ns/sa rules in namespace ns only.

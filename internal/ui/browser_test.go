@@ -18,6 +18,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
@@ -290,6 +295,16 @@ func TestBrowser(t *testing.T) {
 	}
 }
 
+// signIn loads page, which sends a browser without a token to the login
+// page, signs in there with token and waits for page's ready element.
+func (b *browser) signIn(t *testing.T, page, token, ready string) {
+	t.Helper()
+	b.do(t, "loading "+page, chromedp.Navigate(page), chromedp.WaitVisible(chromedp.CSS("#token")))
+	b.screenshot(t, "login")
+	b.do(t, "signing in", chromedp.SetValue(chromedp.CSS("#token"), token), chromedp.Click(chromedp.CSS(`form.login button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS(ready)))
+}
+
 // TestBrowserEvacuate signs in at the login page with a ServiceAccount's
 // token (kairon-ui with --auth token --allow-write), evacuates a node from
 // the Nodes page, and checks that the MachineMigrations created are the
@@ -312,10 +327,7 @@ func TestBrowserEvacuate(t *testing.T) {
 	grantCluster(t, env, ns, "operator", operatorRules)
 
 	// Without a token the Nodes page sends the browser to the login page.
-	b.do(t, "loading the Nodes page", chromedp.Navigate(url+"/nodes"), chromedp.WaitVisible(chromedp.CSS("#token")))
-	b.screenshot(t, "login")
-	b.do(t, "signing in", chromedp.SetValue(chromedp.CSS("#token"), operator), chromedp.Click(chromedp.CSS(`form.login button[type="submit"]`)),
-		chromedp.WaitVisible(chromedp.CSS("table#nodes")))
+	b.signIn(t, url+"/nodes", operator, "table#nodes")
 	row := fmt.Sprintf(`tr[data-name=%q]`, node)
 	b.waitFor(t, "the Nodes page as the operator, with the node's 5 Machines", fmt.Sprintf(
 		`location.pathname === "/nodes" && document.querySelector(%q)?.children[5]?.textContent === "5"`, row))
@@ -373,5 +385,54 @@ func TestBrowserEvacuate(t *testing.T) {
 	b.waitFor(t, "the node on the read-only Nodes page", fmt.Sprintf(`document.querySelector(%q) !== null`, row))
 	if b.eval(t, `document.querySelector("details.action, form[data-action]") !== null`) {
 		t.Error("the Nodes page without --allow-write shows an action")
+	}
+}
+
+// TestBrowserShowsRefusal: an action the API server refuses shows its
+// message on the page exactly as the API server wrote it. The user may
+// scale pools when the page loads (so it shows the Scale form), and loses
+// that right before pressing it.
+func TestBrowserShowsRefusal(t *testing.T) {
+	env := testenv.Get(t)
+	b := newBrowser(t)
+	url := startUIWith(t, env.Config, ui.Options{Auth: ui.AuthToken, AllowWrite: true})
+	ns := env.Namespace(t)
+	pool := &kaironv1.MachinePool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "warm"},
+		Spec: kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](1), Template: kaironv1.MachineTemplateSpec{Spec: kaironv1.MachineSpec{CPU: 1, Memory: resource.MustParse("256Mi")}}}}
+	create(t, env, pool)
+	scaler := serviceAccount(t, env, ns, "scaler")
+	grantCluster(t, env, ns, "scaler", readRules)
+	binding := grantClusterAs(t, env, ns+"-scaler-scale", ns, "scaler", []rbacv1.PolicyRule{{APIGroups: []string{kaironGroup}, Resources: []string{"machinepools/scale"}, Verbs: []string{"patch"}}})
+
+	form := "#scale-" + ns + "-warm"
+	b.signIn(t, url+"/pools?namespace="+ns, scaler, form)
+
+	// The right goes; wait until the API server refuses the same patch.
+	if err := env.Client.Delete(context.Background(), binding); err != nil {
+		t.Fatal(err)
+	}
+	sc := tokenClient(t, env, scaler)
+	var refusal string
+	testenv.Eventually(t, 30*time.Second, "the API server to refuse scaling as scaler", func() (bool, string) {
+		err := sc.SubResource("scale").Patch(context.Background(), pool.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(`{"spec":{"replicas":5}}`)), client.DryRunAll)
+		if err == nil {
+			return false, "allowed"
+		}
+		refusal = err.Error()
+		return apierrors.IsForbidden(err), refusal
+	})
+
+	b.do(t, "scaling warm to 5", chromedp.SetValue(chromedp.CSS(form+" input[name=replicas]"), "5"), chromedp.Click(chromedp.CSS(form+" button")))
+	b.waitFor(t, "the refusal", `document.getElementById("action-result").className === "refused"`)
+	b.screenshot(t, "pools-refused")
+	if got := b.text(t, "#action-result .message"); got != refusal {
+		t.Errorf("the page shows %q, want the API server's %q", got, refusal)
+	}
+	if got := b.text(t, "#action-result b"); !strings.Contains(got, "HTTP 403") {
+		t.Errorf("the page says %q, want the API server's status 403", got)
+	}
+	var got kaironv1.MachinePool
+	if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(pool), &got); err != nil || *got.Spec.Replicas != 1 {
+		t.Errorf("pool warm after the refused scale: %v, replicas %v", err, got.Spec.Replicas)
 	}
 }

@@ -441,8 +441,9 @@ type poolsView struct {
 	Claims []Claim
 	Bind   bindHistogram
 	// Scale has the namespaces whose pools the user may scale (when
-	// actions are on).
-	Scale map[string]bool
+	// actions are on); AnyScale: some.
+	Scale    map[string]bool
+	AnyScale bool
 }
 
 // bindHistogram is how long the bound claims shown took to bind
@@ -509,6 +510,7 @@ func (s *Server) poolsPage(ctx context.Context, r *http.Request) (string, any, e
 	for _, p := range pools {
 		if _, seen := v.Scale[p.Namespace]; !seen {
 			v.Scale[p.Namespace] = s.mayDo(ctx, patchPoolScale, p.Namespace)
+			v.AnyScale = v.AnyScale || v.Scale[p.Namespace]
 		}
 	}
 	return "Pools and claims", v, err
