@@ -192,7 +192,7 @@ func terminate(pid int, grace time.Duration) error {
 }
 
 // kaironBinaries are what `up` runs besides the VMs.
-var kaironBinaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kairon-controller", "kairon-node"}
+var kaironBinaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kairon-controller", "kairon-node", "kairon-ui"}
 
 type leftover struct {
 	pid  int

@@ -197,6 +197,7 @@ func TestIsLeftover(t *testing.T) {
 		{[]string{"/b/etcd", "--data-dir=/d/etcd"}, true},
 		{[]string{"/b/kube-apiserver", "--tls-cert-file=/d/pki/apiserver.crt"}, true},
 		{[]string{"/b/kairon-controller", "-kubeconfig", "/d/kubeconfig"}, true},
+		{[]string{"/b/kairon-ui", "--kubeconfig", "/d/kubeconfig", "--listen", "127.0.0.1:8090"}, true},
 		{[]string{"/b/kairon-node", "--state-dir", "/dd/nodes/node-1"}, false},
 		{[]string{"/usr/bin/less", "/d/logs/etcd.log"}, false},
 		{[]string{"/b/etcd", "--data-dir=/other/etcd"}, false},
