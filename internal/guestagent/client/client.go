@@ -19,6 +19,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -76,13 +78,29 @@ type Client struct {
 // Dial connects to the agent socket at path (a VM's AgentSocket) and says
 // Hello. It returns once the guest agent answered, or ctx ends.
 func Dial(ctx context.Context, path string, opts Options) (*Client, error) {
+	addr := path
+	if len(path) >= maxSunPath {
+		// Past what sun_path holds (108 bytes, with its NUL): through
+		// the directory's descriptor, as the QEMU backend reaches QMP.
+		dir, err := os.Open(filepath.Dir(path))
+		if err != nil {
+			return nil, err
+		}
+		defer dir.Close()
+		addr = fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path))
+	}
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", path)
+	conn, err := d.DialContext(ctx, "unix", addr)
 	if err != nil {
 		return nil, err
 	}
 	return New(ctx, conn, opts)
 }
+
+// maxSunPath is the longest socket path Dial connects to by name; a VM's
+// state directory can make agent.sock's longer (a long namespace and
+// Machine name under a long state directory).
+const maxSunPath = 100
 
 // New says Hello on conn and returns the Client over it; it owns conn from
 // then on (and closes it if it fails).
