@@ -179,7 +179,7 @@ var kinds = []*Kind{
 	{
 		Resource: "machinemigrations", Singular: "machinemigration", Aliases: []string{"mmig", "migrations", "migration"},
 		GVR: kaironGVR("machinemigrations"), GoKind: "MachineMigration", Namespaced: true,
-		Columns: cols("NAME", "MACHINE", "STRATEGY", "PHASE", "SOURCE", "TARGET", "REASON*", "DOWNTIME*", "AGE"),
+		Columns: cols("NAME", "MACHINE", "STRATEGY", "PHASE", "SOURCE", "TARGET", "REASON*", "DOWNTIME*", "POLICY*", "AGE"),
 		Row: rowOf(func(m *kaironv1.MachineMigration, rc *RowContext) []string {
 			target := m.Status.TargetNode
 			if target == "" {
@@ -189,9 +189,13 @@ var kinds = []*Kind{
 			if m.Status.DowntimeMillis > 0 {
 				downtime = itoa(m.Status.DowntimeMillis) + "ms"
 			}
+			policy := ""
+			if m.Status.MigrationPolicy != nil {
+				policy = m.Status.MigrationPolicy.Name
+			}
 			return []string{
 				m.Name, m.Spec.MachineName, string(m.Spec.Strategy), string(m.Status.Phase), m.Status.SourceNode,
-				target, string(m.Status.Reason), downtime, age(m.CreationTimestamp, rc.Now),
+				target, string(m.Status.Reason), downtime, policy, age(m.CreationTimestamp, rc.Now),
 			}
 		}),
 	},

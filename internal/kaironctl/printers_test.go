@@ -292,6 +292,7 @@ func TestLookupKind(t *testing.T) {
 		"machinemigrations": "machinemigrations", "mmig": "machinemigrations",
 		"machinenetworkpolicies": "machinenetworkpolicies", "mnp": "machinenetworkpolicies",
 		"machinequotas": "machinequotas", "quota": "machinequotas", "mq": "machinequotas",
+		"migrationpolicies": "migrationpolicies", "migrationpolicy": "migrationpolicies", "mpol": "migrationpolicies",
 		"nodes": "nodes", "node": "nodes",
 	} {
 		k, err := lookupKind(name)
@@ -368,16 +369,17 @@ func TestMigrationTableWide(t *testing.T) {
 	done := &kaironv1.MachineMigration{ObjectMeta: created(time.Minute),
 		Spec: kaironv1.MachineMigrationSpec{MachineName: "web-1", Strategy: kaironv1.MigrationLive},
 		Status: kaironv1.MachineMigrationStatus{Phase: kaironv1.MigrationSucceeded, Reason: "Succeeded",
-			SourceNode: "node-1", TargetNode: "node-2", DowntimeMillis: 68}}
+			SourceNode: "node-1", TargetNode: "node-2", DowntimeMillis: 68,
+			MigrationPolicy: &kaironv1.AppliedMigrationPolicy{Name: "slow-links"}}}
 	done.Name = "move-web-1"
 	failed := &kaironv1.MachineMigration{ObjectMeta: created(time.Minute),
 		Spec:   kaironv1.MachineMigrationSpec{MachineName: "web-2", Strategy: kaironv1.MigrationCold},
 		Status: kaironv1.MachineMigrationStatus{Phase: kaironv1.MigrationFailed, Reason: "TargetUnavailable", SourceNode: "node-1"}}
 	failed.Name = "move-web-2"
 	want := "" +
-		"NAME        MACHINE  STRATEGY  PHASE      SOURCE  TARGET  REASON             DOWNTIME  AGE\n" +
-		"move-web-1  web-1    live      Succeeded  node-1  node-2  Succeeded          68ms      60s\n" +
-		"move-web-2  web-2    cold      Failed     node-1  -       TargetUnavailable  -         60s\n"
+		"NAME        MACHINE  STRATEGY  PHASE      SOURCE  TARGET  REASON             DOWNTIME  POLICY      AGE\n" +
+		"move-web-1  web-1    live      Succeeded  node-1  node-2  Succeeded          68ms      slow-links  60s\n" +
+		"move-web-2  web-2    cold      Failed     node-1  -       TargetUnavailable  -         -           60s\n"
 	if got := renderTable(t, "mmig", nil, true, false, done, failed); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
