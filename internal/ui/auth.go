@@ -15,6 +15,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -165,7 +166,14 @@ func (s *Server) whoami(ctx context.Context, u *user) (string, error) {
 	}
 	review := &authenticationv1.SelfSubjectReview{}
 	err = c.Create(ctx, review)
-	if err != nil && !apierrors.IsUnauthorized(err) {
+	switch {
+	case err == nil, apierrors.IsUnauthorized(err):
+	case apierrors.IsForbidden(err) || apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
+		// Authenticated, but not allowed to ask (a trimmed
+		// system:basic-user) or an API server without the API: the
+		// token is good, its name unknown.
+		err = nil
+	default:
 		return "", err // not cached: the API server may be back soon
 	}
 	s.reviews.put(key, reviewAnswer{name: review.Status.UserInfo.Username, err: err})
