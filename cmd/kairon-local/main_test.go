@@ -23,6 +23,12 @@ import (
 // argument handling, not about processes.
 func TestCommandsThatStartNothing(t *testing.T) {
 	dataDir := filepath.Join(t.TempDir(), "never-created")
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	busyPort := strconv.Itoa(busy.Addr().(*net.TCPAddr).Port)
 	tests := []struct {
 		name       string
 		args       []string
@@ -43,6 +49,7 @@ func TestCommandsThatStartNothing(t *testing.T) {
 		{name: "unknown flag", args: []string{"up", "--replicas", "3"}, wantCode: 2, wantStderr: "flag provided but not defined: -replicas"},
 		{name: "bad port", args: []string{"up", "--port", "70000"}, wantCode: 2, wantStderr: "--port 70000 is not a TCP port"},
 		{name: "bad ui port", args: []string{"up", "--ui-port", "0", "--data-dir", dataDir}, wantCode: 1, wantStderr: "--ui-port 0 is not a TCP port"},
+		{name: "ui port taken", args: []string{"up", "--ui-port", busyPort, "--data-dir", dataDir}, wantCode: 1, wantStderr: "--ui-port " + busyPort + ": "},
 		{
 			name:       "unknown backend",
 			args:       []string{"up", "--backend", "xen", "--data-dir", dataDir},
