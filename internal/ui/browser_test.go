@@ -379,6 +379,27 @@ func TestBrowserEvacuate(t *testing.T) {
 		t.Errorf("the pages logged errors:\n%s", strings.Join(errs, "\n"))
 	}
 
+	// Migrating a skipped Machine from its page: the budget, spent by the
+	// evacuation, holds it back, and the page says so.
+	var held string
+	for i := 1; i <= 5 && held == ""; i++ {
+		if name := fmt.Sprintf("web-%d", i); !slices.Contains(moved, name) {
+			held = name
+		}
+	}
+	b.open(t, url+"/machines/"+ns+"/"+held, "machine-migrate")
+	b.do(t, "migrating "+held,
+		chromedp.Click(chromedp.CSS("#migrate summary")),
+		chromedp.WaitVisible(chromedp.CSS(`#migrate-form button[type="submit"]`)),
+		chromedp.Click(chromedp.CSS(`#migrate-form button[type="submit"]`)))
+	b.waitFor(t, "the migration's refusal", `document.getElementById("action-result").className === "refused"`)
+	if got := b.text(t, "#action-result"); !strings.Contains(got, "HTTP 409") || !strings.Contains(got, "machine "+ns+"/"+held+" not migrated: budget "+ns+"/web allows no more disruptions") {
+		t.Errorf("migrating %s shows %q, want the budget's refusal", held, got)
+	}
+	if n := migrationCount(t, env, ns); n != 2 {
+		t.Errorf("%d migrations after the refused migrate, want the evacuation's 2", n)
+	}
+
 	// Without --allow-write, the same page has no action.
 	readOnly := startUIWith(t, env.Config, ui.Options{})
 	b.open(t, readOnly+"/nodes", "nodes-read-only")
