@@ -12,7 +12,7 @@ TEST_FLAGS ?= -race -timeout 20m -count=1
 CONTROLLER_GEN := $(BIN)/controller-gen
 STATICCHECK    := $(BIN)/staticcheck
 
-.PHONY: all deps tools guest generate build up test test-unit lint bench bench-egress bench-exec bench-claim fmt clean help
+.PHONY: all deps tools guest generate build up test test-unit lint bench bench-egress bench-exec bench-claim bench-clone fmt clean help
 
 all: build
 
@@ -74,6 +74,11 @@ bench-exec: deps guest ## Guest agent on a real guest: exec round trip of `true`
 bench-claim: deps tools guest build ## Warm claims on kairon-local (sim, C = 1/100/1000; QEMU, C = 1) against the cold path, API writes per bind.
 	uptime
 	KAIRON_BIN_DIR=$(BIN) KAIRON_CLAIM_BENCH=1 $(GO) test -count=1 -timeout 120m -run TestClaimBench -v ./test/e2e/
+	uptime
+
+bench-clone: deps guest build ## Snapshot clones vs cold boots with QEMU, one run: pool refill rate and a claim against an empty pool.
+	uptime
+	KAIRON_BIN_DIR=$(BIN) KAIRON_CLONE_BENCH=1 $(GO) test -count=1 -timeout 30m -run TestCloneBench -v ./test/e2e/
 	uptime
 
 fmt:
