@@ -91,7 +91,9 @@ func TestDescribeMigrationPolicy(t *testing.T) {
 	if !strings.HasPrefix(r.stdout, "{\n  \"apiVersion\": \"kairon.zyvor.dev/v1alpha1\",\n  \"kind\": \"MigrationPolicy\",\n") {
 		t.Errorf("does not start with the raw JSON:\n%s", r.stdout)
 	}
-	shown := func(ns, name string) string { return fmt.Sprintf("  %-*s ", max(24, len(other)+len("/web-1")), ns+"/"+name) }
+	shown := func(ns, name string) string {
+		return fmt.Sprintf("  %-*s ", max(24, len(other)+len("/web-1")), ns+"/"+name)
+	}
 	want := "" +
 		"Selection (recomputed now from Machines, namespaces and MigrationPolicies): 3 matching, this policy governs 1\n" +
 		"Matching machines (3):\n" +
