@@ -184,8 +184,12 @@ func TestLiveMigrationProgressTimeoutCancels(t *testing.T) {
 	send, receive := tcpPair(t)
 	_ = receive // never read: the stream stalls once the socket buffers are full
 	const progress = 2 * time.Second
+	// A bound, so that a send the timeout does not cancel fails the test
+	// instead of hanging it.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	began := time.Now()
-	_, err := p.source.SendLive(context.Background(), p.spec.ID, send, backend.LiveOptions{ProgressTimeout: progress})
+	_, err := p.source.SendLive(ctx, p.spec.ID, send, backend.LiveOptions{ProgressTimeout: progress})
 	took := time.Since(began)
 	t.Logf("SendLive after %s: %v", took, err)
 	if !errors.Is(err, backend.ErrMigrationNoProgress) {
@@ -209,8 +213,10 @@ func TestLiveMigrationCompletionTimeoutCancels(t *testing.T) {
 	send, receive := tcpPair(t)
 	go func() { _, _ = io.Copy(io.Discard, receive) }()
 	const completion = 3 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	began := time.Now()
-	_, err := p.source.SendLive(context.Background(), p.spec.ID, send, backend.LiveOptions{
+	_, err := p.source.SendLive(ctx, p.spec.ID, send, backend.LiveOptions{
 		MaxBandwidth: 1 << 20, CompletionTimeout: completion, ProgressTimeout: 2 * time.Second,
 	})
 	took := time.Since(began)
