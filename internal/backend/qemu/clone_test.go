@@ -115,3 +115,85 @@ func TestRestoreClones(t *testing.T) {
 		})
 	}
 }
+
+// A clone's identity: the Machine's name as one DNS label, the spec's MAC,
+// address and gateway (also its nameserver), a full seed and the nonce.
+func TestCloneConfigure(t *testing.T) {
+	spec := backend.Spec{ID: "ns_web.1", Name: "ns/web.1", Network: &backend.Network{
+		MAC: "52:54:00:ab:cd:ef", Address: netip.MustParsePrefix("10.88.0.7/24"), Gateway: netip.MustParseAddr("10.88.0.1"),
+	}}
+	cfg, err := cloneConfigure(spec, "n0nce")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Hostname != "web-1" || cfg.MAC != spec.Network.MAC || len(cfg.Addresses) != 1 || cfg.Addresses[0] != "10.88.0.7/24" ||
+		cfg.Gateway != "10.88.0.1" || len(cfg.DNS) != 1 || cfg.DNS[0] != "10.88.0.1" || len(cfg.Seed) != cloneSeedBytes || cfg.Boot != "n0nce" {
+		t.Errorf("configure %+v", cfg)
+	}
+	other, err := cloneConfigure(spec, "n0nce")
+	if err != nil || string(other.Seed) == string(cfg.Seed) {
+		t.Errorf("two clones got the same seed (%v)", err)
+	}
+	// Without a NIC: only the hostname, seed and nonce.
+	cfg, err = cloneConfigure(backend.Spec{ID: "ns_a", Name: "ns/a"}, "n0nce")
+	if err != nil || cfg.MAC != "" || cfg.Addresses != nil || cfg.Gateway != "" || cfg.Hostname != "a" {
+		t.Errorf("configure without a NIC %+v %v", cfg, err)
+	}
+}
+
+// A Backend that stopped between a clone's restore and its configure (a
+// node agent restarted): the Backend that adopts the VM gives the guest its
+// identity, and only then is the clone Running, with its own nonce.
+func TestAdoptedCloneTakesItsIdentity(t *testing.T) {
+	vmPrereqs(t)
+	state := shortTempDir(t)
+	b := newTestBackend(t, Options{StateDir: state, Log: testLogger(t)})
+	ctx := context.Background()
+	tmpl := backend.Spec{ID: "p_tmpl", Name: "p/tmpl", CPU: 1, MemoryMiB: 256}
+	if _, err := b.Start(ctx, tmpl); err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, b, tmpl.ID, backend.Running, bootTimeout)
+	file := filepath.Join(shortTempDir(t), "tmpl.state")
+	if err := b.Save(ctx, tmpl.ID, file); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Stop(ctx, tmpl.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	clone := backend.Spec{ID: "p_adopted", Name: "p/adopted", CPU: 1, MemoryMiB: 256}
+	skip := func(id string) bool { return id == clone.ID }
+	cloneConfigureSkipped.Store(&skip)
+	_, err := b.RestoreClone(ctx, clone, file)
+	cloneConfigureSkipped.Store(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inst, err := b.Get(ctx, clone.ID); err != nil || inst.Phase != backend.Booting {
+		t.Fatalf("a clone without its identity is %+v %v, want Booting", inst, err)
+	}
+	m, err := readMeta(b.dir(clone.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The first Backend goes, as with its agent: its watcher lets go of
+	// the guest's channel, which serves one client at a time.
+	v := b.vm(clone.ID)
+	v.mu.Lock()
+	v.gen++
+	v.proc = nil
+	v.mu.Unlock()
+
+	adopter := newTestBackend(t, Options{StateDir: state, Log: testLogger(t)})
+	waitPhase(t, adopter, clone.ID, backend.Running, bootTimeout)
+	agent := dialAgent(t, adopter, clone.ID)
+	st, err := agent.Status(ctx)
+	if err != nil || st.Boot != m.BootNonce {
+		t.Errorf("adopted clone's agent reports %+v %v, want boot %s", st, err, m.BootNonce)
+	}
+	if _, out, _ := guestExec(t, agent, nil, "hostname"); out != "adopted\n" {
+		t.Errorf("adopted clone's hostname %q", out)
+	}
+}

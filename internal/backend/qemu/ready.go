@@ -113,6 +113,13 @@ func (b *Backend) watchAdopted(id string, m meta) {
 		}
 		ctx, cancel := whileRunning(func() bool { return same() && processAlive(m.PID, dir) })
 		defer cancel()
+		if m.Clone {
+			// The Backend that restored it may have stopped before its
+			// guest took the clone's identity; once more does no harm.
+			if err := b.configureClone(ctx, m.Spec, m.BootNonce); err != nil {
+				b.log.Warn("an adopted clone did not take its identity", "id", id, "err", err)
+			}
+		}
 		at, ok := b.awaitAgentReady(ctx, id, m.BootNonce)
 		if ok && same() {
 			_ = writeJSON(filepath.Join(dir, readyFile), readyRecord{ReadyAfter: at.Sub(m.StartedAt), At: at})
@@ -149,7 +156,11 @@ func (b *Backend) awaitAgentReady(ctx context.Context, id, nonce string) (time.T
 	sock := b.AgentSocket(id)
 	warned := false
 	for ctx.Err() == nil {
-		c, err := client.Dial(ctx, sock, client.Options{Name: "kairon-node/ready"})
+		// A guest whose Hello never comes (seen under load, early in its
+		// boot) would hold an unbounded dial forever: dial afresh.
+		dctx, cancel := context.WithTimeout(ctx, agentStatusTimeout)
+		c, err := client.Dial(dctx, sock, client.Options{Name: "kairon-node/ready"})
+		cancel()
 		if err != nil {
 			// No socket yet, or the guest broke the protocol: try again.
 			if !sleepCtx(ctx, agentPollInterval) {
