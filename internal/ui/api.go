@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -28,9 +29,14 @@ import (
 // that may be unknown is null rather than left out, so every object of a
 // kind has the same keys. docs/guides/ui.md documents them.
 
-// List is the envelope of every list endpoint.
+// List is the envelope of every list endpoint: one page of items (see
+// paging.go).
 type List[T any] struct {
 	Items []T `json:"items"`
+	// Continue is the ?continue= of the next page; "" on the last page.
+	Continue string `json:"continue"`
+	// Total is how many items the request selects, on all its pages.
+	Total int `json:"total"`
 }
 
 // Condition is a metav1.Condition as the UI shows it.
@@ -218,18 +224,6 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// serveList answers a list endpoint.
-func serveList[T any](w http.ResponseWriter, items []T, err error) {
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
-		return
-	}
-	if items == nil {
-		items = []T{}
-	}
-	writeJSON(w, http.StatusOK, List[T]{Items: items})
-}
-
 // readError answers an error of a read: 401 and 403 for a user who is not
 // signed in or may not read it, the API server's own status for its
 // errors, 500 otherwise.
@@ -248,10 +242,15 @@ func readError(w http.ResponseWriter, err error) {
 	}
 }
 
-// serveRead answers a list endpoint once the user may make the reads of
-// needs in the request's namespace.
-func serveRead[T any](s *Server, w http.ResponseWriter, r *http.Request, list func(ctx context.Context, ns string) ([]T, error), needs ...access) {
+// serveRead answers a list endpoint, one page of it, once the user may
+// make the reads of needs in the request's namespace.
+func serveRead[T keyed](s *Server, w http.ResponseWriter, r *http.Request, list func(ctx context.Context, ns string) ([]T, error), needs ...access) {
 	ns := r.URL.Query().Get("namespace")
+	p, err := pageRequestOf(r, DefaultPageSize)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	if err := s.mayRead(r.Context(), ns, needs...); err != nil {
 		readError(w, err)
 		return
@@ -261,7 +260,12 @@ func serveRead[T any](s *Server, w http.ResponseWriter, r *http.Request, list fu
 		readError(w, err)
 		return
 	}
-	serveList(w, items, nil)
+	slices.SortFunc(items, func(a, b T) int { return strings.Compare(a.key(), b.key()) })
+	page, next, _ := pageOf(items, p)
+	if page == nil {
+		page = []T{}
+	}
+	writeJSON(w, http.StatusOK, List[T]{Items: page, Continue: next, Total: len(items)})
 }
 
 func (s *Server) apiBudgets(w http.ResponseWriter, r *http.Request) {

@@ -344,10 +344,37 @@ type machinesView struct {
 	Machines []Machine
 	Phases   []string
 	Nodes    []string
+	Pager    pager
+}
+
+// pager is where a paged list is: items From to To (from 1) of Total,
+// and the links to the first and the next page ("" when there is none),
+// which keep the filters and the page size.
+type pager struct {
+	From, To, Total int
+	First, Next     string
+}
+
+func pagerOf(r *http.Request, shown, before, total int, next string) pager {
+	p := pager{From: before + 1, To: before + shown, Total: total}
+	if shown == 0 {
+		p.From = before
+	}
+	if next != "" {
+		p.Next = nextPageURL(r, next)
+	}
+	if before > 0 || r.URL.Query().Has("continue") {
+		p.First = firstPageURL(r)
+	}
+	return p
 }
 
 func (s *Server) machinesPage(ctx context.Context, r *http.Request) (string, any, error) {
 	f, err := machineFilterOf(r)
+	if err != nil {
+		return "", nil, badRequest{err}
+	}
+	pr, err := pageRequestOf(r, DefaultPageSize)
 	if err != nil {
 		return "", nil, badRequest{err}
 	}
@@ -358,7 +385,8 @@ func (s *Server) machinesPage(ctx context.Context, r *http.Request) (string, any
 	if err != nil {
 		return "", nil, err
 	}
-	v := machinesView{Machines: ms}
+	page, next, before := pageOf(ms, pr)
+	v := machinesView{Machines: page, Pager: pagerOf(r, len(page), before, len(ms), next)}
 	for _, p := range []kaironv1.MachinePhase{kaironv1.MachinePending, kaironv1.MachineScheduled, kaironv1.MachineBooting, kaironv1.MachineRunning, kaironv1.MachineStopping, kaironv1.MachineStopped, kaironv1.MachineFailed} {
 		v.Phases = append(v.Phases, string(p))
 	}
