@@ -38,7 +38,7 @@ func waitSnapshot(t *testing.T, env *testenv.Env, ns, pool, hash string) *kairon
 // restored on the template's node; a claim binds to a clone, and its
 // replacement is a clone too; a template change re-snapshots (the old
 // template Machine and its file go) and the next replacement is a clone of
-// the new template.
+// the new template; warmFrom Boot drops the template and its file.
 func TestMachinePoolWarmFromSnapshot(t *testing.T) {
 	env := testenv.Get(t)
 	ns := prepareNamespace(t, env)
@@ -122,5 +122,22 @@ func TestMachinePoolWarmFromSnapshot(t *testing.T) {
 			}
 		}
 		return ok && clones >= 1, describeMembers(warm, claimed)
+	})
+
+	// Back to booting: the template Machine, its file and the pool's
+	// snapshot record go.
+	p = getPool(t, env, ns, "agents")
+	patch = client.MergeFrom(p.DeepCopy())
+	p.Spec.WarmFrom = kaironv1.WarmFromBoot
+	if err := env.Client.Patch(context.Background(), p, patch); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "warmFrom Boot to drop the snapshot", func() (bool, string) {
+		p := getPool(t, env, ns, "agents")
+		var m kaironv1.Machine
+		err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: newSnap.Machine}, &m)
+		_, statErr := os.Stat(newSnap.Path)
+		return p.Status.Snapshot == nil && meta.FindStatusCondition(p.Status.Conditions, kaironv1.ConditionSnapshotReady.String()) == nil &&
+			err != nil && errors.Is(statErr, fs.ErrNotExist), fmtJSON(p.Status)
 	})
 }
