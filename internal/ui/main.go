@@ -2,6 +2,7 @@ package ui
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,7 +18,7 @@ import (
 
 // Main is the kairon-ui command: it parses args, serves until ctx ends and
 // returns the exit code. It prints "kairon-ui: serving http://ADDR ..." on
-// stdout once the cache is filled and the address listens.
+// stdout (https with --tls-cert-file) once the cache is filled and the address listens.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kairon-ui", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -25,6 +26,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	listen := fs.String("listen", "127.0.0.1:8090", "address to serve the dashboard and the API on")
 	auth := fs.String("auth", "auto", "who requests act as: token (each request's own bearer token, from an Authorization header or the login page), kubeconfig (the identity kairon-ui runs with), or auto (token with the in-cluster config, kubeconfig otherwise)")
 	allowWrite := fs.Bool("allow-write", false, "turn the actions on (evacuate a node, migrate a Machine, scale a pool), made with the user's identity")
+	tlsCert := fs.String("tls-cert-file", "", "serve HTTPS with this PEM certificate (chain); needs --tls-private-key-file. Read once at start")
+	tlsKey := fs.String("tls-private-key-file", "", "the PEM private key of --tls-cert-file")
 	allowNonLoopback := fs.Bool("allow-non-loopback", false, "with --auth kubeconfig: listen on a non-loopback --listen address, so that whoever reaches it acts as the kubeconfig's identity")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "Usage: kairon-ui [flags]\n\nServes Kairon's web dashboard and its JSON API (/api/v1/...);\nsee docs/guides/ui.md.\n\nFlags:\n")
@@ -61,15 +64,28 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kairon-ui: refusing --listen %s with --auth kubeconfig: whoever reaches a non-loopback address would act as the kubeconfig's identity. Listen on 127.0.0.1, use --auth token, or add --allow-non-loopback.\n", *listen)
 		return 2
 	}
+	if (*tlsCert == "") != (*tlsKey == "") {
+		fmt.Fprintln(stderr, "kairon-ui: --tls-cert-file and --tls-private-key-file go together")
+		return 2
+	}
+	var tlsConfig *tls.Config
+	if *tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
+		if err != nil {
+			fmt.Fprintf(stderr, "kairon-ui: loading --tls-cert-file %s and --tls-private-key-file %s: %v\n", *tlsCert, *tlsKey, err)
+			return 2
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
 	opts := Options{Auth: mode, AllowWrite: *allowWrite}
-	if err := serve(ctx, *kubeconfig, *listen, opts, stdout, stderr); err != nil {
+	if err := serve(ctx, *kubeconfig, *listen, tlsConfig, opts, stdout, stderr); err != nil {
 		fmt.Fprintln(stderr, "kairon-ui:", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(ctx context.Context, kubeconfig, listen string, opts Options, stdout, stderr io.Writer) error {
+func serve(ctx context.Context, kubeconfig, listen string, tlsConfig *tls.Config, opts Options, stdout, stderr io.Writer) error {
 	cfg, err := restConfig(kubeconfig)
 	if err != nil {
 		return err
@@ -92,7 +108,13 @@ func serve(ctx context.Context, kubeconfig, listen string, opts Options, stdout,
 	if opts.AllowWrite {
 		writes = "actions on"
 	}
-	fmt.Fprintf(stdout, "kairon-ui: serving http://%s (API server %s, auth %s, %s)\n", ln.Addr(), cfg.Host, opts.Auth, writes)
+	scheme := "http"
+	if tlsConfig != nil {
+		// The login cookie is Secure on a request that came over TLS.
+		ln = tls.NewListener(ln, tlsConfig)
+		scheme = "https"
+	}
+	fmt.Fprintf(stdout, "kairon-ui: serving %s://%s (API server %s, auth %s, %s)\n", scheme, ln.Addr(), cfg.Host, opts.Auth, writes)
 	hs := &http.Server{
 		Handler:           srv.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
