@@ -45,7 +45,7 @@ const gcWindow = 2 * time.Second
 // startControllers runs every Kairon controller, as kairon-controller
 // does, in a manager whose cache sees only namespace ns (and the cluster's
 // Nodes), until the test ends or it calls stop, whichever comes first.
-func startControllers(t *testing.T, env *testenv.Env, ns string, opts Options, customize ...func(*ctrl.Options)) (stop func()) {
+func startControllers(t testing.TB, env *testenv.Env, ns string, opts Options, customize ...func(*ctrl.Options)) (stop func()) {
 	t.Helper()
 	if opts.Interval == 0 {
 		opts.Interval = testInterval
@@ -87,7 +87,7 @@ func startControllers(t *testing.T, env *testenv.Env, ns string, opts Options, c
 
 // createNode creates a ready Kairon node, named after the test's namespace
 // because Nodes are shared by every test, and deletes it when the test ends.
-func createNode(t *testing.T, env *testenv.Env, ns, name string, cpu int64, memory string, mutate ...func(*corev1.Node)) *corev1.Node {
+func createNode(t testing.TB, env *testenv.Env, ns, name string, cpu int64, memory string, mutate ...func(*corev1.Node)) *corev1.Node {
 	t.Helper()
 	ctx := context.Background()
 	node := rulestest.Node(ns+"-"+name, cpu, memory, mutate...)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -141,8 +142,13 @@ func (r *SchedulerReconciler) Reconcile(ctx context.Context, _ reconcile.Request
 			errs = append(errs, fmt.Errorf("machine %s/%s: %w", m.Namespace, m.Name, err))
 		}
 	}
-	for _, m := range pass.unscheduled {
-		err := r.scheduleOne(ctx, pass, m)
+	// Every placement is decided first, in order, each one booking its
+	// room; then the writes go out together. A pass no longer waits for
+	// one Machine's writes before placing the next: at a few tens of ms
+	// per write on a busy API server, that made the scheduler the
+	// bottleneck of a pool refilling after a claim burst.
+	binds, pending := pass.decide()
+	failed := func(m *kaironv1.Machine, err error) {
 		switch {
 		case apierrors.IsConflict(err), apierrors.IsNotFound(err):
 			// Someone changed or deleted the Machine since the cache saw
@@ -150,6 +156,25 @@ func (r *SchedulerReconciler) Reconcile(ctx context.Context, _ reconcile.Request
 			retrySoon = true
 		case err != nil:
 			errs = append(errs, fmt.Errorf("machine %s/%s: %w", m.Namespace, m.Name, err))
+		}
+	}
+	bindErrs := inParallel(binds, func(p placement) error { return r.bindAndMark(ctx, p.machine, p.node) })
+	bindFailed := false
+	for i, err := range bindErrs {
+		if err != nil {
+			bindFailed = true
+			failed(binds[i].machine, err)
+		}
+	}
+	// A bind that failed booked room the pass then thought taken, so a
+	// Machine it found no room for may have had some: say nothing about
+	// those this pass and look again soon.
+	if bindFailed {
+		retrySoon = true
+	} else {
+		pendErrs := inParallel(pending, func(p placement) error { return r.markPending(ctx, p.machine, p.reason, p.message) })
+		for i, err := range pendErrs {
+			failed(pending[i].machine, err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -259,19 +284,59 @@ func (p *schedulingPass) charge(m *kaironv1.Machine, node *rules.NodeInfo) {
 	}
 }
 
-func (r *SchedulerReconciler) scheduleOne(ctx context.Context, pass *schedulingPass, m *kaironv1.Machine) error {
-	if ok, message := pass.admitQuota(m); !ok {
-		return r.markPending(ctx, m, kaironv1.MachineReasonQuotaExceeded, message)
+// placement is what a pass decided for one unscheduled Machine: a node, or
+// why it stays Pending.
+type placement struct {
+	machine         *kaironv1.Machine
+	node            *rules.NodeInfo
+	reason, message string
+}
+
+// decide places the pass's unscheduled Machines, oldest first, each on the
+// room the ones before it left (node capacity and namespace quotas).
+func (p *schedulingPass) decide() (binds, pending []placement) {
+	for _, m := range p.unscheduled {
+		if ok, message := p.admitQuota(m); !ok {
+			pending = append(pending, placement{machine: m, reason: kaironv1.MachineReasonQuotaExceeded, message: message})
+			continue
+		}
+		node, message := rules.PickNode(p.nodes, m)
+		if node == nil {
+			pending = append(pending, placement{machine: m, reason: kaironv1.MachineReasonUnschedulable, message: message})
+			continue
+		}
+		p.charge(m, node)
+		binds = append(binds, placement{machine: m, node: node})
 	}
-	node, message := rules.PickNode(pass.nodes, m)
-	if node == nil {
-		return r.markPending(ctx, m, kaironv1.MachineReasonUnschedulable, message)
+	return binds, pending
+}
+
+// schedulerWriters bounds the writes a pass has in flight at once.
+const schedulerWriters = 16
+
+// inParallel runs do for each item, at most schedulerWriters at once, and
+// returns each one's error at its index.
+func inParallel(items []placement, do func(placement) error) []error {
+	errs := make([]error, len(items))
+	sem := make(chan struct{}, schedulerWriters)
+	var wg sync.WaitGroup
+	for i, it := range items {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = do(it)
+		})
 	}
+	wg.Wait()
+	return errs
+}
+
+// bindAndMark binds m to node and records it in m's status.
+func (r *SchedulerReconciler) bindAndMark(ctx context.Context, m *kaironv1.Machine, node *rules.NodeInfo) error {
 	bound, err := r.bind(ctx, m, node.Node.Name)
 	if err != nil {
 		return err
 	}
-	pass.charge(m, node)
 	r.assumed.assume(bound, node.Node.Name)
 	log := ctrl.LoggerFrom(ctx).WithValues("machine", klog.KObj(m), "node", klog.KObj(node.Node))
 	log.Info("Bound machine to node", "cpu", rules.MachineCPU(m), "memory", rules.FormatMemory(rules.MachineMemory(m)))
