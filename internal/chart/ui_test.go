@@ -122,6 +122,32 @@ func TestTemplateUI(t *testing.T) {
 		t.Errorf("ui.allowWrite=true changes kairon-ui's ClusterRole:\n%+v\nwant\n%+v", writeRole.Rules, role.Rules)
 	}
 
+	// ui.tls.secretName: the Secret mounted read-only, kairon-ui given its
+	// files, and the probes and the Service speaking HTTPS.
+	if c.VolumeMounts != nil || dep.Spec.Template.Spec.Volumes != nil || c.ReadinessProbe.HTTPGet.Scheme != corev1.URISchemeHTTP {
+		t.Errorf("without ui.tls: mounts %+v, volumes %+v, probe scheme %q", c.VolumeMounts, dep.Spec.Template.Spec.Volumes, c.ReadinessProbe.HTTPGet.Scheme)
+	}
+	m = render(t, setArgs([]string{"ui.enabled=true", "ui.tls.secretName=ui-cert"})...)
+	get(t, m, "Deployment", uiName, &dep)
+	c = onlyContainer(t, dep.Spec.Template.Spec)
+	if want := []string{"--auth=token", "--listen=:8090", "--tls-cert-file=/etc/kairon-ui/tls/tls.crt", "--tls-private-key-file=/etc/kairon-ui/tls/tls.key"}; !slices.Equal(c.Args, want) {
+		t.Errorf("ui.tls.secretName: args %q, want %q", c.Args, want)
+	}
+	vols := dep.Spec.Template.Spec.Volumes
+	if len(vols) != 1 || vols[0].Secret == nil || vols[0].Secret.SecretName != "ui-cert" ||
+		len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != vols[0].Name || c.VolumeMounts[0].MountPath != "/etc/kairon-ui/tls" || !c.VolumeMounts[0].ReadOnly {
+		t.Errorf("ui.tls.secretName: volumes %+v, mounts %+v", vols, c.VolumeMounts)
+	}
+	for _, p := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
+		if p == nil || p.HTTPGet.Scheme != corev1.URISchemeHTTPS || p.HTTPGet.Port.String() != "https" {
+			t.Errorf("ui.tls.secretName: probe %+v, want HTTPS on the https port", p)
+		}
+	}
+	get(t, m, "Service", uiName, &svc)
+	if len(c.Ports) != 1 || c.Ports[0].Name != "https" || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].TargetPort.String() != "https" {
+		t.Errorf("ui.tls.secretName: container ports %+v, Service ports %+v", c.Ports, svc.Spec.Ports)
+	}
+
 	if out := renderError(t, setArgs([]string{"ui.enabled=true", "ui.port=70000"})...); !strings.Contains(out, "ui.port=70000 is not a TCP port") {
 		t.Errorf("ui.port=70000: %s", out)
 	}
@@ -131,7 +157,7 @@ func TestTemplateUI(t *testing.T) {
 // the arguments the chart renders plus -h.
 func TestRenderedUIFlagsExist(t *testing.T) {
 	bin := buildCommands(t, "kairon-ui")
-	for _, sets := range [][]string{{"ui.enabled=true"}, {"ui.enabled=true", "ui.allowWrite=true", "ui.port=9000"}} {
+	for _, sets := range [][]string{{"ui.enabled=true"}, {"ui.enabled=true", "ui.allowWrite=true", "ui.port=9000"}, {"ui.enabled=true", "ui.tls.secretName=ui-cert"}} {
 		var dep appsv1.Deployment
 		get(t, render(t, setArgs(sets)...), "Deployment", uiName, &dep)
 		args := onlyContainer(t, dep.Spec.Template.Spec).Args
