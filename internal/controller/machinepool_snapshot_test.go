@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -35,7 +36,7 @@ func waitSnapshot(t *testing.T, env *testenv.Env, ns, pool, hash string) *kairon
 // A pool with spec.warmFrom Snapshot (on the real API server, sim nodes):
 // its template Machine is booted, saved by its node and stopped, and never
 // counts as a member; members created once the snapshot exists are clones,
-// restored on the template's node; a claim binds to a clone, and its
+// restored on the template's node (one on another node fails); a claim binds to a clone, and its
 // replacement is a clone too; a template change re-snapshots (the old
 // template Machine and its file go) and the next replacement is a clone of
 // the new template; warmFrom Boot drops the template and its file.
@@ -67,6 +68,21 @@ func TestMachinePoolWarmFromSnapshot(t *testing.T) {
 	if _, err := os.Stat(snap.Path); err != nil {
 		t.Errorf("the snapshot file: %v", err)
 	}
+
+	// A clone on a node without the file fails to start: the state is not
+	// copied between nodes.
+	other := ns + "-a"
+	if snap.NodeName == other {
+		other = ns + "-b"
+	}
+	createMachine(t, env, ns, "stray", 1, "64Mi", func(m *kaironv1.Machine) {
+		m.Annotations = map[string]string{kaironv1.AnnotationRestoreFrom: snap.Machine}
+		m.Spec.NodeName = other
+	})
+	eventually(t, "a clone on the other node to fail", func() (bool, string) {
+		m := getMachine(t, env, ns, "stray")
+		return m.Status.Phase == kaironv1.MachineFailed && strings.Contains(m.Status.Message, "is not on node "+other), fmtJSON(m.Status)
+	})
 
 	scalePool(t, env, ns, "agents", 2)
 	warm := waitWarm(t, env, ns, "agents", 2, 0)
