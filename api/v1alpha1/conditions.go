@@ -69,6 +69,44 @@ const (
 	GuestAgentReasonNotRunning   = "MachineNotRunning"
 )
 
+// ConditionNodeReachable is on a Machine whose node's agent stopped
+// renewing its Lease (kube-node-lease/kairon-<node>) for longer than
+// kairon-controller's -node-grace-period: False with reason
+// NodeReachableReasonLeaseExpired, and True again (reason
+// NodeReachableReasonLeaseRenewed) once the agent renews it. A Machine that
+// never ran on an unreachable node has no such condition. The same
+// condition is on a bound MachineClaim whose Machine it is on. Written by
+// kairon-controller (nodehealth_controller.go); nothing is deleted or
+// recreated because of it: the node may still run the VM.
+const ConditionNodeReachable ConditionType = "NodeReachable"
+
+// Reasons of the NodeReachable condition (Machines, MachineClaims) and of
+// NodeConditionAgentReady (Nodes).
+const (
+	NodeReachableReasonLeaseExpired = "NodeLeaseExpired"
+	NodeReachableReasonLeaseRenewed = "NodeLeaseRenewed"
+)
+
+// NodeConditionAgentReady is the Node condition kairon-controller keeps on
+// every Kairon node whose agent holds a Lease: True while the agent renews
+// it, Unknown once it has not for the grace period. Kairon owns it on every
+// installation; the Node's Ready condition is Kairon's only on a node its
+// agent registered (kairon-local), where it goes Unknown too. Under Helm
+// Ready is the kubelet's, and this condition alone says the agent is gone.
+const NodeConditionAgentReady ConditionType = "KaironAgentReady"
+
+// Reasons of a Machine's Ready condition for a VM that did not start.
+const (
+	// MachineReasonBootTimeout: the VM did not reach Running within the
+	// node agent's --boot-timeout of its first start attempt; it is
+	// stopped and the Machine Failed.
+	MachineReasonBootTimeout = "BootTimeout"
+	// MachineReasonStartRetrying: starting the VM failed in a way that can
+	// pass (an address, a tap, the disk); the agent tries again with
+	// backoff until --boot-timeout.
+	MachineReasonStartRetrying = "StartRetrying"
+)
+
 // Reasons of a Machine's Scheduled condition.
 const (
 	MachineReasonScheduled     = "Scheduled"
@@ -265,6 +303,17 @@ const (
 	EventReasonEvacuationMigrationCreated = "EvacuationMigrationCreated"
 	EventReasonEvacuationBlocked          = "EvacuationBlocked"
 	EventReasonEvacuationFailed           = "EvacuationFailed"
+	// kairon-controller's events on a Node whose agent's Lease expired
+	// (Warning) or is renewed again (Normal), and on each Machine there.
+	EventReasonNodeUnreachable = "NodeUnreachable"
+	EventReasonNodeReachable   = "NodeReachable"
+	// EventReasonDeletedFailed is on a MachineSet or MachinePool that
+	// deleted a Failed Machine (its VM is gone) after counting it out and
+	// creating its replacement; the message carries the Machine's reason.
+	EventReasonDeletedFailed = "DeletedFailedMachine"
+	// EventReasonStartRetrying is the node agent's Warning on a Machine
+	// whose VM start failed in a way that can pass; it tries again.
+	EventReasonStartRetrying = MachineReasonStartRetrying
 	// EventReasonEgressDenied is the node agent's Warning on a confined
 	// Machine whose egress was refused (a DNS name), at most one a minute.
 	EventReasonEgressDenied = "EgressDenied"

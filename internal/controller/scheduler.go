@@ -120,6 +120,7 @@ func nodeSchedulingChanged() predicate.Funcs {
 				old.Spec.Unschedulable != cur.Spec.Unschedulable ||
 				rules.NodeAllocatable(old) != rules.NodeAllocatable(cur) ||
 				rules.NodeReady(old) != rules.NodeReady(cur) ||
+				rules.NodeAgentReachable(old) != rules.NodeAgentReachable(cur) ||
 				(old.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil)
 		},
 	}

@@ -35,6 +35,7 @@ type nodeRejection int
 
 const (
 	rejectNotReady nodeRejection = iota
+	rejectUnreachable
 	rejectDeleting
 	rejectCordoned
 	rejectNodeSelector
@@ -51,6 +52,8 @@ func NodeRejections(n *NodeInfo, m *kaironv1.Machine) []nodeRejection {
 	switch {
 	case !NodeReady(n.Node):
 		return []nodeRejection{rejectNotReady}
+	case !NodeAgentReachable(n.Node):
+		return []nodeRejection{rejectUnreachable}
 	case n.Node.DeletionTimestamp != nil:
 		return []nodeRejection{rejectDeleting}
 	case n.Node.Spec.Unschedulable:
@@ -170,6 +173,8 @@ func rejectionPhrase(kind nodeRejection, n int, mostFree, need Resources) string
 	switch kind {
 	case rejectNotReady:
 		return plural(n, "node is not ready", "nodes are not ready")
+	case rejectUnreachable:
+		return plural(n, "node's agent is unreachable", "nodes' agents are unreachable")
 	case rejectDeleting:
 		return plural(n, "node is being deleted", "nodes are being deleted")
 	case rejectCordoned:

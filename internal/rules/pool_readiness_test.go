@@ -12,6 +12,9 @@ func TestWarmMemberReady(t *testing.T) {
 	agent := func(s metav1.ConditionStatus) []metav1.Condition {
 		return []metav1.Condition{{Type: kaironv1.ConditionGuestAgentReady.String(), Status: s}}
 	}
+	reach := func(s metav1.ConditionStatus) []metav1.Condition {
+		return []metav1.Condition{{Type: kaironv1.ConditionNodeReachable.String(), Status: s}}
+	}
 	for _, tc := range []struct {
 		name      string
 		readiness kaironv1.MachinePoolReadiness
@@ -26,6 +29,10 @@ func TestWarmMemberReady(t *testing.T) {
 		{"GuestAgent: Running, agent silent", kaironv1.PoolReadinessGuestAgent, kaironv1.MachineRunning, agent(metav1.ConditionFalse), false},
 		{"GuestAgent: Running, agent answered", kaironv1.PoolReadinessGuestAgent, kaironv1.MachineRunning, agent(metav1.ConditionTrue), true},
 		{"GuestAgent: agent answered but Booting", kaironv1.PoolReadinessGuestAgent, kaironv1.MachineBooting, agent(metav1.ConditionTrue), false},
+		{"default: Running on an unreachable node", "", kaironv1.MachineRunning, reach(metav1.ConditionFalse), false},
+		{"default: Running, node reachable again", "", kaironv1.MachineRunning, reach(metav1.ConditionTrue), true},
+		{"GuestAgent: agent answered, node unreachable", kaironv1.PoolReadinessGuestAgent, kaironv1.MachineRunning,
+			append(agent(metav1.ConditionTrue), reach(metav1.ConditionFalse)...), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pool := &kaironv1.MachinePool{Spec: kaironv1.MachinePoolSpec{Readiness: tc.readiness}}
