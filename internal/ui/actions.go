@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -32,6 +33,11 @@ type EvacuateRequest struct {
 	Node string `json:"node"`
 	// Strategy is cold (the default) or live.
 	Strategy string `json:"strategy"`
+	// UntilEmpty keeps going after this pass, as kaironctl evacuate
+	// --wait: kairon-ui makes another pass each time Machines, migrations
+	// or budgets change, until the node is empty, the user cancels, or
+	// nothing can move (see evacuations.go).
+	UntilEmpty bool `json:"untilEmpty"`
 }
 
 // MigrateRequest is the body of POST /api/v1/actions/migrate.
@@ -67,6 +73,10 @@ type Evacuation struct {
 	// Deleting are being deleted and leave without a migration.
 	Deleting []EvacuatedMachine `json:"deleting"`
 	Summary  string             `json:"summary"`
+	// Job is, with untilEmpty, the evacuation that goes on after this
+	// pass (GET /api/v1/evacuations); null without it, or when this pass
+	// left nothing to wait for.
+	Job *EvacuationJob `json:"job"`
 }
 
 // EvacuatedMachine is one Machine of an evacuation.
@@ -103,6 +113,7 @@ func (s *Server) actionRoutes() {
 		return
 	}
 	s.authed.HandleFunc("POST /api/v1/actions/evacuate", action(s, s.evacuate))
+	s.authed.HandleFunc("POST /api/v1/actions/evacuate-cancel", action(s, s.cancelEvacuation))
 	s.authed.HandleFunc("POST /api/v1/actions/migrate", action(s, s.migrate))
 	s.authed.HandleFunc("POST /api/v1/actions/scale", action(s, s.scale))
 }
@@ -193,10 +204,8 @@ func isMigrationRefusal(err error) bool {
 	return false
 }
 
-// evacuate makes one pass of `kaironctl evacuate NODE`: the shared plan
-// (rules.LoadEvacuationSnapshot, rules.PlanEvacuation) over what the user
-// reads, and a MachineMigration (rules.NewEvacuationMigration) for every
-// Machine the budgets allow, created as the user.
+// evacuate makes one pass of `kaironctl evacuate NODE` and, with
+// untilEmpty, starts the job that makes the next ones.
 func (s *Server) evacuate(ctx context.Context, c client.Client, req *EvacuateRequest) (*Evacuation, error) {
 	if req.Node == "" {
 		return nil, refuse(http.StatusBadRequest, "node must not be empty")
@@ -205,17 +214,38 @@ func (s *Server) evacuate(ctx context.Context, c client.Client, req *EvacuateReq
 	if err != nil {
 		return nil, err
 	}
+	u := userOf(ctx)
+	if req.UntilEmpty {
+		if j := s.evacuations.running(u, req.Node); j != nil {
+			return nil, refuse(http.StatusConflict, "node %s is already being evacuated until empty (evacuation %s, started %s); cancel it first", req.Node, j.ID, j.StartedAt.Format(time.RFC3339))
+		}
+	}
+	res, err := evacuatePass(ctx, c, req.Node, strategy)
+	if err != nil {
+		return nil, err
+	}
+	if req.UntilEmpty && res.Machines > 0 {
+		res.Job = s.startEvacuation(u, c, req.Node, strategy, res)
+	}
+	return res, nil
+}
+
+// evacuatePass is one pass: the shared plan (rules.LoadEvacuationSnapshot,
+// rules.PlanEvacuation) over what the user reads, and a MachineMigration
+// (rules.NewEvacuationMigration) for every Machine the budgets allow,
+// created as the user.
+func evacuatePass(ctx context.Context, c client.Client, node string, strategy kaironv1.MigrationStrategy) (*Evacuation, error) {
 	snap, err := rules.LoadEvacuationSnapshot(ctx, c)
 	if err != nil {
 		return nil, err
 	}
-	onNode := snap.MachinesOn(req.Node)
+	onNode := snap.MachinesOn(node)
 	if len(onNode) == 0 {
-		if err := c.Get(ctx, client.ObjectKey{Name: req.Node}, &corev1.Node{}); apierrors.IsNotFound(err) {
-			return nil, refuse(http.StatusNotFound, "node %q not found, and no Machine has spec.nodeName %q", req.Node, req.Node)
+		if err := c.Get(ctx, client.ObjectKey{Name: node}, &corev1.Node{}); apierrors.IsNotFound(err) {
+			return nil, refuse(http.StatusNotFound, "node %q not found, and no Machine has spec.nodeName %q", node, node)
 		}
 	}
-	res := &Evacuation{Node: req.Node, Machines: len(onNode), Created: []EvacuatedMachine{}, InFlight: []EvacuatedMachine{}, Skipped: []EvacuatedMachine{}, Deleting: []EvacuatedMachine{}}
+	res := &Evacuation{Node: node, Machines: len(onNode), Created: []EvacuatedMachine{}, InFlight: []EvacuatedMachine{}, Skipped: []EvacuatedMachine{}, Deleting: []EvacuatedMachine{}}
 	for _, d := range snap.Plan(onNode) {
 		m := EvacuatedMachine{Namespace: d.Machine.Namespace, Name: d.Machine.Name, Budgets: []string{}}
 		switch d.Verdict {
@@ -231,7 +261,7 @@ func (s *Server) evacuate(ctx context.Context, c client.Client, req *EvacuateReq
 			}
 			res.Skipped = append(res.Skipped, m)
 		case rules.EvacuationMigrate:
-			mig := rules.NewEvacuationMigration(d.Machine, req.Node, strategy)
+			mig := rules.NewEvacuationMigration(d.Machine, node, strategy)
 			if err := c.Create(ctx, mig); err != nil {
 				if !isMigrationRefusal(err) {
 					return nil, err
@@ -244,7 +274,7 @@ func (s *Server) evacuate(ctx context.Context, c client.Client, req *EvacuateReq
 			res.Created = append(res.Created, m)
 		}
 	}
-	parts := []string{fmt.Sprintf("%d Machines on node %s", res.Machines, req.Node), fmt.Sprintf("%d migrations created", len(res.Created))}
+	parts := []string{fmt.Sprintf("%d Machines on node %s", res.Machines, node), fmt.Sprintf("%d migrations created", len(res.Created))}
 	if n := len(res.InFlight); n > 0 {
 		parts = append(parts, fmt.Sprintf("%d already migrating", n))
 	}

@@ -129,7 +129,7 @@ func (s *Server) pageRoutes() {
 	add("GET /budgets", "budgets", "budgets.html", []string{"disruption-budgets", "machines", "migrations"}, s.budgetsPage)
 	add("GET /machines", "machines", "machines.html", []string{"machines"}, s.machinesPage)
 	add("GET /machines/{namespace}/{name}", "machines", "machine.html", []string{"machines", "kubernetes-events"}, s.machinePage)
-	add("GET /nodes", "nodes", "nodes.html", []string{"nodes", "machines"}, s.nodesPage)
+	add("GET /nodes", "nodes", "nodes.html", []string{"nodes", "machines", "evacuations"}, s.nodesPage)
 	add("GET /pools", "pools", "pools.html", []string{"machine-pools", "machine-claims"}, s.poolsPage)
 	add("GET /migrations", "migrations", "migrations.html", []string{"migrations"}, s.migrationsPage)
 	add("GET /network-policies", "network-policies", "policies.html", []string{"network-policies"}, s.policiesPage)
@@ -453,6 +453,8 @@ func (s *Server) machinePage(ctx context.Context, r *http.Request) (string, any,
 type nodesView struct {
 	Nodes    []Node
 	Evacuate bool
+	// Evacuations are the user's evacuations until empty, newest first.
+	Evacuations []EvacuationJob
 }
 
 func (s *Server) nodesPage(ctx context.Context, r *http.Request) (string, any, error) {
@@ -461,7 +463,7 @@ func (s *Server) nodesPage(ctx context.Context, r *http.Request) (string, any, e
 		return "", nil, err
 	}
 	nodes, err := s.nodes(ctx, ns)
-	return "Nodes", nodesView{Nodes: nodes, Evacuate: s.mayDo(ctx, createMigrations, "")}, err
+	return "Nodes", nodesView{Nodes: nodes, Evacuate: s.mayDo(ctx, createMigrations, ""), Evacuations: s.evacuations.of(userOf(ctx))}, err
 }
 
 type poolsView struct {

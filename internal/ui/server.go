@@ -41,6 +41,15 @@ type Options struct {
 	// scale a pool). Without it their endpoints answer 403 and no page
 	// shows them.
 	AllowWrite bool
+	// EvacuatePoll is how often an evacuation until empty makes a pass
+	// when nothing it watches changed; zero means 5 s.
+	EvacuatePoll time.Duration
+	// EvacuateStuckAfter is how long an evacuation until empty waits,
+	// with nothing in flight and nothing it may move, before it stops as
+	// Stuck; zero means 30 s.
+	EvacuateStuckAfter time.Duration
+	// EvacuateTimeout ends an evacuation until empty; zero means 1 h.
+	EvacuateTimeout time.Duration
 }
 
 // Server serves the dashboard and the JSON API from an informer cache.
@@ -53,6 +62,10 @@ type Server struct {
 	mux     *http.ServeMux
 	opts    Options
 	reviews *reviews
+	// evacuations are the evacuations until empty this process runs;
+	// ctx is Start's, which ends them.
+	evacuations *evacuations
+	ctx         context.Context
 	// authed serves what needs a user: the API and the pages.
 	authed *http.ServeMux
 	// self is the kubeconfig identity requests act as with AuthKubeconfig.
@@ -107,6 +120,15 @@ func New(cfg *rest.Config, opts Options) (*Server, error) {
 	if opts.SyncTimeout == 0 {
 		opts.SyncTimeout = time.Minute
 	}
+	if opts.EvacuatePoll == 0 {
+		opts.EvacuatePoll = 5 * time.Second
+	}
+	if opts.EvacuateStuckAfter == 0 {
+		opts.EvacuateStuckAfter = 30 * time.Second
+	}
+	if opts.EvacuateTimeout == 0 {
+		opts.EvacuateTimeout = time.Hour
+	}
 	switch opts.Auth {
 	case "":
 		opts.Auth = AuthKubeconfig
@@ -116,7 +138,7 @@ func New(cfg *rest.Config, opts Options) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, scheme: scheme, mapper: mapper, cache: c, hub: newHub(), mux: http.NewServeMux(), opts: opts,
-		reviews: &reviews{m: map[string]reviewAnswer{}},
+		reviews: &reviews{m: map[string]reviewAnswer{}}, evacuations: &evacuations{}, ctx: context.Background(),
 		self:    &user{cfg: rest.CopyConfig(cfg), key: "", trusted: true},
 	}
 	s.routes()
@@ -126,6 +148,7 @@ func New(cfg *rest.Config, opts Options) (*Server, error) {
 // Start starts an informer for every kind the UI shows and returns once
 // each has listed, or with the error. The informers run until ctx ends.
 func (s *Server) Start(ctx context.Context) error {
+	s.ctx = ctx
 	for kind, obj := range watched() {
 		inf, err := s.cache.GetInformer(ctx, obj)
 		if err != nil {
@@ -188,6 +211,7 @@ func (s *Server) routes() {
 	s.authed.HandleFunc("GET /api/v1/migrations", s.apiMigrations)
 	s.authed.HandleFunc("GET /api/v1/network-policies", s.apiPolicies)
 	s.authed.HandleFunc("GET /api/v1/events", s.apiEvents)
+	s.authed.HandleFunc("GET /api/v1/evacuations", s.apiEvacuations)
 	s.authed.HandleFunc("GET /api/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
 	})

@@ -64,7 +64,9 @@
   function swap(fresh) {
     var open = [], values = {};
     live.querySelectorAll("details[id][open]").forEach(function (d) { open.push(d.id); });
-    live.querySelectorAll("form[data-action] input[id]").forEach(function (i) { values[i.id] = i.value; });
+    live.querySelectorAll("form[data-action] input[id]").forEach(function (i) {
+      values[i.id] = i.type === "checkbox" ? i.checked : i.value;
+    });
     var focused = document.activeElement && document.activeElement.id;
     live.innerHTML = fresh.innerHTML;
     open.forEach(function (id) {
@@ -75,7 +77,9 @@
     });
     Object.keys(values).forEach(function (id) {
       var i = document.getElementById(id);
-      if (i) {
+      if (i && i.type === "checkbox") {
+        i.checked = values[id];
+      } else if (i) {
         i.value = values[id];
       }
     });
@@ -124,7 +128,7 @@
       ev.preventDefault();
       var req = {};
       new FormData(form).forEach(function (v, k) {
-        req[k] = k === "replicas" ? Number(v) : v;
+        req[k] = k === "replicas" ? Number(v) : k === "untilEmpty" ? v === "on" : v;
       });
       var button = form.querySelector("button");
       if (button) {
@@ -203,6 +207,11 @@
         });
         out.appendChild(ul);
       });
+      if (b.job) {
+        out.appendChild(el("p", "Evacuation " + b.job.id + " keeps going until " + b.node + " is empty; its progress is shown below.", "job"));
+      }
+    } else if (action === "evacuate-cancel") {
+      out.appendChild(el("span", "Evacuation " + b.id + " of " + b.node + ": " + b.state + (b.reason ? " (" + b.reason + ")" : ""), "summary"));
     } else if (action === "migrate") {
       out.appendChild(el("span", "MachineMigration " + b.namespace + "/" + b.migration + " created: " + b.machine +
         " from " + b.sourceNode + " to " + (b.targetNode || "the scheduler's choice") + " (" + b.strategy + ")", "summary"));
