@@ -30,8 +30,9 @@ type MachinePoolSpec struct {
 	// from spec.template, its node saves it once, and members are restored
 	// from that saved state, each given its own address, MAC, hostname,
 	// RNG seed and boot nonce before it reports Running). Snapshot members
-	// are created on the template's node. Until the snapshot exists,
-	// members boot. See docs/guides/machinepool.md.
+	// are placed on the template's node (a kubernetes.io/hostname
+	// nodeSelector). Until the snapshot exists, members boot. See
+	// docs/guides/machinepool.md.
 	// +kubebuilder:default=Boot
 	// +optional
 	WarmFrom MachinePoolWarmFrom `json:"warmFrom,omitempty"`

@@ -14,6 +14,7 @@ const (
 	AnnotationSnapshotSave = "kairon.zyvor.dev/snapshot-save"
 	// AnnotationRestoreFrom is on a clone: the template Machine (same
 	// namespace) whose saved state its node restores instead of booting.
-	// The clone's spec.nodeName is the snapshot's node.
+	// The clone's nodeSelector names the snapshot's node by its
+	// kubernetes.io/hostname label.
 	AnnotationRestoreFrom = "kairon.zyvor.dev/restore-from"
 )
