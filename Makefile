@@ -12,7 +12,7 @@ TEST_FLAGS ?= -race -timeout 20m -count=1
 CONTROLLER_GEN := $(BIN)/controller-gen
 STATICCHECK    := $(BIN)/staticcheck
 
-.PHONY: all deps tools guest generate build up test test-unit lint bench bench-egress bench-exec bench-claim bench-clone fmt clean help
+.PHONY: all deps tools guest generate build up test test-unit lint bench bench-egress bench-exec bench-claim bench-clone bench-scale fmt clean help
 
 all: build
 
@@ -70,6 +70,11 @@ bench-egress: deps tools ## Egress (real nftables): policy create to enforced, b
 
 bench-exec: deps guest ## Guest agent on a real guest: exec round trip of `true` p50/p99, file copy MiB/s.
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench GuestAgent -benchtime 200x -v ./internal/backend/qemu/
+
+bench-scale: deps tools build ## Control plane at scale on kairon-local: hollow nodes, warm pools, a claim storm with a controller restart (KAIRON_SCALE_SIZES=machines,nodes,pools,claims; default 5000,50,20,2000).
+	uptime
+	KAIRON_BIN_DIR=$(BIN) KAIRON_SCALE_BENCH=1 $(GO) test -count=1 -timeout 180m -run TestScaleBench -v ./test/e2e/
+	uptime
 
 bench-claim: deps tools guest build ## Warm claims on kairon-local (sim, C = 1/100/1000; QEMU, C = 1) against the cold path, API writes per bind.
 	uptime
