@@ -67,6 +67,8 @@ var funcs = template.FuncMap{
 		return *p
 	},
 	"lower": strings.ToLower,
+	// pageCount is the argument of the page-count template.
+	"pageCount": func(p pager, what string) map[string]any { return map[string]any{"P": p, "What": what} },
 }
 
 func mustPage(name string, kinds ...string) page {
@@ -546,13 +548,27 @@ func (s *Server) poolsPage(ctx context.Context, r *http.Request) (string, any, e
 	return "Pools and claims", v, err
 }
 
+// migrationsView is one page of the Migrations page.
+type migrationsView struct {
+	Migrations []Migration
+	Pager      pager
+}
+
 func (s *Server) migrationsPage(ctx context.Context, r *http.Request) (string, any, error) {
 	ns := r.URL.Query().Get("namespace")
+	pr, err := pageRequestOf(r, DefaultPageSize)
+	if err != nil {
+		return "", nil, badRequest{err}
+	}
 	if err := s.mayRead(ctx, ns, listMigrations); err != nil {
 		return "", nil, err
 	}
 	migs, err := s.migrations(ctx, ns)
-	return "Migrations", migs, err
+	if err != nil {
+		return "", nil, err
+	}
+	page, next, before := pageOf(migs, pr)
+	return "Migrations", migrationsView{Migrations: page, Pager: pagerOf(r, len(page), before, len(migs), next)}, nil
 }
 
 func (s *Server) policiesPage(ctx context.Context, r *http.Request) (string, any, error) {

@@ -128,6 +128,15 @@ func TestAPIPaging(t *testing.T) {
 		}
 	}
 
+	// The Migrations page pages too.
+	for _, name := range []string{"mig-a", "mig-b"} {
+		create(t, env, &kaironv1.MachineMigration{ObjectMeta: metaOf(ns, name), Spec: kaironv1.MachineMigrationSpec{MachineName: "vm-01", Strategy: kaironv1.MigrationCold}})
+	}
+	testenv.Eventually(t, 30*time.Second, "the Migrations page to show 1 of the 2 migrations and a next page", func() (bool, string) {
+		code, body := (call{path: "/migrations?namespace=" + ns + "&limit=1"}).do(t, base)
+		return code == http.StatusOK && strings.Contains(body, "MachineMigrations 1–1 of 2") && strings.Contains(body, `class="next"`) && strings.Contains(body, `data-name="mig-a"`) && !strings.Contains(body, `data-name="mig-b"`), body
+	})
+
 	// Every list endpoint pages; without a limit the default page size.
 	for _, path := range []string{"nodes", "machine-pools", "machine-claims", "migrations", "network-policies", "disruption-budgets"} {
 		var l ui.List[map[string]any]
