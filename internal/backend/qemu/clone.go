@@ -76,8 +76,9 @@ func cloneConfigure(spec backend.Spec, nonce string) (*wire.Configure, error) {
 			cfg.Addresses = []string{n.Address.String()}
 		}
 		if n.Gateway.IsValid() {
+			// No DNS: a booted guest gets none from the backend either
+			// (no kairon.dns), so a clone keeps the template's.
 			cfg.Gateway = n.Gateway.String()
-			cfg.DNS = []string{n.Gateway.String()}
 		}
 	}
 	return cfg, cfg.Validate()
