@@ -110,8 +110,6 @@ func serve(ctx context.Context, kubeconfig, listen string, tlsConfig *tls.Config
 	}
 	scheme := "http"
 	if tlsConfig != nil {
-		// The login cookie is Secure on a request that came over TLS.
-		ln = tls.NewListener(ln, tlsConfig)
 		scheme = "https"
 	}
 	fmt.Fprintf(stdout, "kairon-ui: serving %s://%s (API server %s, auth %s, %s)\n", scheme, ln.Addr(), cfg.Host, opts.Auth, writes)
@@ -123,7 +121,15 @@ func serve(ctx context.Context, kubeconfig, listen string, tlsConfig *tls.Config
 		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
+	if tlsConfig != nil {
+		// ServeTLS offers HTTP/2 (h2) besides HTTP/1.1, so the event
+		// streams of many open pages share one connection. The login
+		// cookie is Secure on a request that came over TLS.
+		hs.TLSConfig = tlsConfig
+		go func() { errc <- hs.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { errc <- hs.Serve(ln) }()
+	}
 	select {
 	case err := <-errc:
 		return err

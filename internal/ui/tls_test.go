@@ -1,6 +1,7 @@
 package ui_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -123,7 +124,7 @@ func TestTLS(t *testing.T) {
 	}
 
 	trusting := &http.Client{
-		Transport:     &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.pool, MinVersion: tls.VersionTLS12}},
+		Transport:     &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.pool, MinVersion: tls.VersionTLS12}, ForceAttemptHTTP2: true},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		Timeout:       30 * time.Second,
 	}
@@ -132,8 +133,8 @@ func TestTLS(t *testing.T) {
 		t.Fatalf("GET /healthz over TLS: %v", err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || resp.TLS == nil || resp.TLS.PeerCertificates[0].Subject.CommonName != "kairon-ui" {
-		t.Errorf("GET /healthz over TLS: %s, TLS %v", resp.Status, resp.TLS != nil)
+	if resp.StatusCode != http.StatusOK || resp.TLS == nil || resp.TLS.PeerCertificates[0].Subject.CommonName != "kairon-ui" || resp.ProtoMajor != 2 {
+		t.Errorf("GET /healthz over TLS: %s, %s, TLS %v", resp.Status, resp.Proto, resp.TLS != nil)
 	}
 	// A client that does not trust the CA is refused by its own checks.
 	if _, err := (&http.Client{Timeout: 30 * time.Second}).Get(url + "/healthz"); err == nil || !errors.As(err, new(*tls.CertificateVerificationError)) {
@@ -171,6 +172,33 @@ func TestTLS(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("/api/v1/nodes over TLS with the login cookie: %s", resp.Status)
 	}
+
+	// The event stream over HTTP/2: a Machine created shows as a change.
+	streamCtx, stopStream := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stopStream()
+	req, _ = http.NewRequestWithContext(streamCtx, http.MethodGet, url+"/api/v1/events", nil)
+	req.AddCookie(cs[0])
+	stream, err := (&http.Client{Transport: trusting.Transport}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Body.Close()
+	if stream.StatusCode != http.StatusOK || stream.ProtoMajor != 2 || stream.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("the event stream over TLS: %s %s %q", stream.Status, stream.Proto, stream.Header.Get("Content-Type"))
+	}
+	lines := bufio.NewScanner(stream.Body)
+	if !lines.Scan() || lines.Text() != ": connected" {
+		t.Fatalf("the event stream began with %q", lines.Text())
+	}
+	machine(t, env, ns, "over-tls", "", "", nil)
+	changed := false
+	for !changed && lines.Scan() {
+		changed = strings.HasPrefix(lines.Text(), "data: ") && strings.Contains(lines.Text(), `"machines"`)
+	}
+	if !changed {
+		t.Fatalf("the event stream over TLS sent no change of machines within 30 s: %v", lines.Err())
+	}
+	stopStream()
 
 	cancel()
 	select {
