@@ -25,6 +25,7 @@ import (
 	"github.com/zyvor/kairon/internal/backend/sim"
 	"github.com/zyvor/kairon/internal/node"
 	"github.com/zyvor/kairon/internal/node/egress"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 type flags struct {
@@ -60,6 +61,8 @@ type flags struct {
 	suspendLimit time.Duration
 	qemuNoJail   bool
 	cgroupParent string
+	leaseRenew   time.Duration
+	bootTimeout  time.Duration
 }
 
 func main() {
@@ -101,6 +104,8 @@ func run(args []string) error {
 	fs.StringVar(&f.migTLSDir, "migration-tls-dir", "", "directory with tls.crt, tls.key and ca.crt: live migrations between agents use mutual TLS;\ntls.crt must name this node (CN or DNS SAN = --node-name), peers check it (empty: plain TCP, refused unless --migration-insecure or a loopback --migration-listen)")
 	fs.BoolVar(&f.migInsecure, "migration-insecure", false, "FOR TESTS ONLY: accept and send live migrations in plain TCP without --migration-tls-dir, unauthenticated, on any address")
 	fs.DurationVar(&f.interval, "interval", 5*time.Second, "reconcile tick")
+	fs.DurationVar(&f.leaseRenew, "lease-renew-interval", rules.DefaultLeaseRenewInterval, "how often the agent renews its Lease (kube-node-lease/kairon-<node>); keep it well under kairon-controller's -node-grace-period")
+	fs.DurationVar(&f.bootTimeout, "boot-timeout", node.DefaultBootTimeout, "fail a Machine whose VM has not reached Running this long after the first start attempt;\nstart errors that can pass (address, tap, disk space) are retried with backoff until then (docs/guides/node-failure.md)")
 	fs.StringVar(&f.onShutdown, "on-shutdown", string(node.ShutdownKeep), "what a graceful stop (SIGTERM, Ctrl-C) does to the VMs: keep (leave them running for the next agent to adopt,\nas a DaemonSet rollout wants) or suspend (save each VM's state to --state-dir and stop it; the next agent restores it)")
 	fs.DurationVar(&f.suspendLimit, "suspend-timeout", node.DefaultSuspendTimeout, "with --on-shutdown=suspend, how long saving the VMs may take; a VM not saved by then keeps running")
 	fs.BoolVar(&f.qemuNoJail, "qemu-no-jail", false, "run QEMU unconfined as the agent's own user, for an agent that is not root (development only);\nby default each VM's QEMU has its own uid, seccomp, a chroot and a cgroup (docs/guides/vm-isolation.md)")
@@ -183,6 +188,7 @@ func run(args []string) error {
 		ListenAddress: f.listen, ClientCAFile: f.clientCA, Interval: f.interval, HealthProbeAddress: f.healthProbe,
 		MigrationListenAddress: f.migListen, MigrationTLSDir: f.migTLSDir, MigrationInsecure: f.migInsecure, NodeIP: f.nodeIP,
 		OnShutdown: node.ShutdownAction(f.onShutdown), SuspendTimeout: f.suspendLimit,
+		LeaseRenewInterval: f.leaseRenew, BootTimeout: f.bootTimeout,
 	})
 	if err != nil {
 		return err

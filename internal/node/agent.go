@@ -69,6 +69,9 @@ type Agent struct {
 	// lastNodeSync is when the agent last wrote its Node (Unix nanoseconds),
 	// for readiness (health.go).
 	lastNodeSync atomic.Int64
+	// boots tracks start attempts for the boot timeout and the retries of
+	// transient start errors (boot.go).
+	boots bootAttempts
 }
 
 // New prepares an agent: the node network, the console listener and a
@@ -204,7 +207,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.syncNode(ctx, true, "AgentReady", "kairon-node is running"); err != nil {
 		return fmt.Errorf("registering node %s: %w", a.opts.NodeName, err)
 	}
-	runnables := []manager.RunnableFunc{a.heartbeat, a.pollInstances}
+	runnables := []manager.RunnableFunc{a.heartbeat, a.renewLease, a.pollInstances}
 	if a.listener != nil {
 		runnables = append(runnables, a.serve)
 	}

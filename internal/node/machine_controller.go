@@ -140,6 +140,10 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 			// started again; restarting it silently would hide the failure.
 			return a.opts.Interval, nil
 		}
+		if wait := a.boots.wait(id, time.Now()); wait > 0 {
+			return wait, nil // backing off a transient start failure (boot.go)
+		}
+		a.boots.begin(id, time.Now())
 		if machine.Annotations[kaironv1.AnnotationRestoreFrom] != "" {
 			instance, err = a.restoreClone(ctx, machine, id)
 		} else {
@@ -147,14 +151,15 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 		}
 		if err != nil {
 			_ = a.teardown(ctx, id)
-			setPhase(machine, kaironv1.MachineFailed, kaironv1.MachineReasonStartFailed, err.Error())
-			a.event(machine, corev1.EventTypeWarning, kaironv1.MachineReasonStartFailed, err.Error())
-			return a.opts.Interval, nil
+			return a.startFailed(machine, id, err), nil // boot.go: retried, or Failed
 		}
 		a.event(machine, corev1.EventTypeNormal, kaironv1.EventReasonStarted, fmt.Sprintf("VM started on %s (%s)", a.opts.NodeName, instance.Acceleration))
 	}
 
 	a.observe(machine, instance, id)
+	if instance.Phase != backend.Booting {
+		a.boots.forget(id) // up (or gone): the boot timeout is over
+	}
 	a.observeGuestAgent(ctx, machine, id)
 	if instance.Phase != backend.Exited {
 		// A VM adopted from an earlier agent (or one that ran before the
@@ -172,6 +177,17 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 		return a.opts.Interval, nil
 	}
 	if instance.Phase == backend.Booting {
+		if a.bootTimedOut(id, instance) {
+			a.boots.forget(id)
+			message := fmt.Sprintf("the VM did not reach Running within %s (kairon-node --boot-timeout)", a.opts.BootTimeout)
+			if err := a.teardown(ctx, id); err != nil {
+				return time.Second, err
+			}
+			setPhase(machine, kaironv1.MachineFailed, kaironv1.MachineReasonBootTimeout, message)
+			machine.Status.Addresses = nil
+			a.event(machine, corev1.EventTypeWarning, kaironv1.MachineReasonBootTimeout, message)
+			return a.opts.Interval, nil
+		}
 		return time.Second, nil
 	}
 	if wantsSnapshot(machine, instance) {
@@ -208,21 +224,21 @@ func (a *Agent) attach(machine *kaironv1.Machine, id string) (backend.Spec, erro
 		}
 		address, err := a.ipam.AllocatePreferring(id, current)
 		if err != nil {
-			return spec, err
+			return spec, transient(err) // boot.go: retried
 		}
 		spec.Network = &backend.Network{MAC: network.MAC(id), Address: address, Gateway: a.ipam.Gateway().Addr()}
 		if a.links != nil {
 			tap, err := a.links.EnsureTap(id)
 			if err != nil {
-				return spec, err
+				return spec, transient(err)
 			}
 			spec.Network.TapName = tap
 			if err := a.ensureBaseline(machine.Namespace, id); err != nil {
-				return spec, err
+				return spec, transient(err)
 			}
 			// Before the VM runs, here or as a migration's target.
 			if err := a.confineBeforeStart(machine, id, address.Addr()); err != nil {
-				return spec, err
+				return spec, transient(err)
 			}
 		}
 	}

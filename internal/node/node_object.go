@@ -112,12 +112,19 @@ func (a *Agent) syncNode(ctx context.Context, ready bool, reason, message string
 		Type: corev1.NodeReady, Status: status, Reason: reason, Message: message,
 		LastHeartbeatTime: now, LastTransitionTime: now,
 	}
+	// Only Ready is the agent's: kairon-controller keeps KaironAgentReady
+	// (from the agent's Lease) beside it.
+	conditions := []corev1.NodeCondition{condition}
 	for _, old := range node.Status.Conditions {
-		if old.Type == corev1.NodeReady && old.Status == status {
+		switch {
+		case old.Type != corev1.NodeReady:
+			conditions = append(conditions, old)
+		case old.Status == status:
 			condition.LastTransitionTime = old.LastTransitionTime
+			conditions[0] = condition
 		}
 	}
-	node.Status.Conditions = []corev1.NodeCondition{condition}
+	node.Status.Conditions = conditions
 	return patch.Status(ctx, a.client, base, node)
 }
 

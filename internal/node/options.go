@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/zyvor/kairon/internal/backend"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // Options configure one agent.
@@ -70,6 +71,14 @@ type Options struct {
 	// Interval is the reconcile tick; HeartbeatInterval refreshes the Node's Ready condition.
 	Interval          time.Duration
 	HeartbeatInterval time.Duration
+	// LeaseRenewInterval is how often the agent renews its Lease
+	// (lease.go); zero means rules.DefaultLeaseRenewInterval. It must be
+	// well under kairon-controller's -node-grace-period.
+	LeaseRenewInterval time.Duration
+	// BootTimeout fails a Machine whose VM has not reached Running this
+	// long after the agent first tried to start it, transient start errors
+	// and their retries included (boot.go); zero means DefaultBootTimeout.
+	BootTimeout time.Duration
 	// InstancePollInterval is how often the backend is asked what runs, to see
 	// guests become ready and VMs die.
 	InstancePollInterval time.Duration
@@ -95,6 +104,9 @@ const (
 	// goes on where it was. For kairon-local, where nothing may outlive it.
 	ShutdownSuspend ShutdownAction = "suspend"
 )
+
+// DefaultBootTimeout is Options.BootTimeout when unset.
+const DefaultBootTimeout = 5 * time.Minute
 
 // DefaultSuspendTimeout is Options.SuspendTimeout when unset.
 const DefaultSuspendTimeout = 2 * time.Minute
@@ -156,6 +168,12 @@ func (o *Options) defaults() error {
 	}
 	if o.HeartbeatInterval <= 0 {
 		o.HeartbeatInterval = 10 * time.Second
+	}
+	if o.LeaseRenewInterval <= 0 {
+		o.LeaseRenewInterval = rules.DefaultLeaseRenewInterval
+	}
+	if o.BootTimeout <= 0 {
+		o.BootTimeout = DefaultBootTimeout
 	}
 	if o.InstancePollInterval <= 0 {
 		o.InstancePollInterval = 250 * time.Millisecond
