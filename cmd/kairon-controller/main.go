@@ -19,6 +19,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/controller"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 func main() {
@@ -45,6 +46,7 @@ func run() error {
 		webhookCertDir   = flag.String("webhook-cert-dir", "", "directory with the webhook's tls.crt and tls.key (default: the system temp dir's k8s-webhook-server/serving-certs)")
 		cordonEvacuate   = flag.Bool("cordon-evacuate", false, "give every Machine on a cordoned Kairon node a MachineMigration, within the MachineDisruptionBudgets")
 		cordonStrategy   = flag.String("cordon-evacuate-strategy", controller.CordonEvacuateCold, "strategy of the migrations -cordon-evacuate creates: cold, or auto (live where the Machine and both nodes can, cold otherwise; each migration's StrategyChosen condition says which and why); live is refused")
+		nodeGrace        = flag.Duration("node-grace-period", rules.DefaultNodeGracePeriod, "how long a node agent may go without renewing its Lease (kube-node-lease/kairon-<node>) before its node is unreachable:\nKaironAgentReady Unknown, its Machines NodeReachable=False, nothing new placed there, its warm pool members replaced (docs/guides/node-failure.md)")
 		cordonRetry      = flag.Duration("cordon-evacuate-min-retry-interval", controller.DefaultCordonEvacuateMinRetryInterval, "least time between two -cordon-evacuate attempts at one Machine")
 	)
 	zapOpts := zap.Options{}
@@ -52,6 +54,9 @@ func run() error {
 	flag.Parse()
 	if _, err := controller.CordonEvacuationStrategy(*cordonStrategy); err != nil {
 		return err
+	}
+	if *nodeGrace <= 0 {
+		return fmt.Errorf("-node-grace-period must be positive, got %s", *nodeGrace)
 	}
 	if *cordonRetry <= 0 {
 		return fmt.Errorf("-cordon-evacuate-min-retry-interval must be positive, got %s", *cordonRetry)
@@ -96,6 +101,7 @@ func run() error {
 		CordonEvacuate:                 *cordonEvacuate,
 		CordonEvacuateStrategy:         *cordonStrategy,
 		CordonEvacuateMinRetryInterval: *cordonRetry,
+		NodeGracePeriod:                *nodeGrace,
 	}); err != nil {
 		return fmt.Errorf("setting up controllers: %w", err)
 	}

@@ -306,6 +306,9 @@ func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedN
 		}
 		switch {
 		case b.tracker.machineTaken(m):
+		case !rules.MachineNodeReachable(m):
+			// Its node's agent is unreachable: never handed out, and not
+			// on its way either (the pool boots its replacement).
 		case rules.WarmMemberReady(pass.pool, m):
 			pass.candidates = append(pass.candidates, m)
 		case machineWarming(m) || m.Status.Phase == kaironv1.MachineRunning:

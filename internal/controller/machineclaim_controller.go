@@ -218,6 +218,7 @@ func (r *MachineClaimReconciler) reconcileBound(ctx context.Context, claim *kair
 		})
 	}
 	status.ObservedGeneration = claim.Generation
+	errs = append(errs, mirrorNodeReachable(ctx, r.Client, claim, status))
 	if !equality.Semantic.DeepEqual(&claim.Status, status) {
 		errs = append(errs, patchClaimStatus(ctx, r.Client, claim, status))
 	}

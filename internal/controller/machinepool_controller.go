@@ -50,12 +50,16 @@ type MachinePoolReconciler struct {
 	Interval time.Duration
 
 	expectations *replicaExpectations
+	failures     *failureBackoff
 }
 
 // SetupWithManager registers the reconciler with mgr.
 func (r *MachinePoolReconciler) SetupWithManager(mgr manager.Manager) error {
 	if r.expectations == nil {
 		r.expectations = newReplicaExpectations()
+	}
+	if r.failures == nil {
+		r.failures = newFailureBackoff()
 	}
 	return builder.ControllerManagedBy(mgr).
 		For(&kaironv1.MachinePool{}).
@@ -91,6 +95,7 @@ func poolMemberChanged() predicate.Funcs {
 		}
 		return old.Status.Phase != cur.Status.Phase ||
 			guestAgentReady(old) != guestAgentReady(cur) ||
+			rules.MachineNodeReachable(old) != rules.MachineNodeReachable(cur) ||
 			!maps.Equal(old.Labels, cur.Labels) ||
 			!equality.Semantic.DeepEqual(old.OwnerReferences, cur.OwnerReferences) ||
 			(old.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil)
@@ -129,10 +134,15 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	}
 	live, createsInFlight := r.expectations.reconcile(pool.UID, tracked)
 	members := classifyMembers(&pool, live)
-	current, stale := splitByTemplate(members.warm, hash)
+	// Failed members and those on an unreachable node are not warm, and
+	// are replaced; only the Failed ones are deleted (replica_health.go).
+	counted, _, failed := splitByHealth(members.warm)
+	failed, held, retryIn := r.failures.heldFailed(pool.UID, failed)
+	current, stale := splitByTemplate(counted, hash)
 
 	snap, snapCond, snapErr := r.reconcileSnapshot(ctx, &pool, hash)
-	warm, syncErr := r.syncMembers(ctx, &pool, hash, snap, current, stale, createsInFlight)
+	warm, syncErr := r.syncMembers(ctx, &pool, hash, snap, current, stale, createsInFlight+held)
+	syncErr = errors.Join(syncErr, deleteFailed(ctx, r.Client, r.Recorder, r.failures, r.expectations, &pool, failed))
 	desired := pool.DeepCopy()
 	desired.Status = *computePoolStatus(&pool, warm, members.claimed, syncErr)
 	setSnapshotStatus(&desired.Status, snap, snapCond)
@@ -142,6 +152,12 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	}
 	if err := errors.Join(syncErr, snapErr); err != nil {
 		return reconcile.Result{}, err
+	}
+	if desired.Status.ReadyWarm == ptr.Deref(pool.Spec.Replicas, 1) {
+		r.failures.healthy(pool.UID)
+	}
+	if retryIn > 0 && retryIn < r.Interval {
+		return reconcile.Result{RequeueAfter: retryIn}, nil
 	}
 	return reconcile.Result{RequeueAfter: r.Interval}, nil
 }

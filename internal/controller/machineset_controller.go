@@ -37,12 +37,16 @@ type MachineSetReconciler struct {
 	Interval time.Duration
 
 	expectations *replicaExpectations
+	failures     *failureBackoff
 }
 
 // SetupWithManager registers the reconciler with mgr.
 func (r *MachineSetReconciler) SetupWithManager(mgr manager.Manager) error {
 	if r.expectations == nil {
 		r.expectations = newReplicaExpectations()
+	}
+	if r.failures == nil {
+		r.failures = newFailureBackoff()
 	}
 	return builder.ControllerManagedBy(mgr).
 		For(&kaironv1.MachineSet{}).
@@ -127,8 +131,13 @@ func (r *MachineSetReconciler) Reconcile(ctx context.Context, req reconcile.Requ
 		return reconcile.Result{}, err
 	}
 	live, createsInFlight := r.expectations.reconcile(set.UID, owned)
+	// Failed Machines and those on an unreachable node do not count, and
+	// are replaced; only the Failed ones are deleted (replica_health.go).
+	live, _, failed := splitByHealth(live)
+	failed, held, retryIn := r.failures.heldFailed(set.UID, failed)
 
-	syncErr := r.syncReplicas(ctx, &set, live, createsInFlight)
+	syncErr := r.syncReplicas(ctx, &set, live, createsInFlight+held)
+	syncErr = errors.Join(syncErr, deleteFailed(ctx, r.Client, r.Recorder, r.failures, r.expectations, &set, failed))
 	setReplicaCounts(status, live)
 	setMachineSetConditions(status, &set, syncErr)
 	// The set's status is this controller's alone: all of it is written.
@@ -137,6 +146,12 @@ func (r *MachineSetReconciler) Reconcile(ctx context.Context, req reconcile.Requ
 	}
 	if syncErr != nil {
 		return reconcile.Result{}, syncErr
+	}
+	if status.ReadyReplicas == ptr.Deref(set.Spec.Replicas, 1) {
+		r.failures.healthy(set.UID)
+	}
+	if retryIn > 0 && retryIn < r.Interval {
+		return reconcile.Result{RequeueAfter: retryIn}, nil
 	}
 	return reconcile.Result{RequeueAfter: r.Interval}, nil
 }

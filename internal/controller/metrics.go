@@ -13,7 +13,7 @@ func init() {
 	metrics.Registry.MustRegister(
 		claimBindDuration, poolMembers, claimBindConflicts,
 		migrationsFinished, migrationDowntime, migrationDuration,
-		DisruptionBudgetStatus,
+		DisruptionBudgetStatus, nodeUnreachable,
 	)
 }
 

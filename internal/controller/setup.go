@@ -52,6 +52,11 @@ type Options struct {
 	// attempts at one Machine. Zero means DefaultCordonEvacuateMinRetryInterval.
 	CordonEvacuateMinRetryInterval time.Duration
 
+	// NodeGracePeriod is how long a node agent may go without renewing
+	// its Lease before its node is unreachable (nodehealth_controller.go).
+	// Zero means rules.DefaultNodeGracePeriod.
+	NodeGracePeriod time.Duration
+
 	// NoMigrationController leaves MachineMigrations alone: nothing picks
 	// a target or moves a migration's phase. For tests that drive
 	// migration phases by hand.
@@ -127,6 +132,12 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 		}).SetupWithManager(mgr),
 		(&PolicyMachinesReconciler{
 			Client: mgr.GetClient(),
+		}).SetupWithManager(mgr),
+		(&NodeHealthReconciler{
+			Client:      mgr.GetClient(),
+			APIReader:   mgr.GetAPIReader(),
+			Recorder:    mgr.GetEventRecorder("kairon-nodehealth"),
+			GracePeriod: opts.NodeGracePeriod,
 		}).SetupWithManager(mgr),
 	)
 	if err != nil {
