@@ -161,6 +161,7 @@ type MachineStatus struct {
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.metadata.labels.kairon\.zyvor\.dev/machinepool`
 // +kubebuilder:printcolumn:name="Claim",type=string,JSONPath=`.metadata.labels.kairon\.zyvor\.dev/machineclaim`,priority=1
 // +kubebuilder:printcolumn:name="Accel",type=string,JSONPath=`.status.acceleration`,priority=1
+// +kubebuilder:printcolumn:name="NodeReachable",type=string,JSONPath=`.status.conditions[?(@.type=="NodeReachable")].status`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Machine struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -133,7 +133,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"ServiceAccount/" + nodeAgentName,
 	}
 	// The admission policies (confinement_test.go checks their content).
-	for _, p := range []string{"machine-placement", "node-confinement-machines", "node-confinement-migrations", "node-confinement-networkpolicies", "node-confinement-nodes", "claim-creation-stamp"} {
+	for _, p := range []string{"machine-placement", "node-confinement-machines", "node-confinement-migrations", "node-confinement-networkpolicies", "node-confinement-leases", "node-confinement-nodes", "claim-creation-stamp"} {
 		want = append(want, "ValidatingAdmissionPolicy/"+testRelease+"-kairon-"+p, "ValidatingAdmissionPolicyBinding/"+testRelease+"-kairon-"+p)
 	}
 	slices.Sort(want)
@@ -150,7 +150,7 @@ func TestTemplateDefaults(t *testing.T) {
 		t.Errorf("replicas %v, want 1", dep.Spec.Replicas)
 	}
 	c := onlyContainer(t, dep.Spec.Template.Spec)
-	wantArgs := []string{"-interval=5s", "-metrics-bind-address=:8443", "-metrics-secure", "-health-probe-bind-address=:8081"}
+	wantArgs := []string{"-interval=5s", "-node-grace-period=40s", "-metrics-bind-address=:8443", "-metrics-secure", "-health-probe-bind-address=:8081"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("controller args %q, want %q", c.Args, wantArgs)
 	}
@@ -833,7 +833,7 @@ func TestTemplateNodeAgent(t *testing.T) {
 		"--network-cidr=10.88.0.0/24", "--bridge=kairon0", "--state-dir=/var/lib/kairon-node",
 		// No migration certificate by default: no live migration listener,
 		// rather than one in plain TCP on every address.
-		"--listen=", "--interval=5s",
+		"--listen=", "--interval=5s", "--lease-renew-interval=10s", "--boot-timeout=5m",
 		"--health-probe-bind-address=$(HOST_IP):9440",
 		// Egress: both proxies and NAT on the default route, by default.
 		"--egress-dns-port=10053", "--egress-dns-upstream=auto", "--egress-sni-port=10054", "--egress-masquerade=auto",

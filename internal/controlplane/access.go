@@ -64,6 +64,7 @@ var Policies = map[string]string{
 	"kairon-node-confinement-machines":        "node-confinement-machines.yaml",
 	"kairon-node-confinement-migrations":      "node-confinement-migrations.yaml",
 	"kairon-node-confinement-networkpolicies": "node-confinement-networkpolicies.yaml",
+	"kairon-node-confinement-leases":          "node-confinement-leases.yaml",
 	MachinePlacementPolicy:                    machinePlacementPolicyFile,
 	"kairon-claim-creation-stamp":             "claim-creation-stamp.yaml",
 }

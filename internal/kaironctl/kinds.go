@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // Kind is one kind of object kaironctl works on: how the user may name it,
@@ -113,8 +114,14 @@ var kinds = []*Kind{
 			if len(m.Status.Addresses) > 0 {
 				addr = m.Status.Addresses[0].Address
 			}
+			// As kubectl says Ready,SchedulingDisabled: the phase is the
+			// agent's last word, and its node may be gone since.
+			phase := string(m.Status.Phase)
+			if !rules.MachineNodeReachable(m) {
+				phase += ",NodeUnreachable"
+			}
 			return []string{
-				m.Name, string(m.Status.Phase), m.Spec.NodeName, itoa(int64(m.Spec.CPU)), quantity(&m.Spec.Memory),
+				m.Name, phase, m.Spec.NodeName, itoa(int64(m.Spec.CPU)), quantity(&m.Spec.Memory),
 				addr, m.Labels[kaironv1.LabelMachinePool],
 				m.Labels[kaironv1.LabelMachineClaim], m.Status.Acceleration,
 				age(m.CreationTimestamp, rc.Now),

@@ -142,6 +142,28 @@ func TestMachineTable(t *testing.T) {
 	}
 }
 
+func TestMachineTableNodeUnreachable(t *testing.T) {
+	lost := &kaironv1.Machine{
+		ObjectMeta: created(time.Minute),
+		Spec:       kaironv1.MachineSpec{NodeName: "node-2", CPU: 1, Memory: resource.MustParse("256Mi")},
+		Status: kaironv1.MachineStatus{Phase: kaironv1.MachineRunning, Conditions: []metav1.Condition{{
+			Type: kaironv1.ConditionNodeReachable.String(), Status: metav1.ConditionFalse, Reason: kaironv1.NodeReachableReasonLeaseExpired,
+		}}},
+	}
+	lost.Name, lost.Namespace = "agents-1", "team-a"
+	back := lost.DeepCopy()
+	back.Name = "agents-2"
+	back.Status.Conditions[0].Status = metav1.ConditionTrue
+	got := renderTable(t, "machines", nil, false, false, lost, back)
+	want := "" +
+		"NAME      PHASE                    NODE    CPU  MEMORY  ADDRESS  POOL  AGE\n" +
+		"agents-1  Running,NodeUnreachable  node-2  1    256Mi   -        -     60s\n" +
+		"agents-2  Running                  node-2  1    256Mi   -        -     60s\n"
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}
+
 func TestTablesOfOtherKinds(t *testing.T) {
 	set := &kaironv1.MachineSet{ObjectMeta: created(time.Minute), Spec: kaironv1.MachineSetSpec{Replicas: ptr.To[int32](3)},
 		Status: kaironv1.MachineSetStatus{Replicas: 3, ReadyReplicas: 2}}
