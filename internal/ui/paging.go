@@ -77,10 +77,11 @@ func pageRequestOf(r *http.Request, def int) (pageRequest, error) {
 
 // pageScope is the path and every query parameter but limit and continue,
 // sorted: a page size may change from page to page, the filters may not.
+// An empty parameter (a filter form's "any") is no filter, as if absent.
 func pageScope(path string, q url.Values) string {
 	keys := make([]string, 0, len(q))
 	for k := range q {
-		if k != "limit" && k != "continue" {
+		if k != "limit" && k != "continue" && q.Get(k) != "" {
 			keys = append(keys, k)
 		}
 	}

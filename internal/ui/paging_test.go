@@ -108,6 +108,14 @@ func TestAPIPaging(t *testing.T) {
 		t.Errorf("Booting, the rest: %s, continue %q", names, booting.Continue)
 	}
 
+	// An empty filter is no filter: the token of the unfiltered list
+	// goes on with the filter form's empty fields.
+	var withEmpty ui.List[ui.Machine]
+	getJSON(t, list+"&phase=&node=&labelSelector=&limit=5&continue="+url.QueryEscape(tokens[0]), http.StatusOK, &withEmpty)
+	if names := machineNames(withEmpty.Items); names != "vm-05 vm-06 vm-07 vm-08 vm-09" {
+		t.Errorf("the second page with empty filters: %s", names)
+	}
+
 	tok := tokens[1]
 	tampered := []struct{ what, query string }{
 		{"another filter", list + "&phase=Running&continue=" + url.QueryEscape(tok)},
