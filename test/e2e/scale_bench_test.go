@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -243,7 +244,7 @@ type scalePhase struct {
 	ctrl     *scaleController
 	api      int
 	start    time.Time
-	requests float64
+	requests map[string]float64
 	apiCPU   float64
 	// ctrlCPU is what controllers killed during the phase used.
 	ctrlCPU  float64
@@ -270,30 +271,65 @@ func (p *scalePhase) end(items int, what string) {
 	u := usageOf(p.ctrl.cmd.Process.Pid)
 	ctrlCPU := p.ctrlCPU + u.cpu
 	api := usageOf(p.api)
-	requests := apiRequests(p.t, p.cb) - p.requests
+	requests, kinds := requestsSince(p.requests, apiRequests(p.t, p.cb), items)
 	p.t.Logf("phase %s: %d %s in %s (%.1f/s); kairon-controller %.1f s CPU (%.0f%% of a core), RSS %.0f MiB now, peak %.0f MiB; "+
 		"kube-apiserver %.1f s CPU, RSS %.0f MiB; %.0f API requests (%.0f/s, %.1f per item); load %s",
 		p.name, items, what, took.Round(time.Millisecond), float64(items)/took.Seconds(),
 		ctrlCPU, 100*ctrlCPU/took.Seconds(), u.rssMiB, max(p.ctrlPeak, u.peakMiB),
 		api.cpu-p.apiCPU, api.rssMiB, requests, requests/took.Seconds(), requests/float64(items), loadAvg())
+	p.t.Logf("phase %s: API requests per item, largest kinds: %s", p.name, kinds)
 }
 
-// apiRequests is the API server's apiserver_request_total, every verb.
-func apiRequests(t *testing.T, cb *claimBench) float64 {
+// apiRequests is the API server's apiserver_request_total, every verb, by
+// verb and resource (subresource after a slash).
+func apiRequests(t *testing.T, cb *claimBench) map[string]float64 {
 	raw, err := cb.cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
 	if err != nil {
 		t.Fatalf("reading the API server's /metrics: %v", err)
 	}
-	total := 0.0
+	out := map[string]float64{}
 	sc := bufio.NewScanner(bytes.NewReader(raw))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		if m := requestTotalLine.FindStringSubmatch(sc.Text()); m != nil {
-			v, _ := strconv.ParseFloat(m[2], 64)
-			total += v
+		m := requestTotalLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		labels := map[string]string{}
+		for _, p := range labelPair.FindAllStringSubmatch(m[1], -1) {
+			labels[p[1]] = p[2]
+		}
+		key := labels["verb"] + " " + labels["resource"]
+		if labels["subresource"] != "" {
+			key += "/" + labels["subresource"]
+		}
+		v, _ := strconv.ParseFloat(m[2], 64)
+		out[key] += v
+	}
+	return out
+}
+
+// requestsSince is how many requests were served since before, in total
+// and the largest kinds, per item.
+func requestsSince(before, after map[string]float64, items int) (float64, string) {
+	type kind struct {
+		key string
+		n   float64
+	}
+	var kinds []kind
+	total := 0.0
+	for k, v := range after {
+		if d := v - before[k]; d > 0 {
+			kinds = append(kinds, kind{k, d})
+			total += d
 		}
 	}
-	return total
+	sort.Slice(kinds, func(i, j int) bool { return kinds[i].n > kinds[j].n })
+	var parts []string
+	for _, k := range kinds[:min(10, len(kinds))] {
+		parts = append(parts, fmt.Sprintf("%s %.2f", k.key, k.n/float64(items)))
+	}
+	return total, strings.Join(parts, ", ")
 }
 
 // scaleBinds follows every claim's status.machineName over the storm.
