@@ -64,18 +64,24 @@ type EvacuationSnapshot struct {
 // LoadEvacuationSnapshot reads the snapshot through reader. Decisions
 // should use a reader that goes to the API server, not a cache: a cache
 // that lags does not show the migrations a previous pass just created.
+//
+// The migrations are read before the Machines. The lists are not one
+// read, and a migration completes with its Machine moved first and the
+// migration Succeeded after: read the other way round, a migration that
+// completed between the two lists showed its Machine still on the node
+// and nothing moving it, and a pass migrated it a second time.
 func LoadEvacuationSnapshot(ctx context.Context, reader client.Reader) (*EvacuationSnapshot, error) {
 	var budgets kaironv1.MachineDisruptionBudgetList
 	if err := reader.List(ctx, &budgets); err != nil {
 		return nil, fmt.Errorf("listing machinedisruptionbudgets: %w", err)
 	}
-	var machines kaironv1.MachineList
-	if err := reader.List(ctx, &machines); err != nil {
-		return nil, fmt.Errorf("listing machines: %w", err)
-	}
 	var migrations kaironv1.MachineMigrationList
 	if err := reader.List(ctx, &migrations); err != nil {
 		return nil, fmt.Errorf("listing machinemigrations: %w", err)
+	}
+	var machines kaironv1.MachineList
+	if err := reader.List(ctx, &machines); err != nil {
+		return nil, fmt.Errorf("listing machines: %w", err)
 	}
 	return &EvacuationSnapshot{
 		Budgets:    ComputeBudgetStates(budgets.Items, machines.Items, migrations.Items),
