@@ -213,12 +213,22 @@ func (r *NodeHealthReconciler) markNode(ctx context.Context, node *corev1.Node, 
 		Type: corev1.NodeConditionType(kaironv1.NodeConditionAgentReady), Status: status, Reason: reason, Message: message,
 		LastHeartbeatTime: now, LastTransitionTime: now,
 	})
-	if !reachable && node.Status.NodeInfo.KubeletVersion == registeredNodeVersion && rules.NodeReady(node) {
-		setNodeCondition(desired, corev1.NodeCondition{
-			Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: "NodeStatusUnknown", Message: message,
+	if !reachable && node.Status.NodeInfo.KubeletVersion == registeredNodeVersion {
+		// As the node lifecycle controller does to a silent kubelet's: True
+		// or False, Ready is Unknown now. What a stopping agent said last
+		// (its VMs kept running, or saved) stays in the message.
+		readyMessage := message
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionFalse && c.Message != "" {
+				readyMessage = c.Message + "; " + message
+			}
+		}
+		if setNodeCondition(desired, corev1.NodeCondition{
+			Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: "NodeStatusUnknown", Message: readyMessage,
 			LastHeartbeatTime: now, LastTransitionTime: now,
-		})
-		changed = true
+		}) {
+			changed = true
+		}
 	}
 	if !changed {
 		return nil

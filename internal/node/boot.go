@@ -76,6 +76,11 @@ type bootAttempts struct {
 }
 
 type bootAttempt struct {
+	// failedReason and failedMessage: the Machine failed for good, and
+	// stays Failed even if the status write saying so lost a race (the
+	// next reconcile writes it again instead of starting the VM).
+	failedReason, failedMessage string
+
 	first    time.Time
 	failures int
 	// next is when the next attempt may be made: a status write wakes the
@@ -131,6 +136,27 @@ func (b *bootAttempts) since(id string) time.Time {
 	return time.Time{}
 }
 
+// gaveUp records that the instance failed for good.
+func (b *bootAttempts) gaveUp(id, reason, message string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m == nil {
+		b.m = map[string]*bootAttempt{}
+	}
+	b.m[id] = &bootAttempt{failedReason: reason, failedMessage: message}
+}
+
+// failedForGood is the reason and message of an instance that failed for
+// good, if it did.
+func (b *bootAttempts) failedForGood(id string) (reason, message string, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if at := b.m[id]; at != nil && at.failedReason != "" {
+		return at.failedReason, at.failedMessage, true
+	}
+	return "", "", false
+}
+
 func (b *bootAttempts) forget(id string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -164,11 +190,11 @@ func (a *Agent) startFailed(machine *kaironv1.Machine, id string, err error) tim
 		a.event(machine, corev1.EventTypeWarning, kaironv1.EventReasonStartRetrying, message)
 		return wait
 	}
-	a.boots.forget(id)
 	message := err.Error()
 	if failures > 1 {
 		message = fmt.Sprintf("%s (attempt %d; gave up)", message, failures)
 	}
+	a.boots.gaveUp(id, kaironv1.MachineReasonStartFailed, message)
 	setPhase(machine, kaironv1.MachineFailed, kaironv1.MachineReasonStartFailed, message)
 	a.event(machine, corev1.EventTypeWarning, kaironv1.MachineReasonStartFailed, message)
 	return a.opts.Interval

@@ -71,9 +71,11 @@ func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 		if held, err := a.migrationHolds(ctx, req.Namespace, req.Name); err != nil || held {
 			return ctrl.Result{RequeueAfter: a.opts.Interval}, err
 		}
+		a.boots.forget(id)
 		return ctrl.Result{}, errors.Join(a.teardown(ctx, id), a.removeSnapshot(id))
 	}
 	if !machine.DeletionTimestamp.IsZero() {
+		a.boots.forget(id)
 		return ctrl.Result{}, a.reconcileDelete(ctx, machine, id)
 	}
 	if !controllerutil.ContainsFinalizer(machine, kaironv1.FinalizerMachineVM) {
@@ -105,6 +107,7 @@ func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 // It returns how soon to look again.
 func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id string) (time.Duration, error) {
 	if machine.Spec.PowerState == kaironv1.PowerStateStopped {
+		a.boots.forget(id) // started again, it gets a fresh boot timeout
 		if err := a.teardown(ctx, id); err != nil {
 			setPhase(machine, kaironv1.MachineStopping, kaironv1.MachineReasonStopFailed, err.Error())
 			return time.Second, err
@@ -138,6 +141,10 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 		if machine.Status.Phase == kaironv1.MachineFailed {
 			// A failed Machine stays failed until it is deleted or stopped and
 			// started again; restarting it silently would hide the failure.
+			return a.opts.Interval, nil
+		}
+		if reason, message, ok := a.boots.failedForGood(id); ok {
+			setPhase(machine, kaironv1.MachineFailed, reason, message) // its write lost a race
 			return a.opts.Interval, nil
 		}
 		if wait := a.boots.wait(id, time.Now()); wait > 0 {
@@ -178,11 +185,11 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 	}
 	if instance.Phase == backend.Booting {
 		if a.bootTimedOut(id, instance) {
-			a.boots.forget(id)
 			message := fmt.Sprintf("the VM did not reach Running within %s (kairon-node --boot-timeout)", a.opts.BootTimeout)
 			if err := a.teardown(ctx, id); err != nil {
 				return time.Second, err
 			}
+			a.boots.gaveUp(id, kaironv1.MachineReasonBootTimeout, message)
 			setPhase(machine, kaironv1.MachineFailed, kaironv1.MachineReasonBootTimeout, message)
 			machine.Status.Addresses = nil
 			a.event(machine, corev1.EventTypeWarning, kaironv1.MachineReasonBootTimeout, message)
