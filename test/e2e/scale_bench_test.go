@@ -303,6 +303,9 @@ func apiRequests(t *testing.T, cb *claimBench) map[string]float64 {
 		if labels["subresource"] != "" {
 			key += "/" + labels["subresource"]
 		}
+		if code := labels["code"]; code != "" && !strings.HasPrefix(code, "2") {
+			key += " (" + code + ")"
+		}
 		v, _ := strconv.ParseFloat(m[2], 64)
 		out[key] += v
 	}
