@@ -427,6 +427,10 @@ func nodeStatus(n *corev1.Node) string {
 			s = "Ready"
 		}
 	}
+	if !rules.NodeAgentReachable(n) {
+		// The kubelet may say Ready while Kairon's agent there is gone.
+		s += ",AgentUnreachable"
+	}
 	if n.Spec.Unschedulable {
 		s += ",SchedulingDisabled"
 	}
