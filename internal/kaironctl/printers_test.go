@@ -255,6 +255,18 @@ func TestNodeTable(t *testing.T) {
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
+
+	// Under Helm the kubelet keeps Ready; Kairon's agent there is gone.
+	lost := node("node-5", corev1.ConditionTrue, true, qemu)
+	lost.Status.Conditions = append(lost.Status.Conditions, corev1.NodeCondition{
+		Type: corev1.NodeConditionType(kaironv1.NodeConditionAgentReady), Status: corev1.ConditionUnknown})
+	got = renderTable(t, "nodes", rc, false, false, lost)
+	want = "" +
+		"NAME    STATUS                                     BACKEND  ACCELERATION  MACHINES  CPU  MEMORY  AGE\n" +
+		"node-5  Ready,AgentUnreachable,SchedulingDisabled  qemu     kvm           0         0/8  0/16Gi  120m\n"
+	if got != want {
+		t.Errorf("agent unreachable: got\n%s\nwant\n%s", got, want)
+	}
 }
 
 func TestJSONYAMLAndNamePrinters(t *testing.T) {
