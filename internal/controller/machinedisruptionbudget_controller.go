@@ -77,7 +77,8 @@ func machineBudgetHealthChanged() predicate.Funcs {
 		if !okOld || !okNew {
 			return true
 		}
-		return old.Status.Phase != cur.Status.Phase || !equality.Semantic.DeepEqual(old.Labels, cur.Labels)
+		return old.Status.Phase != cur.Status.Phase || !equality.Semantic.DeepEqual(old.Labels, cur.Labels) ||
+			rules.MachineNodeReachable(old) != rules.MachineNodeReachable(cur)
 	}}
 }
 

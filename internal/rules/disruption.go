@@ -29,6 +29,7 @@ import (
 //	                     key=value of spec.selector
 //	currentHealthy     = of those, Machines with status.phase Running that are
 //	                     not the target of a non-terminal MachineMigration
+//	                     and not on a node whose agent is unreachable
 //	desiredHealthy     = minAvailable, or expected - maxUnavailable, where a
 //	                     percentage is of expected and rounded up
 //	disruptionsAllowed = max(0, currentHealthy - desiredHealthy)
@@ -37,6 +38,9 @@ import (
 // (the phase reason has the phase in it: "status.phase is Booting, not Running").
 const (
 	UnhealthyMigrationInFlight = "non-terminal MachineMigration in flight"
+	// UnhealthyNodeUnreachable: its node's agent stopped renewing its
+	// Lease (MachineNodeReachable), so nobody knows whether it runs.
+	UnhealthyNodeUnreachable = "its node's agent is unreachable"
 )
 
 // BudgetState is one MachineDisruptionBudget evaluated against the Machines
@@ -197,6 +201,9 @@ func machineHealth(m *kaironv1.Machine, migration string) BudgetMachine {
 	var why []string
 	if m.Status.Phase != kaironv1.MachineRunning {
 		why = append(why, phaseNotRunning(m.Status.Phase))
+	}
+	if !MachineNodeReachable(m) {
+		why = append(why, UnhealthyNodeUnreachable)
 	}
 	if migration != "" {
 		why = append(why, UnhealthyMigrationInFlight)

@@ -217,7 +217,9 @@ func TestDisruptionBudgetMachineReasons(t *testing.T) {
 		mdbMachine("team-a", "web-1", kaironv1.MachineStopping, mdbWebLabels),
 		mdbMachine("default", "web-4", "", mdbWebLabels),
 		mdbMachine("default", "db-1", kaironv1.MachineRunning, map[string]string{"tier": "db"}),
+		mdbMachine("default", "web-5", kaironv1.MachineRunning, mdbWebLabels),
 	}
+	machines[len(machines)-1].Status.Conditions = []metav1.Condition{{Type: kaironv1.ConditionNodeReachable.String(), Status: metav1.ConditionFalse}}
 	migrations := []kaironv1.MachineMigration{
 		mdbMigration("default", "move-web-3", "web-3", kaironv1.MigrationRunning),
 		mdbMigration("team-a", "move-web-1", "web-1", kaironv1.MigrationPending),
@@ -229,13 +231,14 @@ func TestDisruptionBudgetMachineReasons(t *testing.T) {
 		{Namespace: "default", Name: "web-2", Phase: kaironv1.MachineBooting, Reason: "status.phase is Booting, not Running"},
 		{Namespace: "default", Name: "web-3", Phase: kaironv1.MachineRunning, Migration: "move-web-3", Reason: "non-terminal MachineMigration in flight"},
 		{Namespace: "default", Name: "web-4", Reason: "status.phase is not set yet, not Running"},
+		{Namespace: "default", Name: "web-5", Phase: kaironv1.MachineRunning, Reason: "its node's agent is unreachable"},
 		{Namespace: "team-a", Name: "web-1", Phase: kaironv1.MachineStopping, Migration: "move-web-1",
 			Reason: "status.phase is Stopping, not Running; non-terminal MachineMigration in flight"},
 	}
 	if !reflect.DeepEqual(states[0].Machines, want) {
 		t.Errorf("machines:\n%+v\nwant\n%+v", states[0].Machines, want)
 	}
-	if got := BudgetSummary(&states[0]); got != "5 matching, 1 healthy, 2 desired healthy, 0 disruptions allowed" {
+	if got := BudgetSummary(&states[0]); got != "6 matching, 1 healthy, 2 desired healthy, 0 disruptions allowed" {
 		t.Errorf("summary %q", got)
 	}
 }
