@@ -131,6 +131,10 @@ func TestNodeHealthUnreachableNode(t *testing.T) {
 		return s == corev1.ConditionTrue, string(s)
 	})
 
+	createMachineSet(t, env, ns, "web", 1)
+	waitMachineSet(t, env, ns, "web", 1, 1)
+	setOnA := liveMachineNames(t, env, ns, "web")
+
 	b := newHealthAgent(t, env, ns, "b", "10.94.0.0/24", nil)
 	a.stop()
 
@@ -169,6 +173,21 @@ func TestNodeHealthUnreachableNode(t *testing.T) {
 		}
 		return onB == 2 && p.Status.ReadyWarm == 2 && p.Status.Warm == 2, describeMembers(warm, nil) + " " + fmtJSON(p.Status)
 	})
+	// The MachineSet too: a replacement on b, its Machine on a left alone.
+	eventually(t, "machine set replaced its machine on node a", func() (bool, string) {
+		var set kaironv1.MachineSet
+		_ = env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "web"}, &set)
+		var saw []string
+		onB := 0
+		for _, m := range listMachines(t, env, ns, client.MatchingLabels{kaironv1.LabelMachineSet: "web"}) {
+			saw = append(saw, describeMachine(&m))
+			if m.Spec.NodeName == b.node && m.Status.Phase == kaironv1.MachineRunning {
+				onB++
+			}
+		}
+		return onB == 1 && set.Status.Replicas == 1 && set.Status.ReadyReplicas == 1, strings.Join(saw, "; ") + " " + fmtJSON(set.Status)
+	})
+	onA = append(onA, setOnA...)
 	// A claim binds a member on b, never a dead one.
 	createClaim(t, env, ns, "after", "agents")
 	after := waitClaimBound(t, env, ns, "after")
@@ -216,6 +235,10 @@ func TestNodeHealthUnreachableNode(t *testing.T) {
 		warm, _ := poolMachines(t, env, ns, "agents")
 		p := getPool(t, env, ns, "agents")
 		return len(warm) == 2 && p.Status.ReadyWarm == 2, describeMembers(warm, nil)
+	})
+	eventually(t, "machine set back to one machine", func() (bool, string) {
+		live := liveMachineNames(t, env, ns, "web")
+		return len(live) == 1, strings.Join(live, ",")
 	})
 	// The agent's Lease is where the docs say, held by its node.
 	var lease coordinationv1.Lease
