@@ -299,7 +299,9 @@ func (a *Agent) observe(machine *kaironv1.Machine, instance backend.Instance, id
 	status := &machine.Status
 	status.Acceleration = instance.Acceleration
 	if !instance.StartedAt.IsZero() {
-		started := metav1.NewTime(instance.StartedAt)
+		// At the second, as the API server stores it: a finer time never
+		// equals the stored one, and every tick would write the status again.
+		started := metav1.NewTime(instance.StartedAt).Rfc3339Copy()
 		status.StartedAt = &started
 	}
 	status.Addresses = nil
