@@ -646,7 +646,9 @@ func deleteCRDs(t *testing.T, env *testenv.Env, names []string) {
 			t.Fatalf("deleting CRD %s: %v", name, err)
 		}
 	}
-	eventually(t, "the harness's CRDs to go", func() (bool, string) {
+	// The API server deletes every object of a CRD before the CRD goes;
+	// on a loaded machine that outlasted installTimeout once.
+	testenv.Eventually(t, 5*time.Minute, "the harness's CRDs to go", func() (bool, string) {
 		var left []string
 		for _, name := range names {
 			err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &apiextensionsv1.CustomResourceDefinition{})
