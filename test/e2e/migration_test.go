@@ -246,7 +246,9 @@ func startGuestState(t *testing.T, con *testenv.Console) guestState {
 	t.Helper()
 	token := rand.IntN(1_000_000) + 1000
 	con.Expect(t, fmt.Sprintf("echo %d > /tmp/token; echo wrote:$((%d+1)).", token, token), regexp.MustCompile(fmt.Sprintf(`wrote:%d\.`, token+1)), 30*time.Second)
-	con.Expect(t, "(i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; usleep 100000; done) & echo started:$((1+1)).", regexp.MustCompile(`started:2\.`), 30*time.Second)
+	// Written aside and renamed into place: a reader never catches the file
+	// truncated by ">" and not yet written (seen once: "counter:.").
+	con.Expect(t, "(i=0; while :; do i=$((i+1)); echo $i > /tmp/counter.new; mv /tmp/counter.new /tmp/counter; usleep 100000; done) & echo started:$((1+1)).", regexp.MustCompile(`started:2\.`), 30*time.Second)
 	// Until the counter's first write, on the guest's side.
 	con.Expect(t, "while [ ! -s /tmp/counter ]; do usleep 20000; done; echo counter-file:$((1+1)).", regexp.MustCompile(`counter-file:2\.`), 30*time.Second)
 	return readGuestState(t, con)
