@@ -38,7 +38,9 @@ func (s *seenMachines) observe(obj any) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.uids[m.UID] = now
+	if _, known := s.uids[m.UID]; !known {
+		s.uids[m.UID] = now // when first delivered: seenBefore compares it
+	}
 	// Forget what no charge can need any more. The sweep runs when the map
 	// has grown, so its cost is spread over the inserts.
 	if len(s.uids) > 1024 && len(s.uids)%1024 == 0 {
@@ -50,12 +52,15 @@ func (s *seenMachines) observe(obj any) {
 	}
 }
 
-// seen says whether uid was delivered by the watch.
-func (s *seenMachines) seen(uid types.UID) bool {
+// seenBefore says whether the watch delivered uid before t. An admission
+// asks with the time it began listing the namespace's Machines: a Machine
+// delivered after that may be missing from its list, and dropping its
+// charge as settled would count it nowhere (a quota of 3 once admitted 4).
+func (s *seenMachines) seenBefore(uid types.UID, t time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.uids[uid]
-	return ok
+	at, ok := s.uids[uid]
+	return ok && at.Before(t)
 }
 
 // handler is the event handler that feeds s.

@@ -174,7 +174,7 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 			return fmt.Errorf("watching Machines for the quota charges: %w", err)
 		}
 		mgr.GetWebhookServer().Register(MachineWebhookPath, admission.WithValidator[*kaironv1.Machine](mgr.GetScheme(),
-			&MachineValidator{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Seen: seen.seen}))
+			&MachineValidator{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Seen: seen.seenBefore}))
 		mgr.GetWebhookServer().Register(MachineMigrationWebhookPath, NewMachineMigrationWebhook(mgr.GetScheme(), mgr.GetAPIReader()))
 	}
 	return nil

@@ -49,10 +49,10 @@ type MachineValidator struct {
 	// quota's resourceVersion). Nil judges only: parallel creates can then
 	// pass a quota together.
 	Writer client.Writer
-	// Seen says whether the Machine watch delivered a UID (nil: never);
-	// it settles the charge of a Machine created and deleted again between
-	// two admissions.
-	Seen func(types.UID) bool
+	// Seen says whether the Machine watch delivered a UID before a time
+	// (nil: never); it settles the charge of a Machine created and deleted
+	// again between two admissions.
+	Seen func(uid types.UID, before time.Time) bool
 	// Now is the clock of the charges' expiry (nil: time.Now).
 	Now func() time.Time
 }
@@ -133,6 +133,10 @@ func (v *MachineValidator) judgeAndCharge(ctx context.Context, m *kaironv1.Machi
 	if len(quotas.Items) == 0 {
 		return nil
 	}
+	// Only Machines the watch delivered before this list began may settle
+	// a charge by having been seen: a later one may be missing from it.
+	listedAt := time.Now()
+	seen := func(uid types.UID) bool { return v.Seen != nil && v.Seen(uid, listedAt) }
 	var machines kaironv1.MachineList
 	if err := v.Reader.List(ctx, &machines, client.InNamespace(m.Namespace)); err != nil {
 		return apierrors.NewInternalError(fmt.Errorf("listing machines: %w", err))
@@ -154,7 +158,7 @@ func (v *MachineValidator) judgeAndCharge(ctx context.Context, m *kaironv1.Machi
 			continue
 		}
 		used, _ := rules.QuotaUsageIncludingUnplaced(q, others)
-		pending := rules.OutstandingCharges(rules.ParseAdmissionCharges(q), others, m.UID, now, v.Seen)
+		pending := rules.OutstandingCharges(rules.ParseAdmissionCharges(q), others, m.UID, now, seen)
 		if len(pending) >= rules.MaxAdmissionCharges {
 			return apierrors.NewTooManyRequests(fmt.Sprintf("MachineQuota %q holds %d admitted Machines not yet stored; try again", q.Name, len(pending)), 1)
 		}
@@ -174,7 +178,7 @@ func (v *MachineValidator) judgeAndCharge(ctx context.Context, m *kaironv1.Machi
 		return nil
 	}
 	for _, q := range charge {
-		if err := v.charge(ctx, q, others, m, restart, now); err != nil {
+		if err := v.charge(ctx, q, others, m, restart, now, seen); err != nil {
 			return err
 		}
 	}
@@ -184,11 +188,11 @@ func (v *MachineValidator) judgeAndCharge(ctx context.Context, m *kaironv1.Machi
 // charge records m's charge on q, dropping charges that are settled, with
 // q's resourceVersion as read: a conflict means another admission (or the
 // quota controller) wrote q since, and the caller judges again.
-func (v *MachineValidator) charge(ctx context.Context, q *kaironv1.MachineQuota, machines []kaironv1.Machine, m *kaironv1.Machine, restart bool, now time.Time) error {
+func (v *MachineValidator) charge(ctx context.Context, q *kaironv1.MachineQuota, machines []kaironv1.Machine, m *kaironv1.Machine, restart bool, now time.Time, seen func(types.UID) bool) error {
 	if v.Writer == nil {
 		return nil
 	}
-	charges := append(rules.OutstandingCharges(rules.ParseAdmissionCharges(q), machines, m.UID, now, v.Seen), rules.ChargeFor(m, now, restart))
+	charges := append(rules.OutstandingCharges(rules.ParseAdmissionCharges(q), machines, m.UID, now, seen), rules.ChargeFor(m, now, restart))
 	q = q.DeepCopy()
 	if q.Annotations == nil {
 		q.Annotations = map[string]string{}
