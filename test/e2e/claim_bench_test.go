@@ -644,11 +644,29 @@ var labelPair = regexp.MustCompile(`(\w+)="([^"]*)"`)
 
 // apiWrites reads the API server's write requests so far from /metrics.
 func (cb *claimBench) apiWrites() map[writeKey]float64 {
+	out := map[writeKey]float64{}
+	cb.eachRequestCounter(func(labels map[string]string, v float64) {
+		switch labels["verb"] {
+		case "POST", "CREATE", "PUT", "UPDATE", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION":
+		default:
+			return
+		}
+		code := labels["code"]
+		if strings.HasPrefix(code, "2") {
+			code = ""
+		}
+		out[writeKey{labels["verb"], labels["resource"], labels["subresource"], code}] += v
+	})
+	return out
+}
+
+// eachRequestCounter reads the API server's /metrics and calls fn with the
+// labels and value of every apiserver_request_total series.
+func (cb *claimBench) eachRequestCounter(fn func(labels map[string]string, v float64)) {
 	raw, err := cb.cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
 	if err != nil {
 		cb.t.Fatalf("reading the API server's /metrics: %v", err)
 	}
-	out := map[writeKey]float64{}
 	sc := bufio.NewScanner(bytes.NewReader(raw))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -660,19 +678,9 @@ func (cb *claimBench) apiWrites() map[writeKey]float64 {
 		for _, p := range labelPair.FindAllStringSubmatch(m[1], -1) {
 			labels[p[1]] = p[2]
 		}
-		switch labels["verb"] {
-		case "POST", "CREATE", "PUT", "UPDATE", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION":
-		default:
-			continue
-		}
 		v, _ := strconv.ParseFloat(m[2], 64)
-		code := labels["code"]
-		if strings.HasPrefix(code, "2") {
-			code = ""
-		}
-		out[writeKey{labels["verb"], labels["resource"], labels["subresource"], code}] += v
+		fn(labels, v)
 	}
-	return out
 }
 
 func diffWrites(before, after map[writeKey]float64) map[writeKey]float64 {

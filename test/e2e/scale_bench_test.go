@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -253,7 +252,7 @@ type scalePhase struct {
 
 func newScalePhase(t *testing.T, cb *claimBench, ctrl *scaleController, api int, name string) *scalePhase {
 	return &scalePhase{t: t, cb: cb, name: name, ctrl: ctrl, api: api, start: time.Now(),
-		requests: apiRequests(t, cb), apiCPU: usageOf(api).cpu, ctrlCPU: -usageOf(ctrl.cmd.Process.Pid).cpu}
+		requests: apiRequests(cb), apiCPU: usageOf(api).cpu, ctrlCPU: -usageOf(ctrl.cmd.Process.Pid).cpu}
 }
 
 // stopController kills the phase's controller (SIGKILL) and books what it
@@ -271,7 +270,7 @@ func (p *scalePhase) end(items int, what string) {
 	u := usageOf(p.ctrl.cmd.Process.Pid)
 	ctrlCPU := p.ctrlCPU + u.cpu
 	api := usageOf(p.api)
-	requests, kinds := requestsSince(p.requests, apiRequests(p.t, p.cb), items)
+	requests, kinds := requestsSince(p.requests, apiRequests(p.cb), items)
 	p.t.Logf("phase %s: %d %s in %s (%.1f/s); kairon-controller %.1f s CPU (%.0f%% of a core), RSS %.0f MiB now, peak %.0f MiB; "+
 		"kube-apiserver %.1f s CPU, RSS %.0f MiB; %.0f API requests (%.0f/s, %.1f per item); load %s",
 		p.name, items, what, took.Round(time.Millisecond), float64(items)/took.Seconds(),
@@ -282,23 +281,9 @@ func (p *scalePhase) end(items int, what string) {
 
 // apiRequests is the API server's apiserver_request_total, every verb, by
 // verb and resource (subresource after a slash).
-func apiRequests(t *testing.T, cb *claimBench) map[string]float64 {
-	raw, err := cb.cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
-	if err != nil {
-		t.Fatalf("reading the API server's /metrics: %v", err)
-	}
+func apiRequests(cb *claimBench) map[string]float64 {
 	out := map[string]float64{}
-	sc := bufio.NewScanner(bytes.NewReader(raw))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		m := requestTotalLine.FindStringSubmatch(sc.Text())
-		if m == nil {
-			continue
-		}
-		labels := map[string]string{}
-		for _, p := range labelPair.FindAllStringSubmatch(m[1], -1) {
-			labels[p[1]] = p[2]
-		}
+	cb.eachRequestCounter(func(labels map[string]string, v float64) {
 		key := labels["verb"] + " " + labels["resource"]
 		if labels["subresource"] != "" {
 			key += "/" + labels["subresource"]
@@ -306,9 +291,8 @@ func apiRequests(t *testing.T, cb *claimBench) map[string]float64 {
 		if code := labels["code"]; code != "" && !strings.HasPrefix(code, "2") {
 			key += " (" + code + ")"
 		}
-		v, _ := strconv.ParseFloat(m[2], 64)
 		out[key] += v
-	}
+	})
 	return out
 }
 
