@@ -167,6 +167,44 @@ const (
 	MachineReasonRestoredClone = "RestoredClone"
 )
 
+// Reasons of a MachineSnapshot's Ready condition, also the reasons of the
+// events the node agent records on the snapshot and its Machine.
+const (
+	// SnapshotReasonWaitingForMachine: the Machine does not exist, is not
+	// placed, or is not Running yet; the snapshot is taken once it is.
+	SnapshotReasonWaitingForMachine = "WaitingForMachine"
+	// SnapshotReasonTaken: the state file is complete in status.store.
+	SnapshotReasonTaken = "SnapshotTaken"
+	// SnapshotReasonSaveFailed: the node could not save the guest (it
+	// resumed it); the snapshot is Failed for good.
+	SnapshotReasonSaveFailed = "SnapshotSaveFailed"
+)
+
+// Reasons of a restored Machine (spec.restoreFrom): its Scheduled condition
+// while it waits for a node, its Ready condition and events once placed.
+const (
+	// MachineReasonSnapshotNotReady: the MachineSnapshot is missing or not
+	// Ready; the Machine stays Pending until it is.
+	MachineReasonSnapshotNotReady = "SnapshotNotReady"
+	// MachineReasonRestored: the guest was started from the snapshot's
+	// saved state and given this Machine's identity.
+	MachineReasonRestored = "RestoredFromSnapshot"
+	// MachineReasonRestoreFailed: the node could not start the guest from
+	// the snapshot (file unreachable, shape differs, the restore failed).
+	MachineReasonRestoreFailed = "RestoreFailed"
+)
+
+// Reasons of a SnapshotSchedule's Ready condition and events.
+const (
+	ScheduleReasonScheduled       = "Scheduled"
+	ScheduleReasonSuspended       = "Suspended"
+	ScheduleReasonInvalidSchedule = "InvalidSchedule"
+	// ScheduleReasonSnapshotsCreated and ScheduleReasonSnapshotsPruned are
+	// the reasons of the schedule's events.
+	ScheduleReasonSnapshotsCreated = "SnapshotsCreated"
+	ScheduleReasonSnapshotsPruned  = "SnapshotsPruned"
+)
+
 // Reasons of the MachineClaim Ready condition.
 const (
 	ClaimReasonBound                 = "Bound"
@@ -324,3 +362,28 @@ const (
 // the Eviction API answers for a PodDisruptionBudget). Clients match the
 // cause, never the message.
 const CauseTypeDisruptionBudget metav1.CauseType = "DisruptionBudget"
+
+// Fence and recover (kaironctl fence / recover; TaintNodeFenced): the
+// reason of a MachineClaim Lost because its Machine's node was fenced, and
+// the events on the Node, its Machines and their claims.
+const (
+	// ClaimReasonNodeFenced: the claim's Machine ran on a node an operator
+	// fenced, and it has no Ready MachineSnapshot to come back from.
+	ClaimReasonNodeFenced = "NodeFenced"
+	// EventReasonNodeFenced is kairon-controller's Warning on a Node it
+	// sees fenced; EventReasonNodeRecovered its Normal once the fence is
+	// lifted.
+	EventReasonNodeFenced    = "NodeFenced"
+	EventReasonNodeRecovered = "NodeRecovered"
+	// Events on each Machine of a fenced node: deleted so that its
+	// MachineSet or MachinePool replaces it elsewhere (or its claim went
+	// Lost), recreated from its newest Ready MachineSnapshot, or left where
+	// it is (no owner, no snapshot).
+	EventReasonFenceReplaced = "FencedMachineReplaced"
+	EventReasonFenceRestored = "FencedMachineRestored"
+	EventReasonFenceLeft     = "FencedMachineLeft"
+	// EventReasonStaleVMDestroyed is a node agent's Warning on its Node: at
+	// start, before it reported Ready, it destroyed a VM whose Machine runs
+	// elsewhere now, was recreated, or no longer exists (fencing on rejoin).
+	EventReasonStaleVMDestroyed = "StaleVMDestroyed"
+)

@@ -82,6 +82,14 @@ type MachineSpec struct {
 	// +optional
 	// +kubebuilder:default=Running
 	PowerState PowerState `json:"powerState,omitempty"`
+
+	// RestoreFrom starts the Machine from a MachineSnapshot's saved memory
+	// and devices instead of booting it: the guest carries on from the
+	// moment of the snapshot, with this Machine's own network identity.
+	// spec.cpu, spec.memory and spec.image must be the snapshot's
+	// (kaironctl restore copies them). It cannot change after creation.
+	// +optional
+	RestoreFrom *RestoreSource `json:"restoreFrom,omitempty"`
 }
 
 // MachineAddress is one address the guest can be reached at.
@@ -126,7 +134,7 @@ type MachineStatus struct {
 	// (annotation kairon.zyvor.dev/snapshot-save) once it saved the VM
 	// for the pool's clones and stopped it.
 	// +optional
-	Snapshot *MachineSnapshot `json:"snapshot,omitempty"`
+	Snapshot *TemplateSnapshot `json:"snapshot,omitempty"`
 
 	// ObservedGeneration is the spec generation this status describes.
 	// +optional
@@ -150,6 +158,7 @@ type MachineStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:validation:XValidation:rule="(has(self.spec) && has(self.spec.cpu) ? self.spec.cpu : 1) == (has(oldSelf.spec) && has(oldSelf.spec.cpu) ? oldSelf.spec.cpu : 1)",message="spec.cpu is immutable; create a new Machine with the size you need",fieldPath=".spec.cpu",reason=FieldValueForbidden
 // +kubebuilder:validation:XValidation:rule="quantity(has(self.spec) && has(self.spec.memory) ? string(self.spec.memory) : '256Mi').compareTo(quantity(has(oldSelf.spec) && has(oldSelf.spec.memory) ? string(oldSelf.spec.memory) : '256Mi')) == 0",message="spec.memory is immutable; create a new Machine with the size you need",fieldPath=".spec.memory",reason=FieldValueForbidden
+// +kubebuilder:validation:XValidation:rule="(has(self.spec) && has(self.spec.restoreFrom) ? self.spec.restoreFrom.snapshotName : '') == (has(oldSelf.spec) && has(oldSelf.spec.restoreFrom) ? oldSelf.spec.restoreFrom.snapshotName : '')",message="spec.restoreFrom is immutable; create a new Machine to restore a snapshot",fieldPath=".spec.restoreFrom",reason=FieldValueForbidden
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=mach,categories=kairon
 // +kubebuilder:selectablefield:JSONPath=`.spec.nodeName`
@@ -161,6 +170,7 @@ type MachineStatus struct {
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.metadata.labels.kairon\.zyvor\.dev/machinepool`
 // +kubebuilder:printcolumn:name="Claim",type=string,JSONPath=`.metadata.labels.kairon\.zyvor\.dev/machineclaim`,priority=1
 // +kubebuilder:printcolumn:name="Accel",type=string,JSONPath=`.status.acceleration`,priority=1
+// +kubebuilder:printcolumn:name="RestoredFrom",type=string,JSONPath=`.spec.restoreFrom.snapshotName`,priority=1
 // +kubebuilder:printcolumn:name="NodeReachable",type=string,JSONPath=`.status.conditions[?(@.type=="NodeReachable")].status`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Machine struct {
@@ -204,9 +214,10 @@ func init() {
 	register(&Machine{}, &MachineList{})
 }
 
-// MachineSnapshot is a saved template Machine's state file on its node
-// (spec.nodeName).
-type MachineSnapshot struct {
+// TemplateSnapshot is a saved template Machine's state file on its node
+// (spec.nodeName). It is not a MachineSnapshot object: a pool's clones
+// restore it on that node only.
+type TemplateSnapshot struct {
 	// Path is the state file on the node.
 	Path string `json:"path"`
 	// SizeBytes is its size.

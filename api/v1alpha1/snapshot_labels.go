@@ -18,3 +18,26 @@ const (
 	// kubernetes.io/hostname label.
 	AnnotationRestoreFrom = "kairon.zyvor.dev/restore-from"
 )
+
+// Labels, annotations and the finalizer of MachineSnapshots
+// (machinesnapshot_types.go) and SnapshotSchedules.
+const (
+	// LabelSnapshotMachine is on a MachineSnapshot: its spec.machineName,
+	// so a Machine's snapshots can be listed by label.
+	LabelSnapshotMachine = "kairon.zyvor.dev/snapshot-of"
+	// LabelSnapshotSchedule is on a MachineSnapshot a SnapshotSchedule
+	// created: the schedule's name. Retention counts only these.
+	LabelSnapshotSchedule = "kairon.zyvor.dev/snapshotschedule"
+	// LabelNodeSnapshotStore is on a Kairon Node: the snapshot store its
+	// agent reaches (kairon-node --snapshot-store; "node.<node>" when it
+	// has only its own). The scheduler places a Machine restored from a
+	// snapshot only on a node with the snapshot's status.store here.
+	LabelNodeSnapshotStore = "kairon.zyvor.dev/snapshot-store"
+	// FinalizerSnapshotFile keeps a MachineSnapshot until a node agent that
+	// reaches its store deleted its state file.
+	FinalizerSnapshotFile = "kairon.zyvor.dev/snapshot-file"
+)
+
+// NodeLocalSnapshotStore is the store name of a node without shared
+// snapshot storage: only that node reaches its snapshots.
+func NodeLocalSnapshotStore(node string) string { return "node." + node }

@@ -93,7 +93,7 @@ func (a *Agent) saveTemplate(ctx context.Context, machine *kaironv1.Machine, id 
 	log.FromContext(ctx).Info("saved template for clones", "machine", klog.KObj(machine), "path", path, "bytes", size, "took", time.Since(began))
 	a.event(machine, corev1.EventTypeNormal, kaironv1.MachineReasonSnapshotSaved,
 		fmt.Sprintf("saved for its pool's clones in %dms (%d MiB); the VM is stopped", time.Since(began).Milliseconds(), size>>20))
-	machine.Status.Snapshot = &kaironv1.MachineSnapshot{Path: path, SizeBytes: size, SavedAt: metav1.Now()}
+	machine.Status.Snapshot = &kaironv1.TemplateSnapshot{Path: path, SizeBytes: size, SavedAt: metav1.Now()}
 	_, err = a.reconcileSnapshotTemplate(ctx, machine, id)
 	return err
 }
