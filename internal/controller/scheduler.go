@@ -121,6 +121,7 @@ func nodeSchedulingChanged() predicate.Funcs {
 				rules.NodeAllocatable(old) != rules.NodeAllocatable(cur) ||
 				rules.NodeReady(old) != rules.NodeReady(cur) ||
 				rules.NodeAgentReachable(old) != rules.NodeAgentReachable(cur) ||
+				rules.NodeFenced(old) != rules.NodeFenced(cur) ||
 				(old.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil)
 		},
 	}

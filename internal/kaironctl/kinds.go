@@ -431,6 +431,9 @@ func nodeStatus(n *corev1.Node) string {
 		// The kubelet may say Ready while Kairon's agent there is gone.
 		s += ",AgentUnreachable"
 	}
+	if rules.NodeFenced(n) {
+		s += ",Fenced"
+	}
 	if n.Spec.Unschedulable {
 		s += ",SchedulingDisabled"
 	}

@@ -56,9 +56,9 @@ func MachineNodeReachable(m *kaironv1.Machine) bool {
 	return !meta.IsStatusConditionFalse(m.Status.Conditions, kaironv1.ConditionNodeReachable.String())
 }
 
-// NodeUsable: new Machines may go to node: Ready, its agent reachable, not
-// being deleted, not cordoned. The scheduler's NodeRejections says which of
-// these fails.
+// NodeUsable: new Machines may go to node: not fenced, Ready, its agent
+// reachable, not being deleted, not cordoned. The scheduler's
+// NodeRejections says which of these fails.
 func NodeUsable(node *corev1.Node) bool {
-	return NodeReady(node) && NodeAgentReachable(node) && node.DeletionTimestamp == nil && !node.Spec.Unschedulable
+	return !NodeFenced(node) && NodeReady(node) && NodeAgentReachable(node) && node.DeletionTimestamp == nil && !node.Spec.Unschedulable
 }

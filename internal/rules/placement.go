@@ -34,7 +34,8 @@ func (n *NodeInfo) Free() Resources { return n.Allocatable.Sub(n.Requested) }
 type nodeRejection int
 
 const (
-	rejectNotReady nodeRejection = iota
+	rejectFenced nodeRejection = iota
+	rejectNotReady
 	rejectUnreachable
 	rejectDeleting
 	rejectCordoned
@@ -50,6 +51,8 @@ const (
 // reports both.
 func NodeRejections(n *NodeInfo, m *kaironv1.Machine) []nodeRejection {
 	switch {
+	case NodeFenced(n.Node):
+		return []nodeRejection{rejectFenced}
 	case !NodeReady(n.Node):
 		return []nodeRejection{rejectNotReady}
 	case !NodeAgentReachable(n.Node):
@@ -171,6 +174,8 @@ func rejectionPhrase(kind nodeRejection, n int, mostFree, need Resources) string
 		freeWord = "most free"
 	}
 	switch kind {
+	case rejectFenced:
+		return plural(n, "node is fenced", "nodes are fenced")
 	case rejectNotReady:
 		return plural(n, "node is not ready", "nodes are not ready")
 	case rejectUnreachable:
