@@ -127,6 +127,10 @@ func controllerComponent(binDir, dataDir string) (Component, error) {
 	}, nil
 }
 
+// LocalSnapshotStore is the snapshot store of kairon-local's agents: the
+// data dir's snapshots directory, which they all reach.
+const LocalSnapshotStore = "kairon-local"
+
 // nodeComponent runs agent number i (1-based) with its own bridge, address
 // range, state directory and identity: a certificate that lets it write
 // only its own Node, the Machines on it and its migrations. It is ready
@@ -160,6 +164,9 @@ func nodeComponent(binDir, dataDir string, i int, o nodeOptions) Component {
 		// resolver of --egress-dns-upstream.
 		"--egress-dns-port", strconv.Itoa(egressProxyBase + 2*(i-1)), "--egress-sni-port", strconv.Itoa(egressProxyBase + 2*(i-1) + 1),
 		"--egress-dns-upstream", o.dnsUpstream,
+		// MachineSnapshots on the data dir, which every agent here shares:
+		// any node restores any snapshot (docs/guides/snapshots.md).
+		"--snapshot-dir", filepath.Join(dataDir, "snapshots"), "--snapshot-store", LocalSnapshotStore,
 	}
 	if o.netns != "" {
 		args = append(args, "--netns", o.netns)

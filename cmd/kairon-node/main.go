@@ -63,6 +63,8 @@ type flags struct {
 	cgroupParent string
 	leaseRenew   time.Duration
 	bootTimeout  time.Duration
+	snapDir      string
+	snapStore    string
 }
 
 func main() {
@@ -106,6 +108,8 @@ func run(args []string) error {
 	fs.DurationVar(&f.interval, "interval", 5*time.Second, "reconcile tick")
 	fs.DurationVar(&f.leaseRenew, "lease-renew-interval", rules.DefaultLeaseRenewInterval, "how often the agent renews its Lease (kube-node-lease/kairon-<node>); keep it well under kairon-controller's -node-grace-period")
 	fs.DurationVar(&f.bootTimeout, "boot-timeout", node.DefaultBootTimeout, "fail a Machine whose VM has not reached Running this long after the first start attempt;\nstart errors that can pass (address, tap, disk space) are retried with backoff until then (docs/guides/node-failure.md)")
+	fs.StringVar(&f.snapDir, "snapshot-dir", "", "where MachineSnapshots this agent takes are written and those it restores are read (empty: <state-dir>/machinesnapshots);\nput it on storage other nodes reach, with the same --snapshot-store there, so a snapshot outlives this node (docs/guides/snapshots.md)")
+	fs.StringVar(&f.snapStore, "snapshot-store", "", "name of the storage --snapshot-dir is: every agent with the same name must see the same files there;\nthe scheduler restores a snapshot only on nodes of its store (empty: node.<node-name>, this node alone)")
 	fs.StringVar(&f.onShutdown, "on-shutdown", string(node.ShutdownKeep), "what a graceful stop (SIGTERM, Ctrl-C) does to the VMs: keep (leave them running for the next agent to adopt,\nas a DaemonSet rollout wants) or suspend (save each VM's state to --state-dir and stop it; the next agent restores it)")
 	fs.DurationVar(&f.suspendLimit, "suspend-timeout", node.DefaultSuspendTimeout, "with --on-shutdown=suspend, how long saving the VMs may take; a VM not saved by then keeps running")
 	fs.BoolVar(&f.qemuNoJail, "qemu-no-jail", false, "run QEMU unconfined as the agent's own user, for an agent that is not root (development only);\nby default each VM's QEMU has its own uid, seccomp, a chroot and a cgroup (docs/guides/vm-isolation.md)")
@@ -189,6 +193,7 @@ func run(args []string) error {
 		MigrationListenAddress: f.migListen, MigrationTLSDir: f.migTLSDir, MigrationInsecure: f.migInsecure, NodeIP: f.nodeIP,
 		OnShutdown: node.ShutdownAction(f.onShutdown), SuspendTimeout: f.suspendLimit,
 		LeaseRenewInterval: f.leaseRenew, BootTimeout: f.bootTimeout,
+		SnapshotDir: f.snapDir, SnapshotStore: f.snapStore,
 	})
 	if err != nil {
 		return err

@@ -69,6 +69,7 @@ func (r *SchedulerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&kaironv1.Machine{}, enqueuePass, builder.WithPredicates(machinePlacementChanged())).
 		Watches(&corev1.Node{}, enqueuePass, builder.WithPredicates(nodeSchedulingChanged())).
 		Watches(&kaironv1.MachineQuota{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&kaironv1.MachineSnapshot{}, enqueuePass, builder.WithPredicates(snapshotPhaseChanged())).
 		// The assumed bindings and the pass's own bookkeeping rely on
 		// passes never overlapping.
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
@@ -198,6 +199,8 @@ type schedulingPass struct {
 	// placedNotMarked have a node but a status that still says Pending:
 	// placed by hand, or bound by a pass whose status write failed.
 	placedNotMarked []*kaironv1.Machine
+	// snapshots are those restored Machines name (snapshot_placement.go).
+	snapshots map[types.NamespacedName]*kaironv1.MachineSnapshot
 }
 
 type quotaState struct {
@@ -250,6 +253,9 @@ func (r *SchedulerReconciler) snapshot(ctx context.Context) (*schedulingPass, er
 		}
 	}
 	rules.SortByAge(pass.unscheduled)
+	if err := r.loadSnapshots(ctx, pass); err != nil {
+		return nil, err
+	}
 	for i := range quotas.Items {
 		q := &quotas.Items[i]
 		if q.DeletionTimestamp != nil {
@@ -302,9 +308,9 @@ func (p *schedulingPass) decide() (binds, pending []placement) {
 			pending = append(pending, placement{machine: m, reason: kaironv1.MachineReasonQuotaExceeded, message: message})
 			continue
 		}
-		node, message := rules.PickNode(p.nodes, m)
+		node, reason, message := p.pick(m) // snapshot_placement.go
 		if node == nil {
-			pending = append(pending, placement{machine: m, reason: kaironv1.MachineReasonUnschedulable, message: message})
+			pending = append(pending, placement{machine: m, reason: reason, message: message})
 			continue
 		}
 		p.charge(m, node)

@@ -133,6 +133,14 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 		(&PolicyMachinesReconciler{
 			Client: mgr.GetClient(),
 		}).SetupWithManager(mgr),
+		(&MachineSnapshotReconciler{
+			Client: mgr.GetClient(),
+		}).SetupWithManager(mgr),
+		(&SnapshotScheduleReconciler{
+			Client:   mgr.GetClient(),
+			Recorder: mgr.GetEventRecorder("kairon-snapshotschedule"),
+			Interval: opts.Interval,
+		}).SetupWithManager(mgr),
 		(&NodeHealthReconciler{
 			Client:      mgr.GetClient(),
 			APIReader:   mgr.GetAPIReader(),

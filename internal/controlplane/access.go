@@ -65,6 +65,7 @@ var Policies = map[string]string{
 	"kairon-node-confinement-migrations":      "node-confinement-migrations.yaml",
 	"kairon-node-confinement-networkpolicies": "node-confinement-networkpolicies.yaml",
 	"kairon-node-confinement-leases":          "node-confinement-leases.yaml",
+	"kairon-node-confinement-snapshots":       "node-confinement-snapshots.yaml",
 	MachinePlacementPolicy:                    machinePlacementPolicyFile,
 	"kairon-claim-creation-stamp":             "claim-creation-stamp.yaml",
 }

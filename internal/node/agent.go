@@ -72,6 +72,9 @@ type Agent struct {
 	// boots tracks start attempts for the boot timeout and the retries of
 	// transient start errors (boot.go).
 	boots bootAttempts
+	// snapshotting serializes the snapshots of one VM (instance ID to
+	// *sync.Mutex, machine_snapshot.go).
+	snapshotting sync.Map
 }
 
 // New prepares an agent: the node network, the console listener and a
@@ -175,6 +178,10 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 		a.close()
 		return nil, err
 	}
+	if err := a.setupSnapshotController(); err != nil {
+		a.close()
+		return nil, err
+	}
 	if a.egress != nil {
 		if err := a.setupEgressController(); err != nil {
 			a.close()
@@ -207,7 +214,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.syncNode(ctx, true, "AgentReady", "kairon-node is running"); err != nil {
 		return fmt.Errorf("registering node %s: %w", a.opts.NodeName, err)
 	}
-	runnables := []manager.RunnableFunc{a.heartbeat, a.renewLease, a.pollInstances}
+	runnables := []manager.RunnableFunc{a.heartbeat, a.renewLease, a.pollInstances, a.sweepSnapshots}
 	if a.listener != nil {
 		runnables = append(runnables, a.serve)
 	}

@@ -151,16 +151,26 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 			return wait, nil // backing off a transient start failure (boot.go)
 		}
 		a.boots.begin(id, time.Now())
-		if machine.Annotations[kaironv1.AnnotationRestoreFrom] != "" {
+		switch {
+		case machine.Spec.RestoreFrom != nil:
+			instance, err = a.restoreSnapshot(ctx, machine, id) // machine_snapshot.go
+			if err != nil {
+				_ = a.teardown(ctx, id)
+				return a.restoreFailed(machine, id, err), nil
+			}
+			a.event(machine, corev1.EventTypeNormal, kaironv1.MachineReasonRestored, fmt.Sprintf("VM restored on %s from MachineSnapshot %s (%s)", a.opts.NodeName, machine.Spec.RestoreFrom.SnapshotName, instance.Acceleration))
+		case machine.Annotations[kaironv1.AnnotationRestoreFrom] != "":
 			instance, err = a.restoreClone(ctx, machine, id)
-		} else {
+		default:
 			instance, err = a.start(ctx, machine, id)
 		}
 		if err != nil {
 			_ = a.teardown(ctx, id)
 			return a.startFailed(machine, id, err), nil // boot.go: retried, or Failed
 		}
-		a.event(machine, corev1.EventTypeNormal, kaironv1.EventReasonStarted, fmt.Sprintf("VM started on %s (%s)", a.opts.NodeName, instance.Acceleration))
+		if machine.Spec.RestoreFrom == nil {
+			a.event(machine, corev1.EventTypeNormal, kaironv1.EventReasonStarted, fmt.Sprintf("VM started on %s (%s)", a.opts.NodeName, instance.Acceleration))
+		}
 	}
 
 	a.observe(machine, instance, id)

@@ -21,10 +21,11 @@ import (
 // kaironctl know what runs there.
 func (a *Agent) nodeLabels() map[string]string {
 	labels := map[string]string{
-		kaironv1.LabelNode:             "true",
-		kaironv1.LabelNodeBackend:      a.opts.Backend.Name(),
-		kaironv1.LabelNodeAcceleration: a.opts.Backend.Acceleration(),
-		corev1.LabelHostname:           a.opts.NodeName,
+		kaironv1.LabelNode:              "true",
+		kaironv1.LabelNodeBackend:       a.opts.Backend.Name(),
+		kaironv1.LabelNodeAcceleration:  a.opts.Backend.Acceleration(),
+		corev1.LabelHostname:            a.opts.NodeName,
+		kaironv1.LabelNodeSnapshotStore: a.opts.SnapshotStore,
 	}
 	if a.opts.Backend.Name() == "sim" {
 		labels[kaironv1.LabelHollowNode] = "true"

@@ -90,6 +90,15 @@ type Options struct {
 	// SuspendTimeout bounds how long ShutdownSuspend may take for all VMs
 	// together; a VM not saved by then is left running.
 	SuspendTimeout time.Duration
+	// SnapshotDir is where the agent writes the MachineSnapshots it takes
+	// and reads those it restores (machine_snapshot.go); empty:
+	// StateDir/machinesnapshots.
+	SnapshotDir string
+	// SnapshotStore names the storage SnapshotDir is: agents with the same
+	// name must see the same files there (a shared file system). Empty:
+	// the node's own, kaironv1.NodeLocalSnapshotStore(NodeName). It is the
+	// Node's label kairon.zyvor.dev/snapshot-store, so it must be a label value.
+	SnapshotStore string
 }
 
 // ShutdownAction is what the agent does to its VMs when it stops gracefully.
@@ -188,5 +197,5 @@ func (o *Options) defaults() error {
 	if o.SuspendTimeout <= 0 {
 		o.SuspendTimeout = DefaultSuspendTimeout
 	}
-	return nil
+	return o.snapshotDefaults()
 }
