@@ -191,6 +191,11 @@ func (r *MachineClaimReconciler) reconcileBound(ctx context.Context, claim *kair
 		return reconcile.Result{}, err
 	}
 	if lost {
+		if claim.Annotations[kaironv1.AnnotationFenceRestoring] != "" {
+			// kairon-controller is recreating the Machine of a fenced node
+			// from a snapshot under the same name (fence_restore.go).
+			return reconcile.Result{RequeueAfter: time.Second}, nil
+		}
 		return r.markLost(ctx, claim, labelled)
 	}
 	var errs []error

@@ -361,8 +361,13 @@ func (a *Agent) failMigration(ctx context.Context, mig *kaironv1.MachineMigratio
 // passes through this node, so its VM here must not be torn down even
 // though the Machine is (or is not yet) placed elsewhere.
 func (a *Agent) migrationHolds(ctx context.Context, namespace, name string) (bool, error) {
+	return a.migrationHoldsIn(ctx, a.client, namespace, name)
+}
+
+// migrationHoldsIn is migrationHolds reading through reader.
+func (a *Agent) migrationHoldsIn(ctx context.Context, reader client.Reader, namespace, name string) (bool, error) {
 	var list kaironv1.MachineMigrationList
-	if err := a.client.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+	if err := reader.List(ctx, &list, client.InNamespace(namespace)); err != nil {
 		return false, err
 	}
 	for _, mig := range list.Items {
