@@ -147,6 +147,11 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 			Recorder:    mgr.GetEventRecorder("kairon-nodehealth"),
 			GracePeriod: opts.NodeGracePeriod,
 		}).SetupWithManager(mgr),
+		(&FenceReconciler{
+			Client:    mgr.GetClient(),
+			APIReader: mgr.GetAPIReader(),
+			Recorder:  mgr.GetEventRecorder("kairon-fence"),
+		}).SetupWithManager(mgr),
 	)
 	if err != nil {
 		return err

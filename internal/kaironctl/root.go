@@ -38,6 +38,8 @@ var verbs = []func(*Options) *cobra.Command{
 	newReleaseCommand,
 	newEvacuateCommand,
 	newMigrateCommand,
+	newFenceCommand,
+	newRecoverCommand,
 	newMCPCommand,
 	newLogsCommand,
 	newExecCommand,

@@ -211,6 +211,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		stopManager()
 	}()
+	// Before the Node says Ready: no VM whose Machine is elsewhere runs on
+	// (rejoin_fence.go).
+	if err := a.fenceOnRejoin(ctx); err != nil {
+		return fmt.Errorf("destroying stale VMs before reporting Ready: %w", err)
+	}
 	if err := a.syncNode(ctx, true, "AgentReady", "kairon-node is running"); err != nil {
 		return fmt.Errorf("registering node %s: %w", a.opts.NodeName, err)
 	}
