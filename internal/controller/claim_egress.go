@@ -55,27 +55,24 @@ func ensureEgressPolicy(ctx context.Context, c client.Client, live client.Reader
 	desired := desiredEgressPolicy(claim, machine)
 	var cur kaironv1.MachineNetworkPolicy
 	err := c.Get(ctx, client.ObjectKeyFromObject(desired), &cur)
-	if apierrors.IsNotFound(err) {
-		err = c.Create(ctx, desired)
-		if err == nil {
-			return desired.Name, nil
-		}
-		if !apierrors.IsAlreadyExists(err) {
-			return "", err
-		}
-		err = live.Get(ctx, client.ObjectKeyFromObject(desired), &cur)
-	}
-	if err != nil {
-		return "", err
-	}
 	for range 3 {
+		if apierrors.IsNotFound(err) {
+			err = c.Create(ctx, desired.DeepCopy())
+			if !apierrors.IsAlreadyExists(err) {
+				break
+			}
+			err = live.Get(ctx, client.ObjectKeyFromObject(desired), &cur)
+		}
+		if err != nil {
+			break
+		}
 		err = updateEgressPolicy(ctx, c, claim, &cur, desired)
-		if !apierrors.IsConflict(err) {
+		if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
 			break
 		}
-		if err = live.Get(ctx, client.ObjectKeyFromObject(desired), &cur); err != nil {
-			break
-		}
+		// Changed, or deleted (a failed bind's policy the cache still
+		// showed): read it as it is now.
+		err = live.Get(ctx, client.ObjectKeyFromObject(desired), &cur)
 	}
 	if err != nil {
 		return "", err

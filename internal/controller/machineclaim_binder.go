@@ -371,36 +371,94 @@ func (b *MachineClaimBinder) tryBind(ctx context.Context, pass *bindingPass, cla
 	if msg := invalidClaimLabels(claim.Spec.Labels); msg != "" {
 		return bindResult{outcome: bindRefused, err: ignoreStale(b.writePending(ctx, claim, kaironv1.ClaimReasonInvalidLabels, msg))}
 	}
-	// The finalizer must be there before the claim holds a Machine: it is
-	// what deletes the egress policy before the Machine goes, and what keeps
-	// a Retain Machine from following its deleted claim.
-	claim, err := b.ensureFinalizer(ctx, claim)
-	switch {
-	case apierrors.IsConflict(err), apierrors.IsNotFound(err):
-		return bindResult{outcome: bindRetry}
-	case err != nil:
-		return bindResult{outcome: bindRetry, err: err}
+	// The claim's finalizer, the Machine and the claim's egress policy are
+	// three objects, so three writes that need not take turns: a bind
+	// costs the slowest of them instead of their sum. Whichever fails, the
+	// others are undone below before the Machine can go to anyone else.
+	// The finalizer is what deletes the egress policy before the Machine
+	// goes, and what keeps a Retain Machine from following its deleted
+	// claim; until it lands the claim is not Bound, and a claim deleted
+	// meanwhile takes its Machine and policy along through their owner
+	// references.
+	var (
+		wg           sync.WaitGroup
+		finalized    = claim
+		finalizerErr error
+		policy       string
+		policyErr    error
+	)
+	if !controllerutil.ContainsFinalizer(claim, kaironv1.FinalizerMachineClaim) {
+		wg.Go(func() { finalized, finalizerErr = b.ensureFinalizer(ctx, claim) })
 	}
-	claimed, err := b.takeMachine(ctx, m, claim)
+	if claim.Spec.Egress != nil {
+		// Created before the Machine is labelled for the claim: the
+		// policy names the Machine, so the node confines it while the
+		// rest of the bind is written.
+		wg.Go(func() { policy, policyErr = ensureEgressPolicy(ctx, b.Client, b.APIReader, claim, m.Name) })
+	}
+	claimed, takeErr := b.takeMachine(ctx, m, claim)
+	wg.Wait()
+	if takeErr != nil || finalizerErr != nil {
+		if claim.Spec.Egress != nil && policyErr == nil {
+			// The Machine stays (or goes back to being) a warm member: it
+			// must not stay confined to this claim's egress.
+			b.dropEgressPolicy(ctx, claim)
+		}
+	}
+	if finalizerErr != nil {
+		if takeErr == nil {
+			b.handBack(ctx, pass.pool, claim, claimed)
+		}
+		if apierrors.IsConflict(finalizerErr) || apierrors.IsNotFound(finalizerErr) {
+			return bindResult{outcome: bindRetry, memberUsed: takeErr == nil}
+		}
+		return bindResult{outcome: bindRetry, memberUsed: takeErr == nil, err: finalizerErr}
+	}
+	claim = finalized
 	switch {
-	case apierrors.IsConflict(err):
+	case apierrors.IsConflict(takeErr):
 		// Changed since listed: bound by someone else, or its status moved
 		// on. Either way not this pass's to take.
 		claimBindConflicts.Inc()
 		log.FromContext(ctx).V(1).Info("Warm machine changed since listed; trying the next", "machine", klog.KObj(m), "claim", klog.KObj(claim))
 		return bindResult{outcome: bindMemberTaken, claim: claim}
-	case apierrors.IsNotFound(err):
+	case apierrors.IsNotFound(takeErr):
 		return bindResult{outcome: bindMemberTaken, claim: claim}
-	case apierrors.IsInvalid(err):
+	case apierrors.IsInvalid(takeErr):
 		// The Machine refused the claim's labels; every member would
 		// refuse them alike, so this one stays for the next claim.
 		return bindResult{outcome: bindRefused, err: ignoreStale(b.writePending(ctx, claim, kaironv1.ClaimReasonInvalidLabels,
-			"spec.labels cannot be put on a Machine: "+err.Error()))}
-	case err != nil:
-		return bindResult{outcome: bindRetry, err: err}
+			"spec.labels cannot be put on a Machine: "+takeErr.Error()))}
+	case takeErr != nil:
+		return bindResult{outcome: bindRetry, err: takeErr}
 	}
 	b.tracker.tookMachine(m.UID)
-	return b.recordBind(ctx, pass, claim, claimed)
+	if policyErr != nil {
+		// A Machine without its egress policy would be unconfined: hand
+		// it back rather than report the claim Bound.
+		log.FromContext(ctx).Error(policyErr, "Creating the claim's egress policy; handing the machine back", "claim", klog.KObj(claim), "machine", klog.KObj(m))
+		b.handBack(ctx, pass.pool, claim, claimed)
+		return bindResult{outcome: bindRefused, memberUsed: true,
+			err: ignoreStale(b.writePending(ctx, claim, kaironv1.ClaimReasonEgressPolicyFailed, "creating egress policy: "+policyErr.Error()))}
+	}
+	return b.recordBind(ctx, pass, claim, claimed, policy)
+}
+
+// dropEgressPolicy deletes the egress policy a failed bind created for a
+// Machine it did not get. It returns once the API server has removed it,
+// before the Machine can be offered to another claim: a node's policies
+// arrive in the order they were written, so the node lets go of this one
+// before it sees the next claim's, and never confines the Machine to both.
+func (b *MachineClaimBinder) dropEgressPolicy(ctx context.Context, claim *kaironv1.MachineClaim) {
+	var err error
+	for range 3 {
+		if _, err = deleteEgressPolicy(ctx, b.Client, b.APIReader, claim); err == nil {
+			return
+		}
+	}
+	// The claim's next bind points the policy at its new Machine, and
+	// deleting the claim deletes the policy with it.
+	log.FromContext(ctx).Error(err, "Deleting the egress policy of a bind that failed", "claim", klog.KObj(claim))
 }
 
 // ensureFinalizer adds the claim finalizer. A conflict is most often this
@@ -461,27 +519,16 @@ func withoutControllerRef(refs []metav1.OwnerReference) []metav1.OwnerReference 
 	return out
 }
 
-// recordBind finishes a bind whose Machine patch succeeded: the egress
-// policy first, so the claim never reads Bound without it, then the claim's
-// status, guarded by the claim's resourceVersion.
-func (b *MachineClaimBinder) recordBind(ctx context.Context, pass *bindingPass, claim *kaironv1.MachineClaim, m *kaironv1.Machine) bindResult {
+// recordBind finishes a bind whose Machine patch succeeded and whose
+// egress policy, if any, exists: once the node enforces the policy, the
+// claim's status, guarded by the claim's resourceVersion.
+func (b *MachineClaimBinder) recordBind(ctx context.Context, pass *bindingPass, claim *kaironv1.MachineClaim, m *kaironv1.Machine, policy string) bindResult {
 	logger := log.FromContext(ctx).WithValues("claim", klog.KObj(claim), "machine", klog.KObj(m))
-	policy := ""
 	var enforced *metav1.Condition
-	if claim.Spec.Egress != nil {
-		name, err := ensureEgressPolicy(ctx, b.Client, b.APIReader, claim, m.Name)
-		if err != nil {
-			// A Machine without its egress policy would be unconfined:
-			// hand it back rather than report the claim Bound.
-			logger.Error(err, "Creating the claim's egress policy; handing the machine back")
-			b.handBack(ctx, pass.pool, claim, m)
-			return bindResult{outcome: bindRefused, memberUsed: true,
-				err: ignoreStale(b.writePending(ctx, claim, kaironv1.ClaimReasonEgressPolicyFailed, "creating egress policy: "+err.Error()))}
-		}
-		policy = name
+	if policy != "" {
 		// Bound only once the node enforces it: no window in which the
 		// claimant's code runs unconfined (claim_egress_enforced.go).
-		cond, err := waitEgressEnforced(ctx, b.Client, claim.Namespace, name, m)
+		cond, err := waitEgressEnforced(ctx, b.Client, claim.Namespace, policy, m)
 		if err != nil {
 			logger.Error(err, "Waiting for the node to enforce the claim's egress policy; handing the machine back")
 			_, _ = deleteEgressPolicy(ctx, b.Client, b.APIReader, claim)

@@ -139,6 +139,8 @@ func TestMachineClaimBinderBranches(t *testing.T) {
 		wantMembers   [3]string
 		wantConflicts float64
 		wantEvents    []string // patterns
+		// no egress policy may be left, though the bind created one
+		wantNoPolicy bool
 	}{
 		{
 			name:        "binds the oldest member",
@@ -213,7 +215,7 @@ func TestMachineClaimBinderBranches(t *testing.T) {
 			wantEvents:  []string{boundEvent("oldest")},
 		},
 		{
-			name: "the finalizer write conflicts and the claim was bound meanwhile: nothing taken, a quick retry",
+			name: "the finalizer write conflicts and the claim was bound meanwhile: the member taken alongside goes back, a quick retry",
 			faults: func(t *testing.T) interceptor.Funcs {
 				done := false
 				return interceptor.Funcs{Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
@@ -230,13 +232,15 @@ func TestMachineClaimBinderBranches(t *testing.T) {
 			wantResult:  reconcile.Result{RequeueAfter: conflictRetryDelay},
 			wantClaim:   claimWant{kaironv1.ClaimBound, "elsewhere", kaironv1.ClaimReasonBound, "Bound to machine elsewhere", false},
 			wantMembers: [3]string{warm, warm, warm},
+			wantEvents:  []string{returned},
 		},
 		{
-			name:        "the claim is deleted before its finalizer (404): nothing taken, a quick retry",
+			name:        "the claim is deleted before its finalizer (404): the member taken alongside goes back, a quick retry",
 			faults:      failPatch[*kaironv1.MachineClaim]("job", 1, apierrors.NewNotFound(schema.GroupResource{Group: kaironv1.GroupVersion.Group, Resource: "machineclaims"}, "job")),
 			wantResult:  reconcile.Result{RequeueAfter: conflictRetryDelay},
 			wantClaim:   claimWant{},
 			wantMembers: [3]string{warm, warm, warm},
+			wantEvents:  []string{returned},
 		},
 		{
 			name:        "the status write conflicts with a Pending message: written again on the fresh claim",
@@ -287,6 +291,20 @@ func TestMachineClaimBinderBranches(t *testing.T) {
 			wantMembers: [3]string{warm, warm, warm},
 			wantEvents: []string{returned, event(corev1.EventTypeWarning, kaironv1.ClaimReasonEgressPolicyFailed,
 				"creating egress policy: "+forbidden.Error())},
+		},
+		{
+			// The policy is written alongside each take; a take that fails
+			// must not leave a warm member confined to this claim.
+			name: "with egress, every member changed since listed: each policy written alongside is deleted again",
+			claim: func(c *kaironv1.MachineClaim) {
+				c.Spec.Egress = &kaironv1.EgressRules{AllowFqdns: []kaironv1.Hostname{"pypi.org"}}
+			},
+			faults:     failPatch[*kaironv1.Machine]("", -1, conflictOn("machines", "any")),
+			wantResult: reconcile.Result{RequeueAfter: time.Minute},
+			wantClaim: claimWant{kaironv1.ClaimPending, "", kaironv1.ClaimReasonWaitingForWarmMachine,
+				`no Running warm machine in pool "agents" (0 warming)`, true},
+			wantMembers: [3]string{warm, warm, warm}, wantConflicts: 3,
+			wantNoPolicy: true,
 		},
 		{
 			name:       "no member Running yet: Pending, saying how many are on their way",
@@ -406,6 +424,16 @@ func TestMachineClaimBinderBranches(t *testing.T) {
 			}
 			if gotMembers != tt.wantMembers {
 				t.Errorf("members (oldest, middle, newest) %q, want %q", gotMembers, tt.wantMembers)
+			}
+
+			if tt.wantNoPolicy {
+				var policies kaironv1.MachineNetworkPolicyList
+				if err := c.List(ctx, &policies); err != nil {
+					t.Fatal(err)
+				}
+				if len(policies.Items) != 0 {
+					t.Errorf("%d egress policies left, want none: %+v", len(policies.Items), policies.Items[0].Spec)
+				}
 			}
 
 			gotEvents := recordedEvents(recorder)

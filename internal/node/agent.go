@@ -49,6 +49,9 @@ type Agent struct {
 	egress   EgressEnforcer
 	dnsProxy *egress.DNSProxy
 	sniProxy *egress.SNIProxy
+	// egressReported is what this agent last wrote in each policy's
+	// status.nodes, for the moments its cache is behind its own write.
+	egressReported egressReports
 	// egressDenials counts the refusals the agent makes itself (DNS
 	// queries, TLS server names) per Machine, and paces its egress events
 	// (egress_metrics.go).

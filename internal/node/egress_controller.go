@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
@@ -101,6 +102,7 @@ func (a *Agent) reconcileEgress(ctx context.Context, req reconcile.Request) (rec
 	if err := a.client.List(ctx, &machines, client.InNamespace(namespace)); err != nil {
 		return reconcile.Result{}, err
 	}
+	a.egressReported.keepOnly(namespace, policies.Items)
 	enforced := map[string][]string{} // policy name → Machines
 	failed := map[string][]string{}
 	var retry error
@@ -162,11 +164,16 @@ func (a *Agent) reportEgress(ctx context.Context, p *kaironv1.MachineNetworkPoli
 		}
 	}
 	want := kaironv1.PolicyEnforcement{Node: a.opts.NodeName, Machines: machines, ObservedGeneration: p.Generation, Error: strings.Join(errs, "; ")}
-	if len(machines) == 0 && len(errs) == 0 {
-		if current == nil {
-			return nil
-		}
-	} else if current != nil && slices.Equal(current.Machines, want.Machines) && current.ObservedGeneration == want.ObservedGeneration && current.Error == want.Error {
+	none := len(machines) == 0 && len(errs) == 0
+	switch {
+	case none && current == nil:
+		return nil
+	case !none && current != nil && sameEnforcement(*current, want):
+		return nil
+	case a.egressReported.wrote(p.UID, want, none):
+		// The cache has yet to show this agent's last write, which
+		// already says this: writing it again is a write for nothing on
+		// the path of every egress bind.
 		return nil
 	}
 	status := map[string]any{}
@@ -184,8 +191,63 @@ func (a *Agent) reportEgress(ctx context.Context, p *kaironv1.MachineNetworkPoli
 	if err != nil {
 		return err
 	}
-	return client.IgnoreNotFound(a.client.Status().Patch(ctx, p.DeepCopy(), client.RawPatch(types.ApplyPatchType, body),
-		client.FieldOwner("kairon-node/"+a.opts.NodeName), client.ForceOwnership))
+	err = a.client.Status().Patch(ctx, p.DeepCopy(), client.RawPatch(types.ApplyPatchType, body),
+		client.FieldOwner("kairon-node/"+a.opts.NodeName), client.ForceOwnership)
+	if err != nil {
+		a.egressReported.forget(p.UID)
+		return client.IgnoreNotFound(err)
+	}
+	a.egressReported.record(p, want, none)
+	return nil
+}
+
+func sameEnforcement(a, b kaironv1.PolicyEnforcement) bool {
+	return slices.Equal(a.Machines, b.Machines) && a.ObservedGeneration == b.ObservedGeneration && a.Error == b.Error
+}
+
+// egressReports remembers this agent's last status.nodes entry per policy.
+type egressReports struct {
+	mu      sync.Mutex
+	entries map[types.UID]egressReport
+}
+
+type egressReport struct {
+	namespace string
+	entry     kaironv1.PolicyEnforcement
+	none      bool // the entry was removed
+}
+
+func (r *egressReports) wrote(uid types.UID, want kaironv1.PolicyEnforcement, none bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	last, ok := r.entries[uid]
+	return ok && last.none == none && (none || sameEnforcement(last.entry, want))
+}
+
+func (r *egressReports) record(p *kaironv1.MachineNetworkPolicy, entry kaironv1.PolicyEnforcement, none bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.entries == nil {
+		r.entries = map[types.UID]egressReport{}
+	}
+	r.entries[p.UID] = egressReport{namespace: p.Namespace, entry: entry, none: none}
+}
+
+func (r *egressReports) forget(uid types.UID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.entries, uid)
+}
+
+// keepOnly forgets the policies of namespace that no longer exist.
+func (r *egressReports) keepOnly(namespace string, policies []kaironv1.MachineNetworkPolicy) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for uid, e := range r.entries {
+		if e.namespace == namespace && !slices.ContainsFunc(policies, func(p kaironv1.MachineNetworkPolicy) bool { return p.UID == uid }) {
+			delete(r.entries, uid)
+		}
+	}
 }
 
 // removeEgress lifts a Machine's confinement as its tap goes.
