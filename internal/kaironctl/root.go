@@ -38,6 +38,7 @@ var verbs = []func(*Options) *cobra.Command{
 	newReleaseCommand,
 	newEvacuateCommand,
 	newMigrateCommand,
+	newRestoreCommand,
 	newFenceCommand,
 	newRecoverCommand,
 	newMCPCommand,
