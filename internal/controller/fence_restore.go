@@ -94,10 +94,9 @@ func (r *FenceReconciler) recreate(ctx context.Context, key types.NamespacedName
 	case err == nil && cur.UID == old.UID:
 		return false, nil // still being deleted
 	case err == nil:
-		// A Machine under the name that is not the old one: ours from an
-		// earlier pass whose bookkeeping was lost, or the user's.
-		r.forgetRestore(key)
-		return true, r.clearClaimRestoring(ctx, old.Namespace, d.Claim)
+		// A Machine under the name that is not the old one: ours, created
+		// by an earlier pass, or the user's.
+		return r.restored(ctx, key, old.Namespace, d.Claim)
 	case !apierrors.IsNotFound(err):
 		return false, err
 	}
@@ -108,16 +107,22 @@ func (r *FenceReconciler) recreate(ctx context.Context, key types.NamespacedName
 		}
 		return false, fmt.Errorf("recreating machine %s from snapshot %s: %w", key, d.Snapshot.Name, err)
 	}
-	r.forgetRestore(key)
 	log.FromContext(ctx).Info("Restored a machine of a fenced node", "machine", klog.KObj(restored), "snapshot", d.Snapshot.Name)
 	r.Recorder.Eventf(restored, nil, corev1.EventTypeNormal, kaironv1.EventReasonFenceRestored, "Fence", "%s", d.Receipt(p.node))
-	return true, r.clearClaimRestoring(ctx, old.Namespace, d.Claim)
+	return r.restored(ctx, key, old.Namespace, d.Claim)
 }
 
-func (r *FenceReconciler) forgetRestore(key types.NamespacedName) {
+// restored ends a restore whose new Machine exists: its claim loses the
+// restoring annotation, then the restore is forgotten (kept, and tried
+// again, while that fails).
+func (r *FenceReconciler) restored(ctx context.Context, key types.NamespacedName, namespace, claim string) (bool, error) {
+	if err := r.clearClaimRestoring(ctx, namespace, claim); err != nil {
+		return false, err
+	}
 	r.mu.Lock()
 	delete(r.restores, key)
 	r.mu.Unlock()
+	return true, nil
 }
 
 // restoredMachine is old as a new object restored from snapshot, to be
@@ -170,5 +175,7 @@ func (r *FenceReconciler) annotateClaim(ctx context.Context, namespace, name str
 	if len(updated.Annotations) == len(claim.Annotations) && updated.Annotations[kaironv1.AnnotationFenceRestoring] == claim.Annotations[kaironv1.AnnotationFenceRestoring] {
 		return nil
 	}
-	return client.IgnoreNotFound(r.Client.Patch(ctx, updated, client.MergeFromWithOptions(&claim, client.MergeFromWithOptimisticLock{})))
+	// No lock: a merge patch of one annotation leaves the rest of the
+	// claim, which its controller writes meanwhile, as it is.
+	return client.IgnoreNotFound(r.Client.Patch(ctx, updated, client.MergeFrom(&claim)))
 }

@@ -7,15 +7,18 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/node"
 	"github.com/zyvor/kairon/internal/rules"
 	"github.com/zyvor/kairon/internal/testenv"
@@ -211,30 +214,56 @@ func TestFenceFollowsThrough(t *testing.T) {
 	if stale == 0 {
 		t.Fatalf("no stale VM left on node a to test fencing on rejoin: %v", instances)
 	}
+	// Each VM takes a moment to stop, so that a Ready written before the
+	// stale VMs are gone could not go unseen.
+	a.opts.Backend = slowStop{a.backend}
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := cs.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + a.node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
 	a.start()
-	eventually(t, "node a Ready again", func() (bool, string) {
-		s := nodeCondition(t, env, a.node, corev1.NodeReady)
-		if s != corev1.ConditionTrue {
-			return false, string(s)
+	readyAt := time.After(waitTimeout)
+	for ready := false; !ready; {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatal("the node watch ended")
+			}
+			n, isNode := ev.Object.(*corev1.Node)
+			ready = isNode && rules.NodeReady(n)
+		case <-readyAt:
+			t.Fatalf("node a not Ready within %s of its agent's restart", waitTimeout)
 		}
-		// Checked as soon as Ready is seen: the stale VMs went first.
-		instances, err := a.backend.List(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var left []string
-		for _, inst := range instances {
-			left = append(left, inst.Name)
-		}
-		if len(left) != 1 || left[0] != ns+"/lone" {
-			t.Errorf("node a Ready with VMs %v, want only %s/lone", left, ns)
-		}
-		return true, ""
-	})
+	}
+	// Read the moment Ready is seen: the stale VMs went first.
+	instances, err = a.backend.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, inst := range instances {
+		left = append(left, inst.Name)
+	}
+	if len(left) != 1 || left[0] != ns+"/lone" {
+		t.Errorf("node a Ready with VMs %v, want only %s/lone", left, ns)
+	}
 	waitPhaseRunning(t, env, ns, "lone")
 	if got := eventReasons(t, env, "", "Node", a.node); !slices.Contains(got, kaironv1.EventReasonStaleVMDestroyed) {
 		t.Errorf("events of node a: %v, want %s", got, kaironv1.EventReasonStaleVMDestroyed)
 	}
+}
+
+// slowStop is a backend whose VMs take a while to stop.
+type slowStop struct{ backend.Backend }
+
+func (s slowStop) Stop(ctx context.Context, id string) error {
+	time.Sleep(300 * time.Millisecond)
+	return s.Backend.Stop(ctx, id)
 }
 
 func waitPhaseRunning(t *testing.T, env *testenv.Env, ns, name string) {
