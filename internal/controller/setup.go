@@ -62,6 +62,10 @@ type Options struct {
 	// migration phases by hand.
 	NoMigrationController bool
 
+	// snapshotClock is the SnapshotSchedule controller's clock; nil means
+	// time.Now. Tests move it instead of waiting for cron slots.
+	snapshotClock func() time.Time
+
 	// binds is the bind tracker the claim binder and the claim reconciler
 	// share; nil means a new one. Tests set it to drive its clock, and to
 	// carry what one manager's watches delivered over to the next.
@@ -140,6 +144,7 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 			Client:   mgr.GetClient(),
 			Recorder: mgr.GetEventRecorder("kairon-snapshotschedule"),
 			Interval: opts.Interval,
+			Now:      opts.snapshotClock,
 		}).SetupWithManager(mgr),
 		(&NodeHealthReconciler{
 			Client:      mgr.GetClient(),

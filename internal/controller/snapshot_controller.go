@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -116,7 +117,12 @@ func (r *MachineSnapshotReconciler) Reconcile(ctx context.Context, req reconcile
 	})
 	// Locked: the node agent writes the same status once it took it.
 	err = patch.Status(ctx, r.Client, base, snap, patch.WithOptimisticLock(), patch.IgnoreNotFound())
-	return reconcile.Result{}, client.IgnoreNotFound(err)
+	if apierrors.IsConflict(err) {
+		// The agent took it meanwhile, or the cache is behind a write of
+		// ours: look again with the fresh object.
+		return reconcile.Result{RequeueAfter: time.Second}, nil
+	}
+	return reconcile.Result{}, err
 }
 
 // snapshotEnds counts each snapshot's end once in the metrics. Only
