@@ -6,7 +6,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -100,7 +99,14 @@ func (r *FenceReconciler) recreate(ctx context.Context, key types.NamespacedName
 	case !apierrors.IsNotFound(err):
 		return false, err
 	}
-	restored := restoredMachine(old, p.node, d.Snapshot.Name)
+	var snap kaironv1.MachineSnapshot
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: old.Namespace, Name: d.Snapshot.Name}, &snap); err != nil {
+		return false, fmt.Errorf("reading snapshot %s: %w", d.Snapshot.Name, err)
+	}
+	restored, err := restoredMachine(old, p.node, &snap)
+	if err != nil {
+		return false, err
+	}
 	if err := r.Client.Create(ctx, restored); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			return false, nil
@@ -125,28 +131,29 @@ func (r *FenceReconciler) restored(ctx context.Context, key types.NamespacedName
 	return true, nil
 }
 
-// restoredMachine is old as a new object restored from snapshot, to be
-// placed off node.
-func restoredMachine(old *kaironv1.Machine, node, snapshot string) *kaironv1.Machine {
-	m := &kaironv1.Machine{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace:       old.Namespace,
-			Name:            old.Name,
-			Labels:          old.Labels,
-			Annotations:     map[string]string{},
-			OwnerReferences: old.OwnerReferences,
-		},
-		Spec: *old.Spec.DeepCopy(),
+// restoredMachine is old as a new object restored from snap
+// (rules.RestoredMachine: the snapshot's shape and spec.restoreFrom), with
+// old's labels, annotations, owners and the rest of its spec, to be placed
+// off node.
+func restoredMachine(old *kaironv1.Machine, node string, snap *kaironv1.MachineSnapshot) (*kaironv1.Machine, error) {
+	m, err := rules.RestoredMachine(snap, old.Name)
+	if err != nil {
+		return nil, err
 	}
+	spec := old.Spec.DeepCopy()
+	spec.CPU, spec.Memory, spec.Image, spec.RestoreFrom = m.Spec.CPU, m.Spec.Memory, m.Spec.Image, m.Spec.RestoreFrom
+	spec.NodeName = ""
+	m.Spec = *spec
+	m.Labels = old.Labels
+	m.OwnerReferences = old.OwnerReferences
+	m.Annotations = map[string]string{}
 	for k, v := range old.Annotations {
-		if k != kaironv1.AnnotationCordonEvacuateAttemptedAt && k != "kubectl.kubernetes.io/last-applied-configuration" {
+		if k != kaironv1.AnnotationCordonEvacuateAttemptedAt && k != corev1.LastAppliedConfigAnnotation {
 			m.Annotations[k] = v
 		}
 	}
 	m.Annotations[kaironv1.AnnotationFencedFrom] = node
-	m.Spec.NodeName = ""
-	m.Spec.RestoreFrom = &kaironv1.RestoreSource{SnapshotName: snapshot}
-	return m
+	return m, nil
 }
 
 // markClaimRestoring puts AnnotationFenceRestoring on the claim.

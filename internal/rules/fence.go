@@ -97,7 +97,7 @@ type FenceDecision struct {
 
 // PlanFence decides what becomes of each Machine of the fenced node,
 // sorted by namespace and name. snapshots are the newest Ready snapshot of
-// each Machine by "namespace/name" (NewestFenceSnapshots). A snapshot kept
+// each Machine by "namespace/name" (loadFenceSnapshots). A snapshot kept
 // in the fenced node's own store cannot be restored elsewhere and does not
 // count.
 func PlanFence(node string, machines []*kaironv1.Machine, snapshots map[string]FenceSnapshot) []FenceDecision {
@@ -155,21 +155,6 @@ func LoadFencePlan(ctx context.Context, reader client.Reader, node string) ([]Fe
 		return nil, err
 	}
 	return PlanFence(node, machines, snapshots), nil
-}
-
-// NewestFenceSnapshots picks, for each Machine, its newest snapshot among
-// the Ready ones: by TakenAt, ties broken by name.
-func NewestFenceSnapshots(snaps map[string][]FenceSnapshot) map[string]FenceSnapshot {
-	out := map[string]FenceSnapshot{}
-	for machine, list := range snaps {
-		for _, s := range list {
-			cur, ok := out[machine]
-			if !ok || s.TakenAt.After(cur.TakenAt) || (s.TakenAt.Equal(cur.TakenAt) && s.Name > cur.Name) {
-				out[machine] = s
-			}
-		}
-	}
-	return out
 }
 
 // machineOwner is "Kind name" of m's controlling owner, else of the owner

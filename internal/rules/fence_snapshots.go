@@ -10,33 +10,23 @@ import (
 )
 
 // loadFenceSnapshots is the newest Ready MachineSnapshot of each of
-// machines, by "namespace/name".
+// machines (NewestReadySnapshot), by "namespace/name".
 func loadFenceSnapshots(ctx context.Context, reader client.Reader, machines []*kaironv1.Machine) (map[string]FenceSnapshot, error) {
-	if len(machines) == 0 {
-		return nil, nil
-	}
-	namespaces := map[string]bool{}
+	lists := map[string][]kaironv1.MachineSnapshot{}
+	out := map[string]FenceSnapshot{}
 	for _, m := range machines {
-		namespaces[m.Namespace] = true
-	}
-	ready := map[string][]FenceSnapshot{}
-	for ns := range namespaces {
-		var list kaironv1.MachineSnapshotList
-		if err := reader.List(ctx, &list, client.InNamespace(ns)); err != nil {
-			return nil, fmt.Errorf("listing machinesnapshots in namespace %s: %w", ns, err)
+		snaps, ok := lists[m.Namespace]
+		if !ok {
+			var list kaironv1.MachineSnapshotList
+			if err := reader.List(ctx, &list, client.InNamespace(m.Namespace)); err != nil {
+				return nil, fmt.Errorf("listing machinesnapshots in namespace %s: %w", m.Namespace, err)
+			}
+			snaps = list.Items
+			lists[m.Namespace] = snaps
 		}
-		for i := range list.Items {
-			s := &list.Items[i]
-			if s.Status.Phase != kaironv1.SnapshotReady || s.DeletionTimestamp != nil {
-				continue
-			}
-			taken := s.CreationTimestamp.Time
-			if s.Status.TakenAt != nil {
-				taken = s.Status.TakenAt.Time
-			}
-			key := s.Namespace + "/" + s.Spec.MachineName
-			ready[key] = append(ready[key], FenceSnapshot{Name: s.Name, TakenAt: taken, Store: s.Status.Store})
+		if s := NewestReadySnapshot(snaps, m.Namespace, m.Name); s != nil {
+			out[m.Namespace+"/"+m.Name] = FenceSnapshot{Name: s.Name, TakenAt: SnapshotTime(s), Store: s.Status.Store}
 		}
 	}
-	return NewestFenceSnapshots(ready), nil
+	return out, nil
 }

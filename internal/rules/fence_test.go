@@ -40,11 +40,11 @@ func TestPlanFence(t *testing.T) {
 		deleting,
 	}
 	old, newer := time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC), time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
-	snaps := NewestFenceSnapshots(map[string][]FenceSnapshot{
-		"ns/held-snap":  {{Name: "h-new", TakenAt: newer, Store: "shared"}, {Name: "h-old", TakenAt: old, Store: "shared"}},
-		"ns/lone-snap":  {{Name: "l-old", TakenAt: old, Store: "shared"}, {Name: "l-new", TakenAt: newer, Store: "shared"}},
-		"ns/lone-local": {{Name: "local", TakenAt: newer, Store: kaironv1.NodeLocalSnapshotStore("node-1")}},
-	})
+	snaps := map[string]FenceSnapshot{
+		"ns/held-snap":  {Name: "h-new", TakenAt: newer, Store: "shared"},
+		"ns/lone-snap":  {Name: "l-new", TakenAt: old, Store: "shared"},
+		"ns/lone-local": {Name: "local", TakenAt: newer, Store: kaironv1.NodeLocalSnapshotStore("node-1")},
+	}
 	plan := PlanFence("node-1", machines, snaps)
 	want := map[string]struct {
 		action   FenceAction
