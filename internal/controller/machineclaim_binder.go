@@ -83,6 +83,25 @@ type MachineClaimBinder struct {
 
 	mu               sync.Mutex
 	pendingRefreshed map[types.NamespacedName]time.Time
+	// events counts, per pool, the watch events that may let a pass bind
+	// more: claims arriving, members changing.
+	events map[types.NamespacedName]uint64
+}
+
+// poolEvent counts an event that may let a pass over pool bind more.
+func (b *MachineClaimBinder) poolEvent(pool types.NamespacedName) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.events == nil {
+		b.events = map[types.NamespacedName]uint64{}
+	}
+	b.events[pool]++
+}
+
+func (b *MachineClaimBinder) poolEvents(pool types.NamespacedName) uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.events[pool]
 }
 
 // SetupWithManager registers the binder with mgr.
@@ -117,7 +136,9 @@ func claimPoolName(o client.Object) []string {
 func (b *MachineClaimBinder) claimEvents() handler.Funcs {
 	enqueue := func(o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 		if c, ok := o.(*kaironv1.MachineClaim); ok && c.Spec.PoolName != "" {
-			q.Add(reconcile.Request{NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Spec.PoolName}})
+			key := types.NamespacedName{Namespace: c.Namespace, Name: c.Spec.PoolName}
+			b.poolEvent(key)
+			q.Add(reconcile.Request{NamespacedName: key})
 		}
 	}
 	return handler.Funcs{
@@ -147,6 +168,7 @@ func (b *MachineClaimBinder) claimEvents() handler.Funcs {
 func (b *MachineClaimBinder) memberEvents() handler.Funcs {
 	enqueue := func(o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 		for _, req := range poolOfMachine(context.Background(), o) {
+			b.poolEvent(req.NamespacedName)
 			q.Add(req)
 		}
 	}
@@ -184,6 +206,8 @@ type bindingPass struct {
 	candidates []*kaironv1.Machine
 	// warming: warm members from the current template still on their way up.
 	warming int
+	// events: the pool's event count when the pass read the cache.
+	events uint64
 }
 
 // Reconcile runs one binding pass over the pool named by req.
@@ -191,6 +215,11 @@ func (b *MachineClaimBinder) Reconcile(ctx context.Context, req reconcile.Reques
 	pass, err := b.snapshot(ctx, req.NamespacedName)
 	if err != nil {
 		return reconcile.Result{}, err
+	}
+	if pass.pool == nil && len(pass.pending) == 0 {
+		b.mu.Lock()
+		delete(b.events, req.NamespacedName)
+		b.mu.Unlock()
 	}
 	waiting, retrySoon, bindErr := b.bindPending(ctx, pass)
 	refreshIn, err := b.explainWaiting(ctx, pass, waiting)
@@ -207,66 +236,131 @@ func (b *MachineClaimBinder) Reconcile(ctx context.Context, req reconcile.Reques
 	return result, nil
 }
 
-// bindPending binds the pass's pending claims in rounds. Each round pairs
-// the claims still needing a Machine, oldest first, with the candidates
-// left, oldest first, and runs the binds of the round concurrently: a bind
-// is three round trips to the API server, and a burst of claims must not
-// queue behind them one by one. A claim that lost its member to a conflict
-// goes into the next round, ahead of the claims that got none; a member
-// whose claim could not be bound goes back among the candidates. It returns
-// the claims left waiting for a member.
+// bindPending binds the pass's pending claims, oldest first, each to the
+// oldest candidate left, up to bindWorkers binds at a time: a bind is a few
+// round trips to the API server, and a burst of claims must not queue
+// behind them one by one. A worker that finishes takes the next claim at
+// once. When the pass runs out of claims or members while binds are still
+// in flight, it looks at the cache again and takes in the claims that
+// arrived and the members that became ready meanwhile, rather than leave
+// them to a next pass that would start only after the slowest bind of this
+// one. A claim that lost its member to a conflict goes back to the front.
+// It returns the claims left waiting for a member.
 func (b *MachineClaimBinder) bindPending(ctx context.Context, pass *bindingPass) (waiting []*kaironv1.MachineClaim, retrySoon bool, err error) {
-	needy := pass.pending
-	candidates := pass.candidates
-	var errs []error
-	for len(needy) > 0 && len(candidates) > 0 {
-		n := min(len(needy), len(candidates))
-		results := make([]bindResult, n)
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, bindWorkers)
-		for i := range n {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				results[i] = b.bindClaim(ctx, pass, needy[i], candidates[i])
-			}()
+	type finished struct {
+		claim  *kaironv1.MachineClaim
+		member *kaironv1.Machine
+		result bindResult
+	}
+	var (
+		needy      = pass.pending
+		candidates = pass.candidates
+		done       = make(chan finished)
+		running    int
+		inFlight   = map[types.UID]bool{} // the claims and members of binds running
+		// spent: claims and members this pass is done with. A member that
+		// changed since listed is spent at the resourceVersion it had: the
+		// cache showing it so still is no reason to try it again. Claims
+		// and taken members are spent for good ("").
+		spent = map[types.UID]string{}
+		errs  []error
+	)
+	for {
+		for running < bindWorkers && len(needy) > 0 && len(candidates) > 0 {
+			c, m := needy[0], candidates[0]
+			needy, candidates = needy[1:], candidates[1:]
+			running++
+			inFlight[c.UID], inFlight[m.UID] = true, true
+			go func() { done <- finished{c, m, b.bindClaim(ctx, pass, c, m)} }()
 		}
-		wg.Wait()
-
-		var again []*kaironv1.MachineClaim
-		var unused []*kaironv1.Machine
-		for i, r := range results {
-			switch r.outcome {
-			case bindMemberTaken:
-				next := needy[i]
-				if r.claim != nil {
-					next = r.claim
-				}
-				again = append(again, next)
-			case bindRetry:
-				retrySoon = true
-				if !r.memberUsed {
-					unused = append(unused, candidates[i])
-				}
-			case bindRefused:
-				if !r.memberUsed {
-					unused = append(unused, candidates[i])
-				}
+		if running == 0 {
+			break
+		}
+		f := <-done
+		running--
+		delete(inFlight, f.claim.UID)
+		delete(inFlight, f.member.UID)
+		r := f.result
+		switch r.outcome {
+		case bindDone:
+			spent[f.claim.UID], spent[f.member.UID] = "", ""
+		case bindMemberTaken:
+			next := f.claim
+			if r.claim != nil {
+				next = r.claim
 			}
-			if r.err != nil {
-				errs = append(errs, fmt.Errorf("claim %s/%s: %w", needy[i].Namespace, needy[i].Name, r.err))
+			needy = append([]*kaironv1.MachineClaim{next}, needy...)
+			spent[f.member.UID] = f.member.ResourceVersion
+		case bindRetry, bindRefused:
+			// A retry is the next pass's, as is a claim that cannot be
+			// bound as it is (trying it again would only rewrite why).
+			retrySoon = retrySoon || r.outcome == bindRetry
+			spent[f.claim.UID] = ""
+			if r.memberUsed {
+				spent[f.member.UID] = ""
+			} else {
+				candidates = append(candidates, f.member)
+				sortOldestFirst(b.tracker, candidates)
 			}
 		}
-		candidates = append(unused, candidates[n:]...)
-		sortOldestFirst(b.tracker, candidates)
-		needy = append(again, needy[n:]...)
+		if r.err != nil {
+			errs = append(errs, fmt.Errorf("claim %s/%s: %w", f.claim.Namespace, f.claim.Name, r.err))
+		}
+		if len(needy) == 0 || len(candidates) == 0 {
+			needy, candidates = b.takeInArrivals(ctx, pass, needy, candidates, inFlight, spent)
+		}
 	}
 	return needy, retrySoon, errors.Join(errs...)
 }
 
+// takeInArrivals reads the pool from the cache again during a pass and
+// adds to needy and candidates what is new there: claims and members that
+// are neither in them, nor in a bind running, nor spent at the version the
+// cache still shows. The pass's warming count follows the cache.
+func (b *MachineClaimBinder) takeInArrivals(ctx context.Context, pass *bindingPass, needy []*kaironv1.MachineClaim, candidates []*kaironv1.Machine,
+	inFlight map[types.UID]bool, spent map[types.UID]string) ([]*kaironv1.MachineClaim, []*kaironv1.Machine) {
+	if b.poolEvents(pass.key) == pass.events {
+		return needy, candidates // nothing arrived since the pass last looked
+	}
+	fresh, err := b.snapshot(ctx, pass.key)
+	if err != nil || fresh.pool == nil || pass.pool == nil || fresh.pool.UID != pass.pool.UID || fresh.hash != pass.hash || fresh.pool.DeletionTimestamp != nil {
+		// The next pass sorts out a pool that changed.
+		return needy, candidates
+	}
+	pass.warming, pass.events = fresh.warming, fresh.events
+	known := map[types.UID]bool{}
+	for _, c := range needy {
+		known[c.UID] = true
+	}
+	for _, m := range candidates {
+		known[m.UID] = true
+	}
+	usable := func(o client.Object) bool {
+		rv, wasSpent := spent[o.GetUID()]
+		return !known[o.GetUID()] && !inFlight[o.GetUID()] && (!wasSpent || (rv != "" && rv != o.GetResourceVersion()))
+	}
+	added := false
+	for _, c := range fresh.pending {
+		if usable(c) {
+			needy = append(needy, c)
+			added = true
+		}
+	}
+	for _, m := range fresh.candidates {
+		if usable(m) {
+			candidates = append(candidates, m)
+			added = true
+		}
+	}
+	if added {
+		sortOldestFirst(b.tracker, needy)
+		sortOldestFirst(b.tracker, candidates)
+	}
+	return needy, candidates
+}
+
 func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedName) (*bindingPass, error) {
-	pass := &bindingPass{key: key}
+	pass := &bindingPass{key: key, events: b.poolEvents(key)}
 	var pool kaironv1.MachinePool
 	switch err := b.Client.Get(ctx, key, &pool); {
 	case apierrors.IsNotFound(err):

@@ -447,3 +447,80 @@ func TestMachineClaimBinderBranches(t *testing.T) {
 		})
 	}
 }
+
+// A claim that arrives while a pass is binding is bound by that pass, not
+// left for the next one (which would start only after the pass's slowest
+// bind): the pass reads the cache again once it runs out of claims.
+func TestMachineClaimBinderTakesInClaimsArrivingDuringAPass(t *testing.T) {
+	pool := &kaironv1.MachinePool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "agents", UID: "pool-uid"},
+		Spec:       kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](3), Template: poolTemplate()},
+	}
+	hash := templateHash(&pool.Spec.Template)
+	key := types.NamespacedName{Namespace: "team", Name: "agents"}
+	base := time.Now().Add(-time.Hour).Truncate(time.Second)
+	objs := []client.Object{pool}
+	for i, name := range []string{"oldest", "middle", "newest"} {
+		objs = append(objs, &kaironv1.Machine{
+			ObjectMeta: metav1.ObjectMeta{
+				Namespace: "team", Name: name, UID: types.UID("uid-" + name),
+				CreationTimestamp: metav1.NewTime(base.Add(time.Duration(i) * time.Second)),
+				Labels: map[string]string{
+					kaironv1.LabelMachinePool: "agents", kaironv1.LabelMachinePoolTemplateHash: hash, kaironv1.LabelPoolState: kaironv1.PoolStateWarm,
+				},
+				OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(pool, machinePoolKind)},
+			},
+			Spec:   kaironv1.MachineSpec{CPU: 1, Memory: resource.MustParse("64Mi")},
+			Status: kaironv1.MachineStatus{Phase: kaironv1.MachineRunning},
+		})
+	}
+	claim := func(name string, uid types.UID) *kaironv1.MachineClaim {
+		return &kaironv1.MachineClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: name, UID: uid, CreationTimestamp: metav1.NewTime(base.Add(time.Minute))},
+			Spec:       kaironv1.MachineClaimSpec{PoolName: "agents"},
+		}
+	}
+	objs = append(objs, claim("first", "uid-first"))
+
+	var b *MachineClaimBinder
+	arrived := false
+	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(objs...).
+		WithStatusSubresource(&kaironv1.MachineClaim{}, &kaironv1.MachinePool{}, &kaironv1.Machine{}).
+		WithIndex(&kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName).
+		WithInterceptorFuncs(interceptor.Funcs{Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if _, ok := obj.(*kaironv1.Machine); ok && !arrived {
+				// The second claim arrives, and the watch says so, while
+				// the first one's bind is being written.
+				arrived = true
+				if err := c.Create(ctx, claim("second", "uid-second")); err != nil {
+					t.Fatal(err)
+				}
+				b.poolEvent(key)
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		}}).Build()
+	b = &MachineClaimBinder{Client: c, APIReader: c, Recorder: events.NewFakeRecorder(20), Interval: time.Minute,
+		tracker: newBindTracker(), pendingRefreshed: map[types.NamespacedName]time.Time{}}
+
+	ctx := context.Background()
+	if _, err := b.Reconcile(ctx, reconcile.Request{NamespacedName: key}); err != nil {
+		t.Fatalf("pass failed: %v", err)
+	}
+	if !arrived {
+		t.Fatal("no Machine was patched: nothing was bound")
+	}
+	bound := map[string]string{}
+	for _, name := range []string{"first", "second"} {
+		var got kaironv1.MachineClaim
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "team", Name: name}, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.Phase != kaironv1.ClaimBound {
+			t.Errorf("claim %s is %q after the pass, want Bound by the same pass", name, got.Status.Phase)
+		}
+		bound[name] = got.Status.MachineName
+	}
+	if bound["first"] != "oldest" || bound["second"] != "middle" {
+		t.Errorf("bound %v, want first→oldest and second→middle", bound)
+	}
+}
