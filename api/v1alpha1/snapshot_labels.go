@@ -19,7 +19,7 @@ const (
 	AnnotationRestoreFrom = "kairon.zyvor.dev/restore-from"
 )
 
-// Labels, annotations and the finalizer of MachineSnapshots
+// Labels of MachineSnapshots
 // (machinesnapshot_types.go) and SnapshotSchedules.
 const (
 	// LabelSnapshotMachine is on a MachineSnapshot: its spec.machineName,
@@ -33,9 +33,6 @@ const (
 	// has only its own). The scheduler places a Machine restored from a
 	// snapshot only on a node with the snapshot's status.store here.
 	LabelNodeSnapshotStore = "kairon.zyvor.dev/snapshot-store"
-	// FinalizerSnapshotFile keeps a MachineSnapshot until a node agent that
-	// reaches its store deleted its state file.
-	FinalizerSnapshotFile = "kairon.zyvor.dev/snapshot-file"
 )
 
 // NodeLocalSnapshotStore is the store name of a node without shared

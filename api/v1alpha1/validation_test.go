@@ -55,7 +55,7 @@ func TestEveryExampleIsAccepted(t *testing.T) {
 		}
 	}
 	for _, kind := range []string{"Machine", "MachineSet", "MachinePool", "MachineClaim",
-		"MachineDisruptionBudget", "MachineMigration", "MachineNetworkPolicy", "MachineQuota", "MigrationPolicy"} {
+		"MachineDisruptionBudget", "MachineMigration", "MachineNetworkPolicy", "MachineQuota", "MigrationPolicy", "MachineSnapshot", "SnapshotSchedule"} {
 		if !kinds[kind] {
 			t.Errorf("examples/ has no %s", kind)
 		}

@@ -133,7 +133,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"ServiceAccount/" + nodeAgentName,
 	}
 	// The admission policies (confinement_test.go checks their content).
-	for _, p := range []string{"machine-placement", "node-confinement-machines", "node-confinement-migrations", "node-confinement-networkpolicies", "node-confinement-leases", "node-confinement-nodes", "claim-creation-stamp"} {
+	for _, p := range []string{"machine-placement", "node-confinement-machines", "node-confinement-migrations", "node-confinement-networkpolicies", "node-confinement-leases", "node-confinement-nodes", "node-confinement-snapshots", "claim-creation-stamp"} {
 		want = append(want, "ValidatingAdmissionPolicy/"+testRelease+"-kairon-"+p, "ValidatingAdmissionPolicyBinding/"+testRelease+"-kairon-"+p)
 	}
 	slices.Sort(want)
@@ -232,6 +232,12 @@ func TestControllerRBAC(t *testing.T) {
 		{kaironGroup, "machinemigrations", []string{"get", "list", "watch"}},
 		{kaironGroup, "machinemigrations/status", []string{"patch"}},
 		{kaironGroup, "migrationpolicies", []string{"get", "list", "watch"}},
+		// SnapshotSchedules create and prune MachineSnapshots; the
+		// snapshot controller labels and hands them out.
+		{kaironGroup, "machinesnapshots", []string{"get", "list", "watch", "create", "patch", "delete"}},
+		{kaironGroup, "machinesnapshots/status", []string{"patch"}},
+		{kaironGroup, "snapshotschedules", []string{"get", "list", "watch"}},
+		{kaironGroup, "snapshotschedules/status", []string{"patch"}},
 		{"", "namespaces", []string{"get", "list", "watch"}},
 		// patch: the controller owns the Nodes' migration-endpoint annotation.
 		{"", "nodes", []string{"get", "list", "watch", "patch"}},
@@ -294,6 +300,8 @@ func TestNodeAgentRBAC(t *testing.T) {
 		{kaironGroup, "machines/status", []string{"patch"}},
 		{kaironGroup, "machinemigrations", []string{"get", "list", "watch", "patch"}},
 		{kaironGroup, "machinemigrations/status", []string{"patch"}},
+		{kaironGroup, "machinesnapshots", []string{"get", "list", "watch"}},
+		{kaironGroup, "machinesnapshots/status", []string{"patch"}},
 		{"", "events", []string{"create", "patch"}},
 		{"events.k8s.io", "events", []string{"create", "patch"}},
 	}
@@ -314,6 +322,9 @@ func TestNodeAgentRBAC(t *testing.T) {
 		{kaironGroup, "machines", "delete"},
 		{kaironGroup, "machinemigrations", "create"},
 		{kaironGroup, "machinemigrations", "delete"},
+		{kaironGroup, "machinesnapshots", "create"},
+		{kaironGroup, "machinesnapshots", "patch"},
+		{kaironGroup, "machinesnapshots", "delete"},
 		{"", "secrets", "get"},
 	}
 	for _, r := range refuse {
@@ -1002,8 +1013,9 @@ func TestRenderedFlagsExist(t *testing.T) {
 	}
 
 	for name, sets := range map[string][]string{
-		"defaults": nil,
-		"sim":      {"node.backend=sim", "node.acceleration=tcg", "node.guestDir=/opt/kairon/guest", "node.listen=127.0.0.1:10350"},
+		"defaults":                nil,
+		"sim":                     {"node.backend=sim", "node.acceleration=tcg", "node.guestDir=/opt/kairon/guest", "node.listen=127.0.0.1:10350"},
+		"shared snapshot storage": {"node.snapshots.dir=/mnt/kairon-snapshots", "node.snapshots.store=nfs-a"},
 	} {
 		t.Run("node "+name, func(t *testing.T) {
 			_, c := nodeDaemonSet(t, render(t, setArgs(sets)...))
