@@ -24,8 +24,8 @@ import (
 // it and plays its node agent: Running.
 func runningMachine(t *testing.T, env *testenv.Env, ns, name string, labels map[string]string) *kaironv1.Machine {
 	t.Helper()
-	m := createMachine(t, env, ns, name, 1, "256Mi", func(m *kaironv1.Machine) { m.Labels = labels })
-	m = waitScheduled(t, env, ns, name)
+	createMachine(t, env, ns, name, 1, "256Mi", func(m *kaironv1.Machine) { m.Labels = labels })
+	m := waitScheduled(t, env, ns, name)
 	setMachinePhase(t, env, m, kaironv1.MachineRunning)
 	return m
 }
