@@ -12,7 +12,7 @@ TEST_FLAGS ?= -race -timeout 20m -count=1
 CONTROLLER_GEN := $(BIN)/controller-gen
 STATICCHECK    := $(BIN)/staticcheck
 
-.PHONY: all deps tools guest generate build up test test-unit lint bench bench-egress bench-exec bench-claim bench-clone bench-scale fmt clean help
+.PHONY: all deps tools guest generate build images push up test test-unit lint bench bench-egress bench-exec bench-claim bench-clone bench-scale fmt clean help
 
 all: build
 
@@ -37,6 +37,17 @@ generate: tools ## Regenerate deepcopy code and CRDs from api/; copy RBAC rules 
 
 build: ## Build Kairon's commands into bin/.
 	$(GO) build -o $(BIN)/ ./cmd/...
+
+# The images' tag (the chart's appVersion by default, which its image.tag
+# defaults to) and where they are named and pushed (the chart's image.registry).
+VERSION  ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' charts/kairon/Chart.yaml)
+REGISTRY ?= ghcr.io/zyvor
+
+images: deps guest ## Build the kairon-controller, kairon-ui and kairon-node OCI images into bin/images (no container daemon; docs/guides/helm.md).
+	$(GO) run ./hack/images --out $(BIN)/images --guest-dir $(BIN)/guest --version $(VERSION) --registry $(REGISTRY)
+
+push: ## Push the images of bin/images to $(REGISTRY) as <name>:$(VERSION) (credentials: docker/podman login).
+	$(GO) run ./hack/images push --out $(BIN)/images --version $(VERSION) --registry $(REGISTRY)
 
 up: deps tools guest build ## Run a whole single-host Kairon with state in $(DATA_DIR).
 	$(BIN)/kairon-local up --data-dir $(DATA_DIR) --nodes $(NODES)

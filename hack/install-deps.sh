@@ -7,9 +7,10 @@ set -euo pipefail
 # apt, dpkg, cpio, gzip, xz-utils, zstd. Node agent: qemu-system-x86 (QEMU
 # 7.2), iproute2 (bridge, taps, network namespaces in tests), nftables (the
 # guests' network baseline, docs/guides/networking.md). kairon-ui's browser
-# tests (internal/ui) drive Debian's headless chromium.
+# tests (internal/ui) drive Debian's headless chromium. The image tests
+# (test/images) run the images of make images in Debian's podman.
 packages=(ca-certificates git make gcc libc6-dev iproute2 nftables procps
-  cpio gzip xz-utils zstd qemu-system-x86 chromium)
+  cpio gzip xz-utils zstd qemu-system-x86 chromium podman)
 
 missing=()
 for p in "${packages[@]}"; do
