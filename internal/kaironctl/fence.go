@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
@@ -172,13 +173,15 @@ type fenceReceipt struct {
 	Receipt  string `json:"receipt"`
 	// Outcome is, with --wait, what happened.
 	Outcome string `json:"outcome,omitempty"`
+
+	uid types.UID // the Machine's on the node
 }
 
 func receiptsOf(node string, plan []rules.FenceDecision) []fenceReceipt {
 	out := make([]fenceReceipt, 0, len(plan))
 	for _, d := range plan {
 		r := fenceReceipt{Namespace: d.Machine.Namespace, Name: d.Machine.Name, Owner: d.Owner, Claim: d.Claim,
-			Action: string(d.Action), Why: d.Why, Receipt: d.Receipt(node)}
+			Action: string(d.Action), Why: d.Why, Receipt: d.Receipt(node), uid: d.Machine.UID}
 		if d.Snapshot != nil {
 			r.Snapshot = d.Snapshot.Name
 		}
@@ -194,29 +197,29 @@ func (o *Options) printFenceReport(format string, r *fenceReport) error {
 	return printYAML(o.Out, r)
 }
 
-// getKaironNode reads NODE and refuses one that does not exist or runs no
+// kaironNode reads NODE and refuses one that does not exist or runs no
 // Kairon agent.
-func getKaironNode(ctx context.Context, c client.Client, name string) (*corev1.Node, error) {
+func (o *Options) kaironNode(ctx context.Context, name string) (client.WithWatch, *corev1.Node, error) {
+	c, err := o.Client()
+	if err != nil {
+		return nil, nil, err
+	}
 	var node corev1.Node
-	err := c.Get(ctx, client.ObjectKey{Name: name}, &node)
+	err = c.Get(ctx, client.ObjectKey{Name: name}, &node)
 	if apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("node %q not found; list the nodes with: kaironctl get nodes", name)
+		return nil, nil, fmt.Errorf("node %q not found; list the nodes with: kaironctl get nodes", name)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("node %q: %w", name, err)
+		return nil, nil, fmt.Errorf("node %q: %w", name, err)
 	}
 	if _, ok := node.Labels[kaironv1.LabelNode]; !ok {
-		return nil, fmt.Errorf("node %q is not a Kairon node (no label %s); list the Kairon nodes with: kaironctl get nodes", name, kaironv1.LabelNode)
+		return nil, nil, fmt.Errorf("node %q is not a Kairon node (no label %s); list the Kairon nodes with: kaironctl get nodes", name, kaironv1.LabelNode)
 	}
-	return &node, nil
+	return c, &node, nil
 }
 
 func (o *Options) runFence(ctx context.Context, name string, f *fenceFlags) error {
-	c, err := o.Client()
-	if err != nil {
-		return err
-	}
-	node, err := getKaironNode(ctx, c, name)
+	c, node, err := o.kaironNode(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -339,6 +342,7 @@ func (o *Options) waitFence(ctx context.Context, c client.WithWatch, report *fen
 			stay[r.Namespace+"/"+r.Name] = true
 		}
 	}
+	deadline := time.Now().Add(f.timeout)
 	var still []string
 	_, err := waitFor(ctx, c, onNode, f.timeout, func(machines []client.Object) (bool, error) {
 		still = still[:0]
@@ -355,6 +359,22 @@ func (o *Options) waitFence(ctx context.Context, c client.WithWatch, report *fen
 		return fmt.Errorf("timed out after %s waiting for kairon-controller to deal with the Machines of node %s; still there: %v", shortDuration(f.timeout), report.Node, still)
 	case err != nil:
 		return fmt.Errorf("watching the machines on node %s: %w", report.Node, err)
+	}
+	// A restored Machine is done once its new self has a node.
+	for _, r := range report.Machines {
+		if r.Action != string(rules.FenceRestore) {
+			continue
+		}
+		m := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: r.Name}}
+		_, err := waitForObject(ctx, c, m, time.Until(deadline), func(m *kaironv1.Machine) (bool, error) {
+			return m != nil && m.UID != r.uid && m.Spec.NodeName != "", nil
+		})
+		if errors.As(err, &stopped) && ctx.Err() == nil {
+			return fmt.Errorf("timed out after %s waiting for machine %s/%s to be restored on another node", shortDuration(f.timeout), r.Namespace, r.Name)
+		}
+		if err != nil {
+			return fmt.Errorf("watching machine %s/%s: %w", r.Namespace, r.Name, err)
+		}
 	}
 	for i := range report.Machines {
 		r := &report.Machines[i]
@@ -392,11 +412,7 @@ func (o *Options) fenceOutcome(ctx context.Context, c client.Client, node string
 }
 
 func (o *Options) runRecover(ctx context.Context, name, format string) error {
-	c, err := o.Client()
-	if err != nil {
-		return err
-	}
-	node, err := getKaironNode(ctx, c, name)
+	c, node, err := o.kaironNode(ctx, name)
 	if err != nil {
 		return err
 	}

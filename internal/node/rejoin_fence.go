@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -67,7 +68,10 @@ func (a *Agent) fenceOnRejoin(ctx context.Context) error {
 			}
 		}
 		if node != nil {
-			a.recorder.Eventf(node, nil, corev1.EventTypeWarning, kaironv1.EventReasonStaleVMDestroyed, "RejoinFence", "%s", message)
+			// The Machine as the related object: events of one reason on
+			// one Node are otherwise folded into one series, one message.
+			related := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+			a.recorder.Eventf(node, related, corev1.EventTypeWarning, kaironv1.EventReasonStaleVMDestroyed, "RejoinFence", "%s", message)
 		}
 	}
 	if node != nil && rules.NodeFenced(node) {
