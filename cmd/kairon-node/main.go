@@ -61,6 +61,7 @@ type flags struct {
 	suspendLimit time.Duration
 	qemuNoJail   bool
 	cgroupParent string
+	vmScope      string
 	leaseRenew   time.Duration
 	bootTimeout  time.Duration
 	snapDir      string
@@ -114,6 +115,7 @@ func run(args []string) error {
 	fs.DurationVar(&f.suspendLimit, "suspend-timeout", node.DefaultSuspendTimeout, "with --on-shutdown=suspend, how long saving the VMs may take; a VM not saved by then keeps running")
 	fs.BoolVar(&f.qemuNoJail, "qemu-no-jail", false, "run QEMU unconfined as the agent's own user, for an agent that is not root (development only);\nby default each VM's QEMU has its own uid, seccomp, a chroot and a cgroup (docs/guides/vm-isolation.md)")
 	fs.StringVar(&f.cgroupParent, "cgroup-parent", qemu.DefaultCgroupParent, "cgroup (relative to each hierarchy's root) under which each VM gets its own")
+	fs.StringVar(&f.vmScope, "vm-scope", "agent", "where the VMs' cgroups live: agent (the hierarchies as this process sees /sys/fs/cgroup) or host (the host's whole hierarchies,\nmounted afresh, for an agent in a container with hostPID: VMs outlive the container; docs/design/node-agent-lifecycle.md)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -122,6 +124,9 @@ func run(args []string) error {
 	}
 	ctrl.SetLogger(zap.New(zap.UseDevMode(false)))
 
+	if f.vmScope != "agent" && f.vmScope != "host" {
+		return fmt.Errorf("--vm-scope %q: must be agent or host", f.vmScope)
+	}
 	switch node.ShutdownAction(f.onShutdown) {
 	case node.ShutdownKeep, node.ShutdownSuspend:
 	default:
@@ -208,7 +213,7 @@ func newBackend(f flags) (backend.Backend, error) {
 	switch f.backend {
 	case "qemu":
 		return qemu.New(qemu.Options{StateDir: dir, GuestDir: f.guestDir, Acceleration: f.acceleration, NetNS: f.netns,
-			NoJail: f.qemuNoJail, CgroupParent: f.cgroupParent})
+			NoJail: f.qemuNoJail, CgroupParent: f.cgroupParent, HostScope: f.vmScope == "host"})
 	case "sim":
 		return sim.New(sim.Options{StateDir: dir, BootDelay: f.simBootDelay})
 	default:

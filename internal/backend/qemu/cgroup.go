@@ -20,6 +20,19 @@ import (
 // hierarchies, and QEMU is forked from a thread that was first moved into
 // them, so it is born there as well. Either way QEMU never runs outside its
 // cgroup.
+//
+// QEMU also leaves the agent's cgroups in every other hierarchy: on v1 it
+// is born in <parent> of each (freezer, devices, cpuset, name=systemd, ...)
+// and, on a v1 host with a v2 hierarchy beside it, in <parent> there too.
+// Whoever stops or freezes the agent by its cgroup (a container runtime
+// stopping or pausing the agent's container, systemd stopping its unit)
+// then does not reach the VMs.
+//
+// With HostScope (kairon-node --vm-scope=host, the agent in a container
+// that shares the host's PID namespace) the hierarchies are the host's
+// whole ones, which the agent mounts afresh (hostscope.go), rather than the
+// container's view of /sys/fs/cgroup, which a runtime bind-mounts from the
+// container's own cgroup. See docs/design/node-agent-lifecycle.md.
 
 const cgroupRoot = "/sys/fs/cgroup"
 
@@ -31,9 +44,16 @@ const (
 // cgroupSetup is the host's cgroup layout as a Backend uses it.
 type cgroupSetup struct {
 	v2     bool
+	root   string // cgroupRoot, or hostCgroupRoot (HostScope)
+	hostNS bool   // fork QEMU from PID 1's cgroup namespace (HostScope in a cgroup namespace)
 	parent string // relative to each hierarchy's root
 	// v1Roots are the memory, pids and cpu hierarchies' mount points.
 	v1Roots []string
+	// others are the mount points of the v1 hierarchies without limits
+	// (QEMU enters <parent> in each), and unified a v2 hierarchy beside
+	// them ("" if none).
+	others  []string
+	unified string
 }
 
 var v1Controllers = []string{"memory", "pids", "cpu"}
@@ -47,36 +67,122 @@ type cgroupLimits struct {
 const cpuPeriodUS = 100000
 
 // detectCgroups finds out which cgroup version manages the controllers.
-func detectCgroups(parent string) (*cgroupSetup, error) {
+func detectCgroups(parent string) (*cgroupSetup, error) { return detectCgroupsIn(parent, false) }
+
+// detectCgroupsIn is detectCgroups in the host's hierarchies with host
+// (HostScope), in the agent's view of /sys/fs/cgroup without.
+func detectCgroupsIn(parent string, host bool) (*cgroupSetup, error) {
 	if strings.Contains(parent, "..") || filepath.IsAbs(parent) {
 		return nil, fmt.Errorf("qemu: --cgroup-parent %q: must be a relative path without \"..\"", parent)
 	}
+	root, hostNS := cgroupRoot, false
+	if host {
+		var err error
+		if root, hostNS, err = mountHostCgroups(); err != nil {
+			return nil, err
+		}
+	}
 	var st syscall.Statfs_t
-	if err := syscall.Statfs(cgroupRoot, &st); err != nil {
+	if err := syscall.Statfs(root, &st); err != nil {
 		return nil, fmt.Errorf("qemu: cgroups: %w", err)
 	}
 	if st.Type == cgroup2Magic {
-		s := &cgroupSetup{v2: true, parent: parent}
+		s := &cgroupSetup{v2: true, root: root, hostNS: hostNS, parent: parent}
 		if err := s.enableV2(); err != nil {
 			return nil, err
 		}
 		return s, nil
 	}
-	s := &cgroupSetup{parent: parent}
+	s := &cgroupSetup{root: root, hostNS: hostNS, parent: parent}
 	for _, c := range v1Controllers {
-		root := filepath.Join(cgroupRoot, c)
-		if err := syscall.Statfs(root, &st); err != nil || st.Type != cgroup1Magic {
-			return nil, fmt.Errorf("qemu: cgroups: neither a cgroup v2 hierarchy at %s nor a v1 %s controller at %s", cgroupRoot, c, root)
+		r := filepath.Join(root, c)
+		if err := syscall.Statfs(r, &st); err != nil || st.Type != cgroup1Magic {
+			return nil, fmt.Errorf("qemu: cgroups: neither a cgroup v2 hierarchy at %s nor a v1 %s controller at %s", root, c, r)
 		}
-		s.v1Roots = append(s.v1Roots, root)
+		s.v1Roots = append(s.v1Roots, r)
+	}
+	if err := s.findOthers(); err != nil {
+		return nil, err
 	}
 	return s, nil
+}
+
+// findOthers lists the hierarchies mounted under s.root besides memory,
+// pids and cpu (a directory shared by several controllers, "cpu,cpuacct",
+// counts once).
+func (s *cgroupSetup) findOthers() error {
+	entries, err := os.ReadDir(s.root)
+	if err != nil {
+		return fmt.Errorf("qemu: cgroups: %w", err)
+	}
+	var limited []os.FileInfo
+	for _, r := range s.v1Roots {
+		fi, err := os.Stat(r)
+		if err != nil {
+			return fmt.Errorf("qemu: cgroups: %w", err)
+		}
+		limited = append(limited, fi)
+	}
+	seen := map[string]bool{}
+	for _, e := range entries {
+		p := filepath.Join(s.root, e.Name())
+		fi, err := os.Stat(p) // through symlinks (cpu -> cpu,cpuacct)
+		if err != nil || !fi.IsDir() {
+			continue
+		}
+		var st syscall.Statfs_t
+		if syscall.Statfs(p, &st) != nil || (st.Type != cgroup1Magic && st.Type != cgroup2Magic) {
+			continue
+		}
+		same := false
+		for _, l := range limited {
+			same = same || os.SameFile(fi, l)
+		}
+		target, err := filepath.EvalSymlinks(p)
+		if same || err != nil || seen[target] {
+			continue
+		}
+		seen[target] = true
+		if st.Type == cgroup2Magic {
+			s.unified = p
+		} else {
+			s.others = append(s.others, p)
+		}
+	}
+	return nil
+}
+
+// otherDir makes <parent> in the v1 hierarchy h ready to take a task: a
+// new cpuset has neither CPUs nor memory nodes until given its parent's.
+func (s *cgroupSetup) otherDir(h string) (string, error) {
+	dir := h
+	for _, part := range strings.Split(s.parent, "/") {
+		parentDir := dir
+		dir = filepath.Join(dir, part)
+		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return "", fmt.Errorf("qemu: cgroup %s: %w", dir, err)
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			cur, err := os.ReadFile(filepath.Join(dir, f))
+			if err != nil || strings.TrimSpace(string(cur)) != "" {
+				continue // not a cpuset, or set already
+			}
+			v, err := os.ReadFile(filepath.Join(parentDir, f))
+			if err != nil {
+				return "", err
+			}
+			if err := os.WriteFile(filepath.Join(dir, f), v, 0); err != nil {
+				return "", fmt.Errorf("qemu: cgroup %s: %w", filepath.Join(dir, f), err)
+			}
+		}
+	}
+	return dir, nil
 }
 
 // enableV2 makes the memory, pids and cpu controllers available to the
 // VMs' cgroups, from the root down to parent.
 func (s *cgroupSetup) enableV2() error {
-	dir := cgroupRoot
+	dir := s.root
 	for _, part := range append([]string{""}, strings.Split(s.parent, "/")...) {
 		if part != "" {
 			dir = filepath.Join(dir, part)
@@ -85,7 +191,7 @@ func (s *cgroupSetup) enableV2() error {
 			}
 		}
 		err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+memory +pids +cpu"), 0)
-		if errors.Is(err, syscall.EBUSY) && dir == cgroupRoot {
+		if errors.Is(err, syscall.EBUSY) && dir == cgroupRoot && s.root == cgroupRoot {
 			// A container's own cgroup seen as the root (cgroup namespace)
 			// holds the agent, and a v2 cgroup with processes cannot hand
 			// controllers down. The agent moves into a leaf beside the VMs,
@@ -127,7 +233,7 @@ func evacuateRoot() error {
 // dirs are the directories of the VM cgroup called name.
 func (s *cgroupSetup) dirs(name string) []string {
 	if s.v2 {
-		return []string{filepath.Join(cgroupRoot, s.parent, name)}
+		return []string{filepath.Join(s.root, s.parent, name)}
 	}
 	var out []string
 	for _, root := range s.v1Roots {
@@ -153,7 +259,7 @@ func (s *cgroupSetup) create(name string, l cgroupLimits) ([]string, error) {
 	var dirs []string
 	roots := s.v1Roots
 	if s.v2 {
-		roots = []string{cgroupRoot}
+		roots = []string{s.root}
 	}
 	for _, root := range roots {
 		parent := filepath.Join(root, s.parent)
@@ -227,6 +333,14 @@ func (s *cgroupSetup) spawnOnThread(cmd *exec.Cmd, wd string, dirs []string) err
 	if err := syscall.Chdir(wd); err != nil {
 		return fmt.Errorf("qemu: chdir %s: %w", wd, err)
 	}
+	if s.hostNS {
+		// The host's cgroup namespace, for this thread only: a cgroup
+		// outside the container's may be entered only from a namespace
+		// whose root is above both.
+		if err := enterHostCgroupNS(); err != nil {
+			return err
+		}
+	}
 	if s.v2 {
 		fd, err := syscall.Open(dirs[0], syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 		if err != nil {
@@ -256,9 +370,37 @@ func (s *cgroupSetup) spawnOnThread(cmd *exec.Cmd, wd string, dirs []string) err
 			return fmt.Errorf("qemu: entering cgroup %s: %w", d, err)
 		}
 	}
+	// The hierarchies without limits: QEMU leaves the agent's cgroups there
+	// too. The thread ends with the fork, so it need not go back.
+	for _, h := range s.others {
+		d, err := s.otherDir(h)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(d, "tasks"), []byte(tid), 0); err != nil {
+			return fmt.Errorf("qemu: entering cgroup %s: %w", d, err)
+		}
+	}
+	if s.unified != "" {
+		// A v2 hierarchy moves whole processes, never one thread: QEMU is
+		// cloned into it instead.
+		d := filepath.Join(s.unified, s.parent)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("qemu: cgroup %s: %w", d, err)
+		}
+		fd, err := syscall.Open(d, syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("qemu: cgroup %s: %w", d, err)
+		}
+		defer syscall.Close(fd)
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{}
+		}
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = fd
+	}
 	return cmd.Start()
 }
-
 // threadCgroups reads a thread's v1 cgroup paths, by controller.
 func threadCgroups(tid string) (map[string]string, error) {
 	b, err := os.ReadFile("/proc/self/task/" + tid + "/cgroup")

@@ -112,7 +112,7 @@ func newJailConfig(opts Options) (*jailConfig, error) {
 	if parent == "" {
 		parent = DefaultCgroupParent
 	}
-	cg, err := detectCgroups(parent)
+	cg, err := detectCgroupsIn(parent, opts.HostScope)
 	if err != nil {
 		return nil, err
 	}

@@ -62,6 +62,12 @@ type Options struct {
 	// CgroupParent is the cgroup, relative to each hierarchy's root, under
 	// which every VM gets one of its own; empty: DefaultCgroupParent.
 	CgroupParent string
+	// HostScope places the VMs' cgroups in the host's whole hierarchies,
+	// which the agent mounts afresh, rather than in its own view of
+	// /sys/fs/cgroup: for an agent in a container sharing the host's PID
+	// namespace, whose VMs must outlive the container (kairon-node
+	// --vm-scope=host). See hostscope.go.
+	HostScope bool
 	// MemoryOverheadMiB is what a VM's cgroup allows beyond guest memory;
 	// zero: DefaultMemoryOverheadMiB.
 	MemoryOverheadMiB int64
@@ -132,6 +138,9 @@ func New(opts Options) (*Backend, error) {
 		}
 	}
 	b.tscKHz = hostTSCkHz()
+	if opts.NoJail && opts.HostScope {
+		return nil, errors.New("qemu: --vm-scope=host places each VM's jail cgroups on the host, and --qemu-no-jail has none: drop one of them")
+	}
 	if !opts.NoJail {
 		if b.jail, err = newJailConfig(opts); err != nil {
 			return nil, err
