@@ -842,6 +842,8 @@ func TestTemplateNodeAgent(t *testing.T) {
 	wantArgs := []string{
 		"--node-name=$(NODE_NAME)", "--backend=qemu", "--acceleration=auto",
 		"--network-cidr=10.88.0.0/24", "--bridge=kairon0", "--state-dir=/var/lib/kairon-node",
+		// VMs in host cgroups, outliving the pod.
+		"--vm-scope=host",
 		// No migration certificate by default: no live migration listener,
 		// rather than one in plain TCP on every address.
 		"--listen=", "--interval=5s", "--lease-renew-interval=10s", "--boot-timeout=5m",

@@ -32,7 +32,7 @@ var uiObjects = []string{
 }
 
 // TestTemplateUI: kairon-ui is off by default; on, it is a Deployment of
-// the controller's image running kairon-ui with --auth token on ui.port,
+// its own image (the controller's registry and tag) running kairon-ui with --auth token on ui.port,
 // --allow-write only with ui.allowWrite, behind a Service on that port, as
 // a ServiceAccount that may only read.
 func TestTemplateUI(t *testing.T) {
@@ -53,8 +53,8 @@ func TestTemplateUI(t *testing.T) {
 	get(t, m, "Deployment", uiName, &dep)
 	get(t, m, "Deployment", controllerName, &controller)
 	c := onlyContainer(t, dep.Spec.Template.Spec)
-	if want := onlyContainer(t, controller.Spec.Template.Spec).Image; c.Image != want {
-		t.Errorf("kairon-ui image %q, want the controller's %q", c.Image, want)
+	if want := strings.Replace(onlyContainer(t, controller.Spec.Template.Spec).Image, "/kairon-controller:", "/kairon-ui:", 1); c.Image != want {
+		t.Errorf("kairon-ui image %q, want %q (the controller's registry and tag)", c.Image, want)
 	}
 	if !slices.Equal(c.Command, []string{"kairon-ui"}) {
 		t.Errorf("kairon-ui command %q", c.Command)

@@ -66,8 +66,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: node
 {{- end }}
 
+{{/*
+One of the chart's images, as `make images` names it:
+(list . "kairon-controller") -> <image.registry>/kairon-controller:<tag>.
+*/}}
 {{- define "kairon.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- $root := index . 0 -}}
+{{ $root.Values.image.registry }}/{{ index . 1 }}:{{ $root.Values.image.tag | default $root.Chart.AppVersion }}
 {{- end }}
 
 {{/*
@@ -96,6 +101,12 @@ saying what to change. templates/validate.yaml includes it, so it runs on
 every install, upgrade and template.
 */}}
 {{- define "kairon.validate" -}}
+{{- if .Values.image.repository }}
+{{- fail (printf "image.repository=%q is no longer used: the chart runs three images, <image.registry>/kairon-controller, /kairon-ui and /kairon-node (make images; make push REGISTRY=...). Set image.registry instead." .Values.image.repository) }}
+{{- end }}
+{{- if not .Values.image.registry }}
+{{- fail "image.registry must name where the images are, such as ghcr.io/zyvor (make push REGISTRY=... pushes them there)." }}
+{{- end }}
 {{- $ce := .Values.controller.cordonEvacuation }}
 {{- $strategy := toString $ce.strategy }}
 {{- if eq $strategy "live" }}
