@@ -575,6 +575,7 @@ func (e *Enforcer) Repair() (bool, error) {
 	defer s.close()
 	b := s.batch()
 	b.setup(e)
+	n := 0
 	for tap, a := range e.machines {
 		if a.policy == nil {
 			// Found at Setup, never written by this agent: the next Apply
@@ -584,9 +585,20 @@ func (e *Enforcer) Repair() (bool, error) {
 		}
 		// The learned sets are gone or not; adding them is idempotent.
 		b.machine(e, a.m, a.policy, nil, false)
+		if n++; n%repairBatch == 0 {
+			if err := b.commit(e.NetNS); err != nil {
+				return true, err
+			}
+			b = s.batch()
+		}
 	}
 	return true, b.commit(e.NetNS)
 }
+
+// repairBatch is how many Machines a batch of Repair rewrites: each
+// Machine is whole in one batch, and a batch's answers stay well within
+// the session's socket buffers however many Machines the node confines.
+const repairBatch = 50
 
 // intact tells whether the base rules and every Machine's chains and map
 // entries are in the kernel. A failed read counts as not intact: Repair

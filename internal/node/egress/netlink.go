@@ -60,7 +60,7 @@ func (e *Enforcer) open() (*session, error) {
 		s.ns = f
 		opts = append(opts, nftables.WithNetNSFd(int(f.Fd())))
 	}
-	c, err := nftables.New(append(opts, nftables.AsLasting())...)
+	c, err := nftables.New(append(opts, nftables.AsLasting(), nftables.WithSockOptions(roomyBuffers))...)
 	if err != nil {
 		s.shutdown()
 		e.nlMu.Unlock()
@@ -69,6 +69,34 @@ func (e *Enforcer) open() (*session, error) {
 	s.conn = c
 	e.nl = s
 	return s, nil
+}
+
+// socketBuffer bounds what one batch may send and get back at once. The
+// kernel answers every message of a batch, and echoes every rule
+// (github.com/google/nftables asks it to), before the batch's sender
+// reads any of it: a Machine with a large policy overflows the default
+// buffer (about 200 KiB), and a repair of many Machines needs tens of
+// MiB. As nft does, the socket's buffers are forced up; the memory is
+// taken only while a batch's answers wait to be read.
+const socketBuffer = 64 << 20
+
+func roomyBuffers(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = errors.Join(
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, socketBuffer),
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, socketBuffer))
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("egress: netlink socket buffers: %w", serr)
+	}
+	return nil
 }
 
 func (s *session) close() {
@@ -384,17 +412,12 @@ func lookup(s *nftables.Set, invert bool) *expr.Lookup {
 }
 
 // prefixMatch is "ip saddr|daddr P" as nft compiles it: a prefix ending
-// on a byte boundary compares the bytes it covers; another masks the
-// address.
+// on a byte boundary compares the bytes it covers; another (0.0.0.0/0
+// too) masks the address.
 func prefixMatch(offset uint32, p netip.Prefix) []expr.Any {
 	p = p.Masked()
-	n := uint32(p.Bits()+7) / 8
-	if n == 0 {
-		return nil
-	}
-	addr := ip4Key(p.Addr())[:n]
-	if p.Bits()%8 == 0 {
-		return []expr.Any{ipField(offset, n, 1), cmp(expr.CmpOpEq, addr)}
+	if n := uint32(p.Bits()) / 8; p.Bits()%8 == 0 && n > 0 {
+		return []expr.Any{ipField(offset, n, 1), cmp(expr.CmpOpEq, ip4Key(p.Addr())[:n])}
 	}
 	mask := make([]byte, 4)
 	for i := range mask {

@@ -1,9 +1,11 @@
 package egress
 
 import (
+	"fmt"
 	"net/netip"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -46,9 +48,16 @@ func TestNetlinkMatchesScript(t *testing.T) {
 		t.Fatal(err)
 	}
 	nftScript(t, viaText, e.setupScript())
+	// Once Repair has written the Machines in the order of a map, the
+	// listings are compared line by line.
+	unordered := false
 	compare := func(step string) {
 		t.Helper()
-		if got, want := listing(t, viaNetlink), listing(t, viaText); got != want {
+		got, want := listing(t, viaNetlink), listing(t, viaText)
+		if unordered {
+			got, want = sortedLines(got), sortedLines(want)
+		}
+		if got != want {
 			t.Fatalf("%s: the netlink ruleset differs from the script's\n%s", step, lineDiff(want, got))
 		}
 	}
@@ -100,6 +109,17 @@ func TestNetlinkMatchesScript(t *testing.T) {
 	}
 	compare("changed policies")
 
+	// The whole address space, alone and with another net.
+	everywhere := Machine{Namespace: "team-c", Name: "d", Tap: "kt0000000004", IP: netip.MustParseAddr("10.88.1.5")}
+	for i, cidrs := range [][]kaironv1.CIDR{{"0.0.0.0/0"}, {"0.0.0.0/0", "198.51.100.0/24"}} {
+		p := mustCompile(t, kaironv1.EgressRules{AllowCidrs: cidrs, AllowPorts: []kaironv1.PortRange{"1-65535"}})
+		if err := e.Apply(everywhere, p); err != nil {
+			t.Fatal(err)
+		}
+		nftScript(t, viaText, lean(e.machineScript(everywhere, p, nil), i == 0, true))
+		compare("the whole address space " + fmt.Sprint(cidrs))
+	}
+
 	// Learned addresses, with their timeouts.
 	m := machines[2] // now under policies[0]
 	addrs := []netip.Addr{netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("203.0.113.11")}
@@ -121,6 +141,24 @@ func TestNetlinkMatchesScript(t *testing.T) {
 	}
 	nftScript(t, viaText, e.machineScript(moved, p, nil)+e.forgetAddress(moved.Tap, machines[1].IP, machines[1].Tap))
 	compare("moved address")
+
+	// Repair after a flush of everything.
+	for _, ns := range []string{viaNetlink, viaText} {
+		run(t, "ip", "netns", "exec", ns, "nft", "flush", "ruleset")
+	}
+	if repaired, err := e.Repair(); err != nil || !repaired {
+		t.Fatalf("Repair after a flush = %v, %v", repaired, err)
+	}
+	script := e.setupScript()
+	for _, a := range e.machines {
+		script += e.machineScript(a.m, a.policy, nil)
+	}
+	nftScript(t, viaText, script)
+	unordered = true
+	compare("repair")
+	if repaired, err := e.Repair(); err != nil || repaired {
+		t.Fatalf("Repair of intact rules = %v, %v", repaired, err)
+	}
 
 	// Removal, of a Machine applied here and of one found at Setup.
 	if err := e.Remove(machines[0].Tap); err != nil {
@@ -145,6 +183,12 @@ func TestNetlinkMatchesScript(t *testing.T) {
 	if out := run(t, "ip", "netns", "exec", viaNetlink, "nft", "list", "ruleset"); strings.TrimSpace(out) != "" {
 		t.Fatalf("RemoveTables left:\n%s", out)
 	}
+}
+
+func sortedLines(s string) string {
+	lines := strings.Split(s, "\n")
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
 }
 
 // lineDiff shows the lines of got that want lacks (+) and the reverse (-).
@@ -173,4 +217,54 @@ func lineDiff(want, got string) string {
 		}
 	}
 	return out.String() + "\nscript's:\n" + want + "\nnetlink's:\n" + got
+}
+
+// TestLargeBatches: a Machine with a large policy, and a repair of 200
+// Machines, each one batch, whose answers must fit the session's sockets.
+func TestLargeBatches(t *testing.T) {
+	ns := testNetNS(t)
+	t.Cleanup(func() { _ = RemoveTables(ns) })
+	e := &Enforcer{NetNS: ns, Bridge: "kbr0", Network: netip.MustParsePrefix("10.88.0.0/16"), Gateway: netip.MustParseAddr("10.88.0.1"), DNSPort: 5353, SNIPort: 5354}
+	if err := e.Setup(); err != nil {
+		t.Fatal(err)
+	}
+	var rules []kaironv1.EgressRules
+	for i := range 60 {
+		rules = append(rules, kaironv1.EgressRules{
+			AllowCidrs: []kaironv1.CIDR{kaironv1.CIDR(fmt.Sprintf("198.18.%d.0/24", i)), kaironv1.CIDR(fmt.Sprintf("198.19.%d.0/25", i))},
+			AllowFqdns: []kaironv1.Hostname{kaironv1.Hostname(fmt.Sprintf("h%d.test", i))},
+			AllowPorts: []kaironv1.PortRange{kaironv1.PortRange(fmt.Sprint(1000 + i)), "443"},
+			AllowIcmp:  true,
+		})
+	}
+	large := mustCompile(t, rules...)
+	big := Machine{Namespace: "team-a", Name: "big", Tap: "ktbig", IP: netip.MustParseAddr("10.88.9.9")}
+	if err := e.Apply(big, large); err != nil {
+		t.Fatalf("a policy of 60 grants: %v", err)
+	}
+	if n := strings.Count(listing(t, ns), "counter name \"d_ktbig_port\" drop"); n != 120 {
+		t.Fatalf("%d port drops in the large Machine's chain, want 120 (two per grant)", n)
+	}
+	p := mustCompile(t, kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24"}, AllowFqdns: []kaironv1.Hostname{"pkg.test"}, AllowPorts: []kaironv1.PortRange{"443"}})
+	for i := range 200 {
+		m := Machine{Namespace: "crowd", Name: fmt.Sprint(i), Tap: fmt.Sprintf("kc%010d", i), IP: netip.AddrFrom4([4]byte{10, 88, byte(200 + i/250), byte(2 + i%250)})}
+		if err := e.Apply(m, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := listing(t, ns)
+	run(t, "ip", "netns", "exec", ns, "nft", "flush", "ruleset")
+	if repaired, err := e.Repair(); err != nil || !repaired {
+		t.Fatalf("Repair of 201 Machines after a flush = %v, %v", repaired, err)
+	}
+	if repaired, err := e.Repair(); err != nil || repaired {
+		t.Fatalf("Repair of intact rules = %v, %v", repaired, err)
+	}
+	if got, want := sortedLines(listing(t, ns)), sortedLines(before); got != want {
+		t.Fatalf("the repaired ruleset differs\n%s", lineDiff(want, got))
+	}
+	taps, err := e.Confined()
+	if err != nil || len(taps) != 201 {
+		t.Fatalf("Confined() = %d taps, %v; want 201", len(taps), err)
+	}
 }

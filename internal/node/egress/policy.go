@@ -5,8 +5,9 @@
 // names. docs/guides/egress.md describes the behaviour.
 //
 // The enforcer programs nf_tables over netlink (github.com/google/nftables,
-// netlink.go): Setup, Apply, Remove, Learn, Repair and RemoveTables are each
-// one batch the kernel commits whole, and the reads (what an earlier agent
+// netlink.go): Setup, Apply, Remove, Learn and RemoveTables are each one
+// batch the kernel commits whole (Repair one per 50 Machines, each Machine
+// whole in one), and the reads (what an earlier agent
 // left, the drop counters and records, the learned sets the SNI proxy
 // checks) are netlink dumps; no process is started on these paths. The
 // agent keeps one netlink session into the namespace for its life. The nft
