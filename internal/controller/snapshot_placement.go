@@ -13,9 +13,11 @@ import (
 )
 
 // Placing a Machine restored from a MachineSnapshot (spec.restoreFrom):
-// only once the snapshot is Ready, and only on a node whose agent reaches
-// the snapshot's store (its label kairon.zyvor.dev/snapshot-store). The
-// node agent starts it from the file (internal/node/machine_snapshot.go).
+// only once the snapshot is Ready, and on a node whose agent reaches the
+// snapshot's store (its label kairon.zyvor.dev/snapshot-store) if one has
+// room; otherwise on any node that can fetch the file from the node that
+// took it, while that one is up. The node agent starts it from the file
+// (internal/node/machine_snapshot.go).
 
 // loadSnapshots gives the pass the MachineSnapshots its restored Machines
 // name; a pass with none lists nothing.
@@ -64,15 +66,40 @@ func (p *schedulingPass) pick(m *kaironv1.Machine) (node *rules.NodeInfo, reason
 			reaching = append(reaching, n)
 		}
 	}
-	if len(reaching) == 0 {
-		return nil, kaironv1.MachineReasonUnschedulable, fmt.Sprintf("0/%d nodes reach store %s of MachineSnapshot %s (Node label %s)",
+	if len(reaching) > 0 {
+		if node, message = rules.PickNode(reaching, m); node != nil {
+			return node, "", ""
+		}
+		message = fmt.Sprintf("%s (the %d reaching store %s of MachineSnapshot %s)", message, len(reaching), snap.Status.Store, name)
+	} else {
+		message = fmt.Sprintf("0/%d nodes reach store %s of MachineSnapshot %s (Node label %s)",
 			len(p.nodes), snap.Status.Store, name, kaironv1.LabelNodeSnapshotStore)
 	}
-	node, message = rules.PickNode(reaching, m)
-	if node == nil {
-		message = fmt.Sprintf("%s (the %d reaching store %s of MachineSnapshot %s)", message, len(reaching), snap.Status.Store, name)
+	// None of the store's nodes can take it: another node fetches the file
+	// from the node that took it, while that one's agent is up and both
+	// have a migration endpoint (internal/node/machine_snapshot_fetch.go).
+	owner := p.nodesByName[snap.Status.Node]
+	if owner == nil || !rules.NodeReady(owner.Node) || !rules.NodeAgentReachable(owner.Node) || !hasMigrationEndpoint(owner) {
+		return nil, kaironv1.MachineReasonUnschedulable, message + "; its node " + snap.Status.Node + " cannot send it (down, or no migration endpoint)"
 	}
-	return node, kaironv1.MachineReasonUnschedulable, message
+	var fetching []*rules.NodeInfo
+	for _, n := range p.nodes {
+		if hasMigrationEndpoint(n) {
+			fetching = append(fetching, n)
+		}
+	}
+	if node, fetchMessage := rules.PickNode(fetching, m); node != nil {
+		return node, "", ""
+	} else if len(fetching) > 0 {
+		message += "; nodes that could fetch it from node " + snap.Status.Node + ": " + fetchMessage
+	}
+	return nil, kaironv1.MachineReasonUnschedulable, message
+}
+
+// hasMigrationEndpoint: other agents reach n's agent (kairon-controller
+// wrote its endpoint from the port the agent published).
+func hasMigrationEndpoint(n *rules.NodeInfo) bool {
+	return n.Node.Annotations[kaironv1.AnnotationNodeMigrationEndpoint] != ""
 }
 
 // snapshotPhaseChanged passes the MachineSnapshot events that can let a

@@ -231,8 +231,9 @@ func TestSnapshotScheduleRunsAndPrunes(t *testing.T) {
 }
 
 // A Machine restored from a snapshot waits, Pending with SnapshotNotReady,
-// until the snapshot is Ready, and is then placed only on a node whose
-// snapshot-store label is the snapshot's store.
+// until the snapshot is Ready, and is then placed on a node whose
+// snapshot-store label is the snapshot's store; when none of those can take
+// it, on a node that can fetch the file from the snapshot's node.
 func TestRestoredMachineWaitsForItsSnapshotAndStore(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
@@ -265,6 +266,40 @@ func TestRestoredMachineWaitsForItsSnapshotAndStore(t *testing.T) {
 		t.Errorf("restored placed on %s, want %s, the only node of store %s", m.Spec.NodeName, small.Name, ns+"-shared")
 	}
 
+	// No node of the store can take it (its one node is cordoned): a node
+	// that can fetch the file from it does, while it is up; one without a
+	// migration endpoint (big) cannot.
+	// The agent publishes its port; kairon-controller makes it the endpoint.
+	withPort := func(n *corev1.Node) { n.Annotations = map[string]string{kaironv1.AnnotationNodeMigrationPort: "10251"} }
+	withAddress := func(n *corev1.Node) {
+		base := n.DeepCopy()
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}}
+		if err := env.Client.Status().Patch(ctx, n, client.MergeFrom(base)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owner := createNode(t, env, ns, "owner", 4, "4Gi", withStore("node."+ns+"-owner"), withPort, func(n *corev1.Node) { n.Spec.Unschedulable = true })
+	withAddress(owner)
+	fetcher := createNode(t, env, ns, "fetcher", 2, "2Gi", withPort)
+	withAddress(fetcher)
+	remote := &kaironv1.MachineSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "remote"}, Spec: kaironv1.MachineSnapshotSpec{MachineName: src.Name}}
+	if err := env.Client.Create(ctx, remote); err != nil {
+		t.Fatal(err)
+	}
+	reportSnapshotReady(t, env, remote, time.Now(), "node."+ns+"-owner")
+	remote = getObject[kaironv1.MachineSnapshot](t, env, ns, "remote")
+	base := remote.DeepCopy()
+	remote.Status.Node = owner.Name
+	if err := env.Client.Status().Patch(ctx, remote, client.MergeFrom(base)); err != nil {
+		t.Fatal(err)
+	}
+	createMachine(t, env, ns, "from-remote", 1, "256Mi", func(m *kaironv1.Machine) {
+		m.Spec.RestoreFrom = &kaironv1.RestoreSource{SnapshotName: "remote"}
+	})
+	if m := waitScheduled(t, env, ns, "from-remote"); m.Spec.NodeName != fetcher.Name {
+		t.Errorf("from-remote placed on %s, want %s, the node that can fetch it from %s", m.Spec.NodeName, fetcher.Name, owner.Name)
+	}
+
 	// A store no node reaches leaves it Pending, saying which store.
 	lost := &kaironv1.MachineSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "lost"}, Spec: kaironv1.MachineSnapshotSpec{MachineName: src.Name}}
 	if err := env.Client.Create(ctx, lost); err != nil {
@@ -276,6 +311,7 @@ func TestRestoredMachineWaitsForItsSnapshotAndStore(t *testing.T) {
 	})
 	eventually(t, "from-lost Pending, no node reaching store node.gone", func() (bool, string) {
 		got := getMachine(t, env, ns, "from-lost")
-		return got.Spec.NodeName == "" && strings.Contains(got.Status.Message, "nodes reach store node.gone of MachineSnapshot lost"), describeMachine(got)
+		return got.Spec.NodeName == "" && strings.Contains(got.Status.Message, "nodes reach store node.gone of MachineSnapshot lost") &&
+			strings.Contains(got.Status.Message, "cannot send it"), describeMachine(got)
 	})
 }

@@ -66,6 +66,9 @@ import (
 //
 //	target: KAIRON-STATE/1 <namespace> <migration> <token>\n
 //	source: OK <bytes>\n <saved state> | ERR <why>\n
+//
+// and MachineSnapshots' files to the nodes restoring them
+// (machine_snapshot_fetch.go): KAIRON-SNAPSHOT/1.
 
 const (
 	liveProtocol = "KAIRON-LIVE/2"
@@ -244,6 +247,10 @@ func (a *Agent) receiveLive(ctx context.Context, conn net.Conn, slots <-chan str
 	logger = logger.WithValues("migration", key.String())
 	if request.protocol == stateProtocol {
 		a.sendSavedState(log.IntoContext(ctx, logger), conn, request, peer, release)
+		return
+	}
+	if request.protocol == snapshotProtocol {
+		a.sendSnapshot(log.IntoContext(ctx, logger), conn, request, peer, release)
 		return
 	}
 	mig, err := a.checkLiveTarget(ctx, key)

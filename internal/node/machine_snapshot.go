@@ -301,6 +301,9 @@ func machineImage(machine *kaironv1.Machine) string {
 	return machine.Spec.Image
 }
 
+// errOtherStore: the snapshot is in another store; its node has the file.
+var errOtherStore = errors.New("the snapshot is in another store")
+
 // restoreRefusal is a restore that cannot work however often it is tried.
 type restoreRefusal struct{ error }
 
@@ -317,7 +320,14 @@ func (a *Agent) restoreSnapshot(ctx context.Context, machine *kaironv1.Machine, 
 		return backend.Instance{}, err
 	}
 	path, err := a.snapshotFileFor(snap, machine)
-	if err != nil {
+	if errors.Is(err, errOtherStore) {
+		// Fetched from the node that took it (machine_snapshot_fetch.go);
+		// that node may be back soon, so a failure is retried.
+		path, err = a.fetchSnapshot(ctx, snap, machine)
+		if err != nil {
+			return backend.Instance{}, transient(err)
+		}
+	} else if err != nil {
 		return backend.Instance{}, restoreRefusal{err}
 	}
 	spec, err := a.attach(machine, id)
@@ -337,10 +347,6 @@ func (a *Agent) snapshotFileFor(snap *kaironv1.MachineSnapshot, machine *kaironv
 	if snap.Status.Phase != kaironv1.SnapshotReady || snap.Status.File == "" {
 		return "", fmt.Errorf("MachineSnapshot %s is %s, not Ready", snap.Name, orPending(snap.Status.Phase))
 	}
-	if snap.Status.Store != a.opts.SnapshotStore {
-		return "", fmt.Errorf("MachineSnapshot %s is in store %s, which node %s does not reach (it reaches %s)",
-			snap.Name, snap.Status.Store, a.opts.NodeName, a.opts.SnapshotStore)
-	}
 	if cpu := max(machine.Spec.CPU, 1); cpu != snap.Status.CPU {
 		return "", fmt.Errorf("spec.cpu is %d, MachineSnapshot %s was taken with %d", cpu, snap.Name, snap.Status.CPU)
 	}
@@ -353,6 +359,13 @@ func (a *Agent) snapshotFileFor(snap *kaironv1.MachineSnapshot, machine *kaironv
 	}
 	if image := machineImage(machine); snap.Status.Image != "" && image != snap.Status.Image {
 		return "", fmt.Errorf("spec.image is %s, MachineSnapshot %s was taken with %s", image, snap.Name, snap.Status.Image)
+	}
+	if snap.Status.Store != a.opts.SnapshotStore {
+		if snap.Status.Node == "" || snap.Status.Node == a.opts.NodeName {
+			return "", fmt.Errorf("MachineSnapshot %s is in store %s, which node %s does not reach (it reaches %s)",
+				snap.Name, snap.Status.Store, a.opts.NodeName, a.opts.SnapshotStore)
+		}
+		return "", errOtherStore
 	}
 	path := filepath.Join(a.opts.SnapshotDir, filepath.Base(snap.Status.File))
 	if _, err := os.Stat(path); err != nil {
@@ -399,18 +412,29 @@ func (a *Agent) sweepSnapshots(ctx context.Context) error {
 	}
 }
 
-// sweepSnapshotFiles deletes the state files in SnapshotDir whose
-// MachineSnapshot no longer exists, and .partial files of saves long over.
+// sweepSnapshotFiles deletes the state files in SnapshotDir and the
+// fetched copies (machine_snapshot_fetch.go) whose MachineSnapshot no
+// longer exists, and .partial files of saves long over.
 // The directory is read before the snapshots are listed: a file exists
 // only after its snapshot was created, so the list has every snapshot whose
 // file was read, unless it was deleted.
 func (a *Agent) sweepSnapshotFiles(ctx context.Context) error {
-	entries, err := os.ReadDir(a.opts.SnapshotDir)
-	if errors.Is(err, os.ErrNotExist) || (err == nil && len(entries) == 0) {
-		return nil
+	type file struct {
+		dir   string
+		entry os.DirEntry
 	}
-	if err != nil {
-		return err
+	var files []file
+	for _, dir := range []string{a.opts.SnapshotDir, a.fetchedSnapshotDir()} {
+		entries, err := os.ReadDir(dir)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		for _, e := range entries {
+			files = append(files, file{dir, e})
+		}
+	}
+	if len(files) == 0 {
+		return nil
 	}
 	var list kaironv1.MachineSnapshotList
 	if err := a.mgr.GetAPIReader().List(ctx, &list); err != nil {
@@ -421,8 +445,9 @@ func (a *Agent) sweepSnapshotFiles(ctx context.Context) error {
 		live[snap.UID] = true
 	}
 	var errs []error
-	for _, entry := range entries {
-		path := filepath.Join(a.opts.SnapshotDir, entry.Name())
+	for _, f := range files {
+		entry := f.entry
+		path := filepath.Join(f.dir, entry.Name())
 		remove := false
 		if strings.HasSuffix(entry.Name(), ".partial") {
 			info, err := entry.Info()

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
@@ -35,13 +36,40 @@ func runSnapshotAgent(t *testing.T, env *testenv.Env, nodeName, dir, store strin
 		CPU: 4, Memory: resource.MustParse("4Gi"),
 		Network:  &node.NetworkOptions{CIDR: netip.MustParsePrefix(cidr), NoLinks: true},
 		Interval: time.Second, SnapshotDir: dir, SnapshotStore: store,
+		// Snapshots of another store are fetched over the migration
+		// listener; plain TCP on loopback, as in the migration tests.
+		MigrationListenAddress: "127.0.0.1:0", MigrationInsecure: true,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	testenv.RunInBackground(t, "agent "+nodeName, agent.Run)
 	deleteNodeAtEnd(t, env, nodeName)
+	publishMigrationEndpoint(t, env, nodeName)
 	return stateDir
+}
+
+// publishMigrationEndpoint plays kairon-controller's endpoint controller:
+// the agent's published port on loopback.
+func publishMigrationEndpoint(t *testing.T, env *testenv.Env, nodeName string) {
+	t.Helper()
+	ctx := context.Background()
+	testenv.Eventually(t, waitTimeout, "node "+nodeName+" with its migration endpoint", func() (bool, string) {
+		n := &corev1.Node{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: nodeName}, n); err != nil {
+			return false, err.Error()
+		}
+		port := n.Annotations[kaironv1.AnnotationNodeMigrationPort]
+		if port == "" {
+			return false, "no port published yet"
+		}
+		base := n.DeepCopy()
+		n.Annotations[kaironv1.AnnotationNodeMigrationEndpoint] = "127.0.0.1:" + port
+		if err := env.Client.Patch(ctx, n, client.MergeFrom(base)); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
 }
 
 // handTo plays kairon-controller: it hands the snapshot to node.
@@ -77,8 +105,9 @@ func restoredMachine(t *testing.T, env *testenv.Env, ns, name, node, snapshot, m
 // The node agents' part of MachineSnapshots on the sim backend: the node a
 // snapshot is handed to saves the running VM into its store, resumes it and
 // reports it Ready; a node of the same store restores it as a new Machine;
-// a restore that cannot work fails the Machine (RestoreFailed) naming the
-// field or the store; deleting the snapshot deletes its file.
+// a node of another store fetches the file from the node that took it and
+// restores it; a restore that cannot work fails the Machine (RestoreFailed)
+// naming the field; deleting the snapshot deletes its file and the copy.
 func TestAgentTakesAndRestoresSnapshots(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
@@ -88,7 +117,7 @@ func TestAgentTakesAndRestoresSnapshots(t *testing.T) {
 	nodeA, nodeB, nodeC := ns[len(ns)-5:]+"-snap-a", ns[len(ns)-5:]+"-snap-b", ns[len(ns)-5:]+"-snap-c"
 	stateA := runSnapshotAgent(t, env, nodeA, shared, store, "10.88.21.0/24")
 	runSnapshotAgent(t, env, nodeB, shared, store, "10.88.22.0/24")
-	runSnapshotAgent(t, env, nodeC, t.TempDir(), "", "10.88.23.0/24") // its own store
+	stateC := runSnapshotAgent(t, env, nodeC, t.TempDir(), "", "10.88.23.0/24") // its own store
 
 	src := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "src"},
 		Spec: kaironv1.MachineSpec{NodeName: nodeA, CPU: 1, Memory: resource.MustParse("256Mi")}}
@@ -135,10 +164,18 @@ func TestAgentTakesAndRestoresSnapshots(t *testing.T) {
 		t.Errorf("restored event %q", ev.Note)
 	}
 
+	// A node of another store fetches the file from the node that took it.
+	restoredMachine(t, env, ns, "fetched", nodeC, "snap", "256Mi")
+	waitPhase(t, env, client.ObjectKey{Namespace: ns, Name: "fetched"}, kaironv1.MachineRunning)
+	waitMachineEvent(t, env, ns, "fetched", kaironv1.MachineReasonRestored)
+	copyOnC := filepath.Join(stateC, "fetched-snapshots", st.File)
+	if _, err := os.Stat(copyOnC); err != nil {
+		t.Errorf("no fetched copy on %s: %v", nodeC, err)
+	}
+
 	// What cannot work fails the Machine, saying why.
 	for _, tt := range []struct{ name, node, snapshot, memory, want string }{
 		{"wrong-size", nodeB, "snap", "512Mi", "spec.memory is 512Mi, MachineSnapshot snap was taken with 256Mi"},
-		{"other-store", nodeC, "snap", "256Mi", "MachineSnapshot snap is in store " + store + ", which node " + nodeC + " does not reach"},
 		{"no-snapshot", nodeB, "missing", "256Mi", "spec.restoreFrom.snapshotName: MachineSnapshot missing not found"},
 	} {
 		restoredMachine(t, env, ns, tt.name, tt.node, tt.snapshot, tt.memory)
@@ -155,9 +192,10 @@ func TestAgentTakesAndRestoresSnapshots(t *testing.T) {
 	if err := env.Client.Delete(ctx, snap); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, waitTimeout, "the state file deleted", func() (bool, string) {
+	testenv.Eventually(t, waitTimeout, "the state file and the fetched copy deleted", func() (bool, string) {
 		entries, _ := os.ReadDir(shared)
-		return len(entries) == 0, strings.Join(entryNames(entries), ",")
+		_, err := os.Stat(copyOnC)
+		return len(entries) == 0 && os.IsNotExist(err), strings.Join(entryNames(entries), ",")
 	})
 }
 

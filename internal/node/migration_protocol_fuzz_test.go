@@ -24,6 +24,7 @@ func FuzzParseMigrationRequest(f *testing.F) {
 		"KAIRON-LIVE/2 default\tlive " + tok, "KAIRON-LIVE/2 default l\x00ve " + tok, "KAIRON-LIVE/2 défault live " + tok,
 		"KAIRON-STATE/1 default cold " + tok[1:], "KAIRON-STATE/1 default cold " + tok + "A", "KAIRON-STATE/1 default cold " + tok[1:] + "=",
 		"KAIRON-STATE/1 default cold " + tok[1:] + "/", "KAIRON-STATE/1 default cold " + tok[1:] + "+",
+		"KAIRON-SNAPSHOT/1 default nightly-web-1-20261203-0300 " + tok, "KAIRON-SNAPSHOT/2 default snap " + tok,
 	} {
 		f.Add(seed)
 	}
@@ -38,7 +39,7 @@ func FuzzParseMigrationRequest(f *testing.F) {
 			}
 			return
 		}
-		if req.protocol != liveProtocol && req.protocol != stateProtocol {
+		if req.protocol != liveProtocol && req.protocol != stateProtocol && req.protocol != snapshotProtocol {
 			t.Fatalf("%q accepted with protocol %q", line, req.protocol)
 		}
 		if got := req.protocol + " " + req.key.Namespace + " " + req.key.Name + " " + req.token; got != line {

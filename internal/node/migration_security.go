@@ -98,8 +98,10 @@ func certIdentity(cert *x509.Certificate) string {
 
 // migrationRequest is the first line a peer sends the migration listener.
 type migrationRequest struct {
-	// protocol is liveProtocol (the source sends a running guest) or
-	// stateProtocol (the target fetches a cold migration's saved state).
+	// protocol is liveProtocol (the source sends a running guest),
+	// stateProtocol (the target fetches a cold migration's saved state) or
+	// snapshotProtocol (a node fetches a MachineSnapshot's file,
+	// machine_snapshot_fetch.go).
 	protocol string
 	key      client.ObjectKey
 	// token is the one-time transfer token (migration_token.go).
@@ -113,7 +115,7 @@ type migrationRequest struct {
 // quote the request.
 func parseMigrationRequest(line string) (migrationRequest, error) {
 	fields := strings.Split(line, " ")
-	if len(fields) != 4 || (fields[0] != liveProtocol && fields[0] != stateProtocol) {
+	if len(fields) != 4 || (fields[0] != liveProtocol && fields[0] != stateProtocol && fields[0] != snapshotProtocol) {
 		return migrationRequest{}, errors.New("malformed migration request")
 	}
 	ns, name, token := fields[1], fields[2], fields[3]
