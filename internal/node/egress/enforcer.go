@@ -278,7 +278,11 @@ func (e *Enforcer) Apply(m Machine, p *Policy) error {
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer func() {
+		if s != nil {
+			s.close()
+		}
+	}()
 	keep := learnedSets(m.Tap, p)
 	if old := e.machines[m.Tap]; old == nil || (old.policy != nil && old.m.IP == m.IP) {
 		// The common case, a new Machine or a new policy at the same
@@ -296,6 +300,12 @@ func (e *Enforcer) Apply(m Machine, p *Policy) error {
 		if err := b.commit(e.NetNS); err == nil {
 			e.record(m, p, keep)
 			return nil
+		}
+		// New sockets for the careful path: the failed batch may have
+		// left answers unread.
+		s.close()
+		if s, err = e.open(); err != nil {
+			return err
 		}
 	}
 	owners, err := s.owners()
