@@ -46,7 +46,10 @@ type cgroupSetup struct {
 	v2     bool
 	root   string // cgroupRoot, or hostCgroupRoot (HostScope)
 	hostNS bool   // fork QEMU from PID 1's cgroup namespace (HostScope in a cgroup namespace)
-	parent string // relative to each hierarchy's root
+	// hostScope makes leaving the agent's cgroups in every hierarchy a
+	// must rather than a best effort.
+	hostScope bool
+	parent    string // relative to each hierarchy's root
 	// v1Roots are the memory, pids and cpu hierarchies' mount points.
 	v1Roots []string
 	// others are the mount points of the v1 hierarchies without limits
@@ -87,13 +90,13 @@ func detectCgroupsIn(parent string, host bool) (*cgroupSetup, error) {
 		return nil, fmt.Errorf("qemu: cgroups: %w", err)
 	}
 	if st.Type == cgroup2Magic {
-		s := &cgroupSetup{v2: true, root: root, hostNS: hostNS, parent: parent}
+		s := &cgroupSetup{v2: true, root: root, hostNS: hostNS, hostScope: host, parent: parent}
 		if err := s.enableV2(); err != nil {
 			return nil, err
 		}
 		return s, nil
 	}
-	s := &cgroupSetup{root: root, hostNS: hostNS, parent: parent}
+	s := &cgroupSetup{root: root, hostNS: hostNS, hostScope: host, parent: parent}
 	for _, c := range v1Controllers {
 		r := filepath.Join(root, c)
 		if err := syscall.Statfs(r, &st); err != nil || st.Type != cgroup1Magic {
@@ -371,36 +374,50 @@ func (s *cgroupSetup) spawnOnThread(cmd *exec.Cmd, wd string, dirs []string) err
 		}
 	}
 	// The hierarchies without limits: QEMU leaves the agent's cgroups there
-	// too. The thread ends with the fork, so it need not go back.
+	// too. Required with HostScope, where it is the point; elsewhere (a
+	// read-only hierarchy, say) QEMU may stay in the agent's.
+	done, err := s.leaveAgentCgroups(cmd, tid)
+	if err != nil && s.hostScope {
+		return err
+	}
+	defer done()
+	return cmd.Start()
+}
+
+// leaveAgentCgroups moves thread tid into <parent> of every v1 hierarchy
+// without limits (the thread ends with the fork, so it need not go back),
+// and has cmd cloned into <parent> of a v2 hierarchy beside them, whose
+// cgroups take whole processes, never one thread. Call done after the fork.
+func (s *cgroupSetup) leaveAgentCgroups(cmd *exec.Cmd, tid string) (done func(), err error) {
+	done = func() {}
 	for _, h := range s.others {
 		d, err := s.otherDir(h)
 		if err != nil {
-			return err
+			return done, err
 		}
 		if err := os.WriteFile(filepath.Join(d, "tasks"), []byte(tid), 0); err != nil {
-			return fmt.Errorf("qemu: entering cgroup %s: %w", d, err)
+			return done, fmt.Errorf("qemu: entering cgroup %s: %w", d, err)
 		}
 	}
-	if s.unified != "" {
-		// A v2 hierarchy moves whole processes, never one thread: QEMU is
-		// cloned into it instead.
-		d := filepath.Join(s.unified, s.parent)
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return fmt.Errorf("qemu: cgroup %s: %w", d, err)
-		}
-		fd, err := syscall.Open(d, syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("qemu: cgroup %s: %w", d, err)
-		}
-		defer syscall.Close(fd)
-		if cmd.SysProcAttr == nil {
-			cmd.SysProcAttr = &syscall.SysProcAttr{}
-		}
-		cmd.SysProcAttr.UseCgroupFD = true
-		cmd.SysProcAttr.CgroupFD = fd
+	if s.unified == "" {
+		return done, nil
 	}
-	return cmd.Start()
+	d := filepath.Join(s.unified, s.parent)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return done, fmt.Errorf("qemu: cgroup %s: %w", d, err)
+	}
+	fd, err := syscall.Open(d, syscall.O_DIRECTORY|syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return done, fmt.Errorf("qemu: cgroup %s: %w", d, err)
+	}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.UseCgroupFD = true
+	cmd.SysProcAttr.CgroupFD = fd
+	return func() { syscall.Close(fd) }, nil
 }
+
 // threadCgroups reads a thread's v1 cgroup paths, by controller.
 func threadCgroups(tid string) (map[string]string, error) {
 	b, err := os.ReadFile("/proc/self/task/" + tid + "/cgroup")
