@@ -166,9 +166,10 @@ func (b *batch) fail(err error) {
 	}
 }
 
-// setIDs numbers the sets a batch creates, process-wide as nft numbers
-// them per batch: a rule refers to a set added in the same batch by its
-// ID.
+// setIDs numbers the sets the batches create: a rule refers to a set
+// added in the same batch by its ID, which need only be unique within the
+// batch. Numbered here, process-wide, because the counter of
+// github.com/google/nftables is not safe for concurrent batches.
 var setIDs atomic.Uint32
 
 func newSetID() uint32 { return setIDs.Add(1) }
