@@ -381,7 +381,7 @@ func TestGetEveryKind(t *testing.T) {
 func TestGetEmpty(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
-	for _, k := range []string{"machines", "machinesets", "machinepools", "machineclaims", "budgets", "machinemigrations", "machinenetworkpolicies", "machinequotas"} {
+	for _, k := range []string{"machines", "machinesets", "machinepools", "machineclaims", "budgets", "machinemigrations", "machinenetworkpolicies", "machinequotas", "machinesnapshots", "snapshotschedules"} {
 		r := kctl(t, env, "get", k, "-n", ns)
 		if r.code != 0 || r.stdout != "" || r.stderr != "No resources found in "+ns+" namespace.\n" {
 			t.Errorf("get %s in an empty namespace: exit %d, stdout %q, stderr %q", k, r.code, r.stdout, r.stderr)

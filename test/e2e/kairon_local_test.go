@@ -26,7 +26,8 @@ func TestKaironLocalRunsRealVMs(t *testing.T) {
 	c := startKaironLocal(t, 1)
 	crds := c.kubectl("", "get", "crd", "-o", "name")
 	for _, plural := range []string{"machines", "machinesets", "machinepools", "machineclaims",
-		"machinedisruptionbudgets", "machinemigrations", "machinenetworkpolicies", "machinequotas", "migrationpolicies"} {
+		"machinedisruptionbudgets", "machinemigrations", "machinenetworkpolicies", "machinequotas", "migrationpolicies",
+		"machinesnapshots", "snapshotschedules"} {
 		if !strings.Contains(crds, "customresourcedefinition.apiextensions.k8s.io/"+plural+".kairon.zyvor.dev\n") {
 			t.Errorf("CRD %s.kairon.zyvor.dev missing:\n%s", plural, crds)
 		}
