@@ -51,6 +51,7 @@ type MachinePoolReconciler struct {
 
 	expectations *replicaExpectations
 	failures     *failureBackoff
+	refills      *refillHolds
 }
 
 // SetupWithManager registers the reconciler with mgr.
@@ -60,6 +61,9 @@ func (r *MachinePoolReconciler) SetupWithManager(mgr manager.Manager) error {
 	}
 	if r.failures == nil {
 		r.failures = newFailureBackoff()
+	}
+	if r.refills == nil {
+		r.refills = newRefillHolds()
 	}
 	return builder.ControllerManagedBy(mgr).
 		For(&kaironv1.MachinePool{}).
@@ -123,6 +127,7 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 		// The garbage collector deletes the warm members, which the pool
 		// controls; claimed ones belong to their claims and stay.
 		r.expectations.forget(pool.UID)
+		r.refillHolds().forget(pool.UID)
 		forgetPoolMembers(pool.Namespace, pool.Name)
 		return reconcile.Result{}, nil
 	}
@@ -141,7 +146,14 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	current, stale := splitByTemplate(counted, hash)
 
 	snap, snapCond, snapErr := r.reconcileSnapshot(ctx, &pool, hash)
-	warm, syncErr := r.syncMembers(ctx, &pool, hash, snap, current, stale, createsInFlight+held)
+	// Claims first: a refill that the waiting claims do not need waits
+	// for their binds (pool_refill_hold.go), counted as on its way.
+	refillHeld := r.refillHolds().hold(pool.UID, claimsWaitingForMembers(ctx, r.Client, &pool), readyMembers(&pool, current))
+	onTheirWay := createsInFlight + held
+	if refillHeld {
+		onTheirWay = max(onTheirWay, int(ptr.Deref(pool.Spec.Replicas, 1))-len(current))
+	}
+	warm, syncErr := r.syncMembers(ctx, &pool, hash, snap, current, stale, onTheirWay)
 	syncErr = errors.Join(syncErr, deleteFailed(ctx, r.Client, r.Recorder, r.failures, r.expectations, &pool, failed))
 	desired := pool.DeepCopy()
 	desired.Status = *computePoolStatus(&pool, warm, members.claimed, syncErr)
@@ -156,10 +168,22 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	if desired.Status.ReadyWarm == ptr.Deref(pool.Spec.Replicas, 1) {
 		r.failures.healthy(pool.UID)
 	}
+	if refillHeld && (retryIn <= 0 || refillHoldRecheck < retryIn) {
+		retryIn = refillHoldRecheck
+	}
 	if retryIn > 0 && retryIn < r.Interval {
 		return reconcile.Result{RequeueAfter: retryIn}, nil
 	}
 	return reconcile.Result{RequeueAfter: r.Interval}, nil
+}
+
+// refillHolds is r.refills, made on first use for reconcilers built
+// without SetupWithManager (tests).
+func (r *MachinePoolReconciler) refillHolds() *refillHolds {
+	if r.refills == nil {
+		r.refills = newRefillHolds()
+	}
+	return r.refills
 }
 
 // listMembers returns the Machines the pool counts, terminating ones

@@ -1,0 +1,98 @@
+package controller
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
+)
+
+// Binds before refills. Each bind leaves its pool one member short, and
+// the replacement costs the API server several writes (the Machine, its
+// node, its way through Booting to Running) while a burst of claims is
+// still being bound on the same API server. As long as the claims waiting
+// on a pool can all be served by its ready members, the pool's refill
+// waits for them: those binds go first. The wait is bounded, so claims
+// that stay Pending for another reason never starve the pool.
+const (
+	// maxRefillHold is the longest a pool's refill waits for binds.
+	maxRefillHold = time.Second
+	// refillHoldRecheck is how soon a held pool looks again.
+	refillHoldRecheck = 100 * time.Millisecond
+)
+
+// refillHolds remembers since when each pool's refill has been held.
+type refillHolds struct {
+	mu    sync.Mutex
+	since map[types.UID]time.Time
+	now   func() time.Time
+}
+
+func newRefillHolds() *refillHolds {
+	return &refillHolds{since: map[types.UID]time.Time{}, now: time.Now}
+}
+
+// hold says whether pool's refill waits now: waiting claims that its ready
+// members can all serve, and not held for maxRefillHold already. Unheld,
+// the pool's hold starts afresh the next time claims wait.
+func (h *refillHolds) hold(pool types.UID, waiting, ready int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if waiting == 0 || waiting > ready {
+		delete(h.since, pool)
+		return false
+	}
+	since, ok := h.since[pool]
+	if !ok {
+		h.since[pool] = h.now()
+		return true
+	}
+	return h.now().Sub(since) < maxRefillHold
+}
+
+func (h *refillHolds) forget(pool types.UID) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.since, pool)
+}
+
+// claimsWaitingForMembers counts the pool's claims that wait for a warm
+// member, as the binder would serve them. Without the claim index (the
+// binder is not running) it counts none: nothing is held.
+func claimsWaitingForMembers(ctx context.Context, c client.Reader, pool *kaironv1.MachinePool) int {
+	var claims kaironv1.MachineClaimList
+	if err := c.List(ctx, &claims, client.InNamespace(pool.Namespace), client.MatchingFields{claimPoolIndex: pool.Name}); err != nil {
+		return 0
+	}
+	n := 0
+	for i := range claims.Items {
+		cl := &claims.Items[i]
+		if cl.DeletionTimestamp != nil || !claimPending(cl) {
+			continue
+		}
+		// A claim refused for what it asks (its labels, its egress) waits
+		// for an edit, not for a member.
+		if cond := meta.FindStatusCondition(cl.Status.Conditions, kaironv1.ConditionReady.String()); cond != nil && cond.Reason != kaironv1.ClaimReasonWaitingForWarmMachine {
+			continue
+		}
+		n++
+	}
+	return n
+}
+
+// readyMembers counts the members a claim can be bound to now.
+func readyMembers(pool *kaironv1.MachinePool, members []*kaironv1.Machine) int {
+	n := 0
+	for _, m := range members {
+		if rules.WarmMemberReady(pool, m) {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,121 @@
+package controller
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+)
+
+func TestRefillHold(t *testing.T) {
+	now := time.Unix(1000, 0)
+	h := newRefillHolds()
+	h.now = func() time.Time { return now }
+	steps := []struct {
+		name           string
+		after          time.Duration
+		waiting, ready int
+		want           bool
+	}{
+		{"no claim waits: refill", 0, 0, 3, false},
+		{"claims the ready members can serve: held", 0, 2, 3, true},
+		{"still, a moment later", maxRefillHold / 2, 3, 3, true},
+		{"more claims than ready members: refill at once", 0, 4, 3, false},
+		{"served again: a new hold", 0, 1, 3, true},
+		{"held for as long as a hold lasts: refill", maxRefillHold, 1, 3, false},
+		{"and it stays so while claims wait", time.Second, 1, 3, false},
+		{"none waits: the hold is reset", 0, 0, 3, false},
+		{"the next burst is held again", 0, 2, 2, true},
+	}
+	for _, s := range steps {
+		now = now.Add(s.after)
+		if got := h.hold("pool", s.waiting, s.ready); got != s.want {
+			t.Errorf("%s: hold(%d waiting, %d ready) = %v, want %v", s.name, s.waiting, s.ready, got, s.want)
+		}
+	}
+}
+
+// A pool whose waiting claim a ready member can serve holds its refill
+// (the bind goes first) and looks again shortly; once the hold has lasted
+// maxRefillHold it refills all the same.
+func TestPoolHoldsItsRefillForWaitingClaims(t *testing.T) {
+	pool := &kaironv1.MachinePool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "agents", UID: "pool-uid"},
+		Spec:       kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](2), Template: poolTemplate()},
+	}
+	hash := templateHash(&pool.Spec.Template)
+	member := newPoolMember(pool, hash)
+	member.Name, member.UID = "agents-1", "uid-1"
+	member.Status.Phase = kaironv1.MachineRunning
+	claim := &kaironv1.MachineClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "job", UID: "claim-uid"},
+		Spec:       kaironv1.MachineClaimSpec{PoolName: "agents"},
+	}
+	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(pool, member, claim).
+		WithStatusSubresource(&kaironv1.MachineClaim{}, &kaironv1.MachinePool{}, &kaironv1.Machine{}).
+		WithIndex(&kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName).Build()
+	now := time.Now()
+	holds := newRefillHolds()
+	holds.now = func() time.Time { return now }
+	r := &MachinePoolReconciler{Client: c, Recorder: events.NewFakeRecorder(20), Interval: time.Minute,
+		expectations: newReplicaExpectations(), failures: newFailureBackoff(), refills: holds}
+	ctx := context.Background()
+	members := func() int {
+		var ms kaironv1.MachineList
+		if err := c.List(ctx, &ms, client.InNamespace("team")); err != nil {
+			t.Fatal(err)
+		}
+		return len(ms.Items)
+	}
+	reconcilePool := func() reconcile.Result {
+		res, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "agents"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+
+	if res := reconcilePool(); members() != 1 || res.RequeueAfter != refillHoldRecheck {
+		t.Errorf("a claim waiting for the one ready member: %d members, requeue after %v; want the refill held (1 member) and a look again after %v",
+			members(), res.RequeueAfter, refillHoldRecheck)
+	}
+	now = now.Add(maxRefillHold)
+	if reconcilePool(); members() != 2 {
+		t.Errorf("held for %v: %d members, want the refill made (2)", maxRefillHold, members())
+	}
+
+	// A claim refused for its labels does not wait for a member: nothing
+	// is held for it.
+	fresh := &kaironv1.MachinePool{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), fresh); err != nil {
+		t.Fatal(err)
+	}
+	fresh.Spec.Replicas = ptr.To[int32](3)
+	if err := c.Update(ctx, fresh); err != nil {
+		t.Fatal(err)
+	}
+	claim = &kaironv1.MachineClaim{}
+	if err := c.Get(ctx, types.NamespacedName{Namespace: "team", Name: "job"}, claim); err != nil {
+		t.Fatal(err)
+	}
+	claim.Status.Phase = kaironv1.ClaimPending
+	meta.SetStatusCondition(&claim.Status.Conditions, metav1.Condition{Type: kaironv1.ConditionReady.String(), Status: metav1.ConditionFalse,
+		Reason: kaironv1.ClaimReasonInvalidLabels, Message: "refused"})
+	if err := c.Status().Update(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	holds.forget(pool.UID)
+	if reconcilePool(); members() != 3 {
+		t.Errorf("only a refused claim waits: %d members, want the refill made at once (3)", members())
+	}
+}
