@@ -72,6 +72,7 @@ func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 			return ctrl.Result{RequeueAfter: a.opts.Interval}, err
 		}
 		a.boots.forget(id)
+		a.snapshotting.Delete(id) // machine_snapshot.go
 		return ctrl.Result{}, errors.Join(a.teardown(ctx, id), a.removeSnapshot(id))
 	}
 	if !machine.DeletionTimestamp.IsZero() {

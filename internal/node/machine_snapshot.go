@@ -148,7 +148,7 @@ func (a *Agent) reconcileSnapshot(ctx context.Context, req reconcile.Request) (r
 	instance, err := a.opts.Backend.Get(ctx, id)
 	if err != nil || instance.Phase != backend.Running {
 		// Booting, paused by someone else, or not started yet: look again.
-		return reconcile.Result{RequeueAfter: a.opts.Interval}, client.IgnoreNotFound(ignoreInstanceNotFound(err))
+		return reconcile.Result{RequeueAfter: a.opts.Interval}, ignoreInstanceNotFound(err)
 	}
 	return reconcile.Result{}, a.takeSnapshot(ctx, snap, machine, id)
 }
