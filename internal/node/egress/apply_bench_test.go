@@ -34,10 +34,23 @@ func crowdedEnforcer(b *testing.B, others int) *Enforcer {
 	return e
 }
 
-// BenchmarkApplyCrowded is BenchmarkApply's rewrite with 200 Machines
-// already confined in the namespace: its cost must not grow with them.
-func BenchmarkApplyCrowded(b *testing.B) {
-	e := crowdedEnforcer(b, 200)
+// BenchmarkApply is the node's step of a bind with egress: one Machine's
+// rules rewritten for a new policy (alternating two), in a namespace.
+func BenchmarkApply(b *testing.B) { benchmarkRewrite(b, crowdedEnforcer(b, 0)) }
+
+// BenchmarkApplyCrowded is BenchmarkApply with 200 Machines already
+// confined in the namespace: its cost must not grow with them.
+func BenchmarkApplyCrowded(b *testing.B) { benchmarkRewrite(b, crowdedEnforcer(b, 200)) }
+
+// BenchmarkApplyNew is Apply for a Machine never confined before, as a
+// warm member taken by a claim with egress is.
+func BenchmarkApplyNew(b *testing.B) { benchmarkNew(b, crowdedEnforcer(b, 0)) }
+
+// BenchmarkApplyNewCrowded is BenchmarkApplyNew with 200 Machines already
+// confined in the namespace.
+func BenchmarkApplyNewCrowded(b *testing.B) { benchmarkNew(b, crowdedEnforcer(b, 200)) }
+
+func benchmarkRewrite(b *testing.B, e *Enforcer) {
 	m := Machine{Namespace: "team-a", Name: "vm", Tap: "kt0123456789", IP: netip.MustParseAddr("10.88.1.2")}
 	var policies [2]*Policy
 	for i := range policies {
@@ -55,10 +68,7 @@ func BenchmarkApplyCrowded(b *testing.B) {
 	}
 }
 
-// BenchmarkApplyNewCrowded is BenchmarkApplyNew with 200 Machines already
-// confined in the namespace.
-func BenchmarkApplyNewCrowded(b *testing.B) {
-	e := crowdedEnforcer(b, 200)
+func benchmarkNew(b *testing.B, e *Enforcer) {
 	p, err := Compile([]NamedPolicy{{Name: "p", Egress: kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24"}, AllowPorts: []kaironv1.PortRange{"443"}}}})
 	if err != nil {
 		b.Fatal(err)

@@ -381,58 +381,6 @@ func TestSharedNamespaceMigration(t *testing.T) {
 	}
 }
 
-// BenchmarkApply is the node's step of a bind with egress: one Machine's
-// rules rewritten for a new policy (alternating two), in a namespace.
-func BenchmarkApply(b *testing.B) {
-	ns := netlabNamespace(b)
-	e := &Enforcer{NetNS: ns, Bridge: "kbr0", Network: netip.MustParsePrefix("10.88.0.0/16"), Gateway: netip.MustParseAddr("10.88.0.1"), DNSPort: 5353, SNIPort: 5354}
-	if err := e.Setup(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = RemoveTables(ns) })
-	m := Machine{Namespace: "team-a", Name: "vm", Tap: "kt0123456789", IP: netip.MustParseAddr("10.88.1.2")}
-	var policies [2]*Policy
-	for i := range policies {
-		p, err := Compile([]NamedPolicy{{Name: "p", Egress: kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{kaironv1.CIDR(fmt.Sprintf("203.0.113.%d/32", i))}, AllowPorts: []kaironv1.PortRange{"443"}}}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		policies[i] = p
-	}
-	b.ResetTimer()
-	for i := range b.N {
-		if err := e.Apply(m, policies[i%2]); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-// BenchmarkApplyNew is Apply for a Machine never confined before, as a
-// warm member taken by a claim with egress is.
-func BenchmarkApplyNew(b *testing.B) {
-	ns := netlabNamespace(b)
-	e := &Enforcer{NetNS: ns, Bridge: "kbr0", Network: netip.MustParsePrefix("10.88.0.0/16"), Gateway: netip.MustParseAddr("10.88.0.1"), DNSPort: 5353, SNIPort: 5354}
-	if err := e.Setup(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = RemoveTables(ns) })
-	p, err := Compile([]NamedPolicy{{Name: "p", Egress: kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24"}, AllowPorts: []kaironv1.PortRange{"443"}}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	for i := range b.N {
-		m := Machine{Namespace: "team-a", Name: "vm", Tap: fmt.Sprintf("kt%010d", i), IP: netip.AddrFrom4([4]byte{10, 88, byte(1 + i/250), byte(2 + i%250)})}
-		b.StartTimer()
-		if err := e.Apply(m, p); err != nil {
-			b.Fatal(err)
-		}
-		b.StopTimer()
-		if err := e.Remove(m.Tap); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 func TestLeanScript(t *testing.T) {
 	e := &Enforcer{Network: netip.MustParsePrefix("10.88.0.0/16"), Gateway: netip.MustParseAddr("10.88.0.1"), DNSPort: 5353, SNIPort: 5354}
 	m := Machine{Namespace: "team-a", Name: "vm", Tap: "kt0123456789", IP: netip.MustParseAddr("10.88.1.2")}
