@@ -343,18 +343,7 @@ func TestMachineClaimBinderBranches(t *testing.T) {
 				phase = kaironv1.MachineRunning
 			}
 			for i, name := range names {
-				objs = append(objs, &kaironv1.Machine{
-					ObjectMeta: metav1.ObjectMeta{
-						Namespace: "team", Name: name, UID: types.UID("uid-" + name),
-						CreationTimestamp: metav1.NewTime(base.Add(time.Duration(i) * time.Second)),
-						Labels: map[string]string{
-							kaironv1.LabelMachinePool: "agents", kaironv1.LabelMachinePoolTemplateHash: hash, kaironv1.LabelPoolState: kaironv1.PoolStateWarm,
-						},
-						OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(pool, machinePoolKind)},
-					},
-					Spec:   kaironv1.MachineSpec{CPU: 1, Memory: resource.MustParse("64Mi")},
-					Status: kaironv1.MachineStatus{Phase: phase},
-				})
+				objs = append(objs, binderTestMember(pool, hash, name, base.Add(time.Duration(i)*time.Second), phase))
 			}
 			claim := &kaironv1.MachineClaim{
 				ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "job", UID: "claim-uid", CreationTimestamp: metav1.NewTime(base.Add(time.Minute))},
@@ -461,18 +450,7 @@ func TestMachineClaimBinderTakesInClaimsArrivingDuringAPass(t *testing.T) {
 	base := time.Now().Add(-time.Hour).Truncate(time.Second)
 	objs := []client.Object{pool}
 	for i, name := range []string{"oldest", "middle", "newest"} {
-		objs = append(objs, &kaironv1.Machine{
-			ObjectMeta: metav1.ObjectMeta{
-				Namespace: "team", Name: name, UID: types.UID("uid-" + name),
-				CreationTimestamp: metav1.NewTime(base.Add(time.Duration(i) * time.Second)),
-				Labels: map[string]string{
-					kaironv1.LabelMachinePool: "agents", kaironv1.LabelMachinePoolTemplateHash: hash, kaironv1.LabelPoolState: kaironv1.PoolStateWarm,
-				},
-				OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(pool, machinePoolKind)},
-			},
-			Spec:   kaironv1.MachineSpec{CPU: 1, Memory: resource.MustParse("64Mi")},
-			Status: kaironv1.MachineStatus{Phase: kaironv1.MachineRunning},
-		})
+		objs = append(objs, binderTestMember(pool, hash, name, base.Add(time.Duration(i)*time.Second), kaironv1.MachineRunning))
 	}
 	claim := func(name string, uid types.UID) *kaironv1.MachineClaim {
 		return &kaironv1.MachineClaim{
@@ -522,5 +500,22 @@ func TestMachineClaimBinderTakesInClaimsArrivingDuringAPass(t *testing.T) {
 	}
 	if bound["first"] != "oldest" || bound["second"] != "middle" {
 		t.Errorf("bound %v, want first→oldest and second→middle", bound)
+	}
+}
+
+// binderTestMember is a warm member of pool "agents" in namespace "team",
+// created at created.
+func binderTestMember(pool *kaironv1.MachinePool, hash, name string, created time.Time, phase kaironv1.MachinePhase) *kaironv1.Machine {
+	return &kaironv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: "team", Name: name, UID: types.UID("uid-" + name),
+			CreationTimestamp: metav1.NewTime(created),
+			Labels: map[string]string{
+				kaironv1.LabelMachinePool: "agents", kaironv1.LabelMachinePoolTemplateHash: hash, kaironv1.LabelPoolState: kaironv1.PoolStateWarm,
+			},
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(pool, machinePoolKind)},
+		},
+		Spec:   kaironv1.MachineSpec{CPU: 1, Memory: resource.MustParse("64Mi")},
+		Status: kaironv1.MachineStatus{Phase: phase},
 	}
 }
