@@ -18,12 +18,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules"
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
-// A node dies for real, with real QEMU: its agent is killed and so are its
-// VMs but one, left running as a host that is down to the cluster may
-// still run some. The Node goes Unknown, the pool replaces its warm member
+// A node dies for real, with real QEMU: a SnapshotSchedule snapshots a
+// guest that keeps a counter in memory; the node's agent is killed and so
+// are its VMs but one, left running as a host that is down to the cluster
+// may still run some. The Node goes Unknown, the pool replaces its warm member
 // on the other node and a new claim binds there, never to the dead member.
 // kaironctl fence brings the Machine that has a MachineSnapshot back on the
 // other node, the guest's memory as of the snapshot (its token, its counter
@@ -70,7 +72,7 @@ func TestFenceBringsSnapshottedMachineBack(t *testing.T) {
 	// Everything starts on the node that will die.
 	kubectl(t, env, `apiVersion: kairon.zyvor.dev/v1alpha1
 kind: Machine
-metadata: {name: keeper}
+metadata: {name: keeper, labels: {app: keeper}}
 spec: {cpu: 1, memory: 256Mi}
 ---
 apiVersion: kairon.zyvor.dev/v1alpha1
@@ -101,17 +103,41 @@ spec:
 		}
 	}
 
-	// The guest keeps a token and a counter in memory; a snapshot of it.
+	// The guest keeps a token and a counter in memory; a SnapshotSchedule
+	// (every minute) snapshots it, and is suspended once it has.
 	con := testenv.DialConsole(t, filepath.Join(state, "a", "instances", ns+"_keeper", "console.sock"))
 	before := startGuestState(t, con)
-	kubectl(t, env, "apiVersion: kairon.zyvor.dev/v1alpha1\nkind: MachineSnapshot\nmetadata: {name: keeper-1}\nspec: {machineName: keeper}\n", "-n", ns, "apply", "-f", "-")
-	testenv.Eventually(t, 2*time.Minute, "snapshot keeper-1 Ready", func() (bool, string) {
-		s := kubectlQuiet(env, "-n", ns, "get", "machinesnapshot", "keeper-1", "-o", "jsonpath={.status.phase} {.status.message}")
-		if strings.HasPrefix(s, "Failed") {
-			t.Fatalf("snapshot failed: %s", s)
+	kubectl(t, env, "apiVersion: kairon.zyvor.dev/v1alpha1\nkind: SnapshotSchedule\nmetadata: {name: keep}\nspec: {selector: {app: keeper}, schedule: \"* * * * *\", retention: 2}\n", "-n", ns, "apply", "-f", "-")
+	scheduled := func() (ready, pending []string) {
+		var l kaironv1.MachineSnapshotList
+		if err := env.Client.List(ctx, &l, client.InNamespace(ns), client.MatchingLabels{kaironv1.LabelSnapshotSchedule: "keep"}); err != nil {
+			t.Fatal(err)
 		}
-		return strings.HasPrefix(s, "Ready"), s
+		for _, s := range l.Items {
+			switch s.Status.Phase {
+			case kaironv1.SnapshotReady:
+				ready = append(ready, s.Name)
+			case kaironv1.SnapshotFailed:
+				t.Fatalf("snapshot %s failed: %s", s.Name, s.Status.Message)
+			default:
+				pending = append(pending, s.Name)
+			}
+		}
+		return ready, pending
+	}
+	testenv.Eventually(t, 3*time.Minute, "schedule keep to snapshot keeper", func() (bool, string) {
+		ready, pending := scheduled()
+		return len(ready) > 0, fmt.Sprint("ready ", ready, " pending ", pending)
 	})
+	kubectl(t, env, "", "-n", ns, "patch", "snapshotschedule", "keep", "--type", "merge", "-p", `{"spec":{"suspend":true}}`)
+	var snapshots []string
+	testenv.Eventually(t, 2*time.Minute, "no snapshot of keeper pending", func() (bool, string) {
+		var pending []string
+		snapshots, pending = scheduled()
+		return len(pending) == 0, fmt.Sprint(pending)
+	})
+	newest := rules.NewestReadySnapshot(listSnapshots(t, env, ns), ns, "keeper")
+	t.Logf("snapshots of keeper: %v; the newest: %s", snapshots, newest.Name)
 	atSnapshot := readGuestState(t, con)
 	// After the snapshot: a mark the restored guest must not have, and the
 	// counter well past its value at the snapshot.
@@ -174,7 +200,7 @@ spec:
 		t.Fatalf("kaironctl fence exited %d: %s", fence.code, fence.stderr)
 	}
 	for _, want := range []string{
-		fmt.Sprintf("machine %s/keeper: restored on another node from snapshot keeper-1", ns),
+		fmt.Sprintf("machine %s/keeper: restored on another node from snapshot %s", ns, newest.Name),
 		fmt.Sprintf("machine %s/%s (MachineSet web): deleted and replaced on another node", ns, web.Name),
 		fmt.Sprintf("machine %s/%s (MachinePool agents): deleted and replaced on another node", ns, warm.Name),
 		fmt.Sprintf("machine %s/keeper: recreated on node %s", ns, alive),
@@ -185,23 +211,24 @@ spec:
 		}
 	}
 	restored := waitPhase(t, env, client.ObjectKey{Namespace: ns, Name: "keeper"}, kaironv1.MachineRunning)
-	if restored.Spec.NodeName != alive || restored.UID == keeper.UID || restored.Spec.RestoreFrom == nil || restored.Spec.RestoreFrom.SnapshotName != "keeper-1" {
-		t.Fatalf("keeper after the fence: node %q, restoreFrom %v; want a new Machine on %s from keeper-1", restored.Spec.NodeName, restored.Spec.RestoreFrom, alive)
+	if restored.Spec.NodeName != alive || restored.UID == keeper.UID || restored.Spec.RestoreFrom == nil || restored.Spec.RestoreFrom.SnapshotName != newest.Name {
+		t.Fatalf("keeper after the fence: node %q, restoreFrom %v; want a new Machine on %s from %s", restored.Spec.NodeName, restored.Spec.RestoreFrom, alive, newest.Name)
 	}
 	con = testenv.DialConsole(t, filepath.Join(state, "b", "instances", ns+"_keeper", "console.sock"))
 	after := checkGuestKeptState(t, con, before, "after the fence")
 	if after.counter >= beforeDeath.counter {
-		t.Errorf("restored counter %d, want it back at the snapshot's (%d when taken, %d before the node died)", after.counter, atSnapshot.counter, beforeDeath.counter)
+		t.Errorf("restored counter %d, want it back at the snapshot's (%d just after it, %d before the node died)", after.counter, atSnapshot.counter, beforeDeath.counter)
 	}
 	con.ExpectText(t, "test -e /tmp/after && echo mark:yes. || echo mark:$((0)).", "mark:0.", 30*time.Second)
-	t.Logf("guest counter: %d at the snapshot, %d when the node died, %d restored", atSnapshot.counter, beforeDeath.counter, after.counter)
+	t.Logf("guest counter: %d just after the snapshot, %d when the node died, %d restored", atSnapshot.counter, beforeDeath.counter, after.counter)
 	testenv.Eventually(t, 3*time.Minute, "machine set web with one Running Machine on "+alive, func() (bool, string) {
 		var l kaironv1.MachineList
 		_ = env.Client.List(ctx, &l, client.InNamespace(ns), client.MatchingLabels{kaironv1.LabelMachineSet: "web"})
 		return len(l.Items) == 1 && l.Items[0].Spec.NodeName == alive && l.Items[0].Status.Phase == kaironv1.MachineRunning, fmt.Sprint(len(l.Items))
 	})
 	if !running(stale) {
-		t.Fatalf("the VM left running on %s (pid %d) is gone before the node came back", dead, stale)
+		console, _ := os.ReadFile(filepath.Join(state, "a", "instances", ns+"_"+web.Name, "console.log"))
+		t.Fatalf("the VM left running on %s (pid %d) is gone before the node came back; its console ends:\n%s", dead, stale, tail(string(console), 15))
 	}
 
 	// Recovered, the node's agent starts again: the stale VM goes before
@@ -257,6 +284,15 @@ spec:
 	if vms := vmProcesses(t, filepath.Join(state, "a")); len(vms) != 0 {
 		t.Errorf("VMs on the recovered node: %v", vms)
 	}
+}
+
+func listSnapshots(t *testing.T, env *testenv.Env, ns string) []kaironv1.MachineSnapshot {
+	t.Helper()
+	var l kaironv1.MachineSnapshotList
+	if err := env.Client.List(context.Background(), &l, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	return l.Items
 }
 
 // runningMachines waits until the Machines matching opts are want, all
