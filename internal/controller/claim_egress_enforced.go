@@ -10,7 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -118,36 +117,66 @@ func (r *ClaimEgressEnforcedReconciler) Reconcile(ctx context.Context, req recon
 // pool and the claim stays Pending, to be tried again.
 var egressEnforceTimeout = 20 * time.Second
 
-// egressEnforcePoll is how often the bind looks at the policy in the cache,
-// where the agent's status write arrives by watch.
-const egressEnforcePoll = 5 * time.Millisecond
+// egressEnforcePoll is how often the bind looks at the policy in the cache
+// without a watch to wake it (policyWaiters), where the agent's status
+// write arrives by watch; with one, it looks again after each new version
+// and, as a safety net, every egressEnforceRecheck.
+var (
+	egressEnforcePoll    = 5 * time.Millisecond
+	egressEnforceRecheck = time.Second
+)
 
 // waitEgressEnforced returns the EgressEnforced condition once the node
 // running m reports policy in force for it, so that a claim is never Bound
 // while its Machine could still send what spec.egress forbids.
-func waitEgressEnforced(ctx context.Context, c client.Reader, namespace, policy string, m *kaironv1.Machine) (metav1.Condition, error) {
+func waitEgressEnforced(ctx context.Context, c client.Reader, waiters *policyWaiters, namespace, policy string, m *kaironv1.Machine) (metav1.Condition, error) {
 	ctx, cancel := context.WithTimeout(ctx, egressEnforceTimeout)
 	defer cancel()
+	key := client.ObjectKey{Namespace: namespace, Name: policy}
 	var last metav1.Condition
-	err := wait.PollUntilContextCancel(ctx, egressEnforcePoll, true, func(ctx context.Context) (bool, error) {
-		p := &kaironv1.MachineNetworkPolicy{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: policy}, p); err != nil {
-			if apierrors.IsNotFound(err) {
-				p = nil
-			} else {
-				return false, err
-			}
-		}
-		last = EgressEnforcement(p, m)
-		return last.Status == metav1.ConditionTrue, nil
-	})
-	if err != nil {
+	timedOut := func(err error) (metav1.Condition, error) {
 		if last.Message == "" {
 			return last, err
 		}
 		return last, fmt.Errorf("egress policy not enforced within %v: %s", egressEnforceTimeout, last.Message)
 	}
-	return last, nil
+	for {
+		var changed <-chan struct{}
+		stop := func() {}
+		if waiters != nil {
+			changed, stop = waiters.wait(key)
+		}
+		p := &kaironv1.MachineNetworkPolicy{}
+		switch err := c.Get(ctx, key, p); {
+		case apierrors.IsNotFound(err):
+			p = nil
+		case err != nil:
+			stop()
+			if ctx.Err() != nil {
+				return timedOut(ctx.Err())
+			}
+			return last, err
+		}
+		if last = EgressEnforcement(p, m); last.Status == metav1.ConditionTrue {
+			stop()
+			return last, nil
+		}
+		recheck := egressEnforcePoll
+		if changed != nil {
+			recheck = egressEnforceRecheck
+		}
+		timer := time.NewTimer(recheck)
+		select {
+		case <-changed:
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		timer.Stop()
+		stop()
+		if ctx.Err() != nil {
+			return timedOut(ctx.Err())
+		}
+	}
 }
 
 // withEgressEnforced puts the condition the bind waited for into the

@@ -86,6 +86,9 @@ type MachineClaimBinder struct {
 	// events counts, per pool, the watch events that may let a pass bind
 	// more: claims arriving, members changing.
 	events map[types.NamespacedName]uint64
+	// policies wakes the binds waiting for a node to report their egress
+	// policy in force.
+	policies *policyWaiters
 }
 
 // poolEvent counts an event that may let a pass over pool bind more.
@@ -110,6 +113,7 @@ func (b *MachineClaimBinder) SetupWithManager(mgr manager.Manager) error {
 		b.tracker = newBindTracker()
 	}
 	b.pendingRefreshed = map[types.NamespacedName]time.Time{}
+	b.policies = &policyWaiters{}
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName); err != nil {
 		return fmt.Errorf("indexing machine claims by pool: %w", err)
 	}
@@ -117,6 +121,7 @@ func (b *MachineClaimBinder) SetupWithManager(mgr manager.Manager) error {
 		Named("machineclaim-binder").
 		Watches(&kaironv1.MachineClaim{}, b.claimEvents()).
 		Watches(&kaironv1.Machine{}, b.memberEvents()).
+		Watches(&kaironv1.MachineNetworkPolicy{}, b.policies.events()).
 		Watches(&kaironv1.MachinePool{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			return []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(o)}}
 		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -622,7 +627,7 @@ func (b *MachineClaimBinder) recordBind(ctx context.Context, pass *bindingPass, 
 	if policy != "" {
 		// Bound only once the node enforces it: no window in which the
 		// claimant's code runs unconfined (claim_egress_enforced.go).
-		cond, err := waitEgressEnforced(ctx, b.Client, claim.Namespace, policy, m)
+		cond, err := waitEgressEnforced(ctx, b.Client, b.policies, claim.Namespace, policy, m)
 		if err != nil {
 			logger.Error(err, "Waiting for the node to enforce the claim's egress policy; handing the machine back")
 			_, _ = deleteEgressPolicy(ctx, b.Client, b.APIReader, claim)
