@@ -111,19 +111,6 @@ func randomFile(t *testing.T, path string, size int, seed uint64) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func fileSum(t *testing.T, path string) string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
 
 // TestExecAndCpThroughTheNodeAgent drives kaironctl exec and cp against a
 // real API server and a real node agent whose guests are in-process guest
@@ -199,7 +186,7 @@ func TestExecAndCpThroughTheNodeAgent(t *testing.T) {
 	if _, stderr, code := exec(nil, "cp", src, "vm:"+guestPath); code != 0 || stderr != "" {
 		t.Fatalf("cp in: %q exit %d", stderr, code)
 	}
-	if got := fileSum(t, guestPath); got != want {
+	if got := testenv.FileSHA256(t, guestPath); got != want {
 		t.Errorf("cp in: the guest's file differs")
 	}
 	if st, err := os.Stat(guestPath); err != nil || st.Mode().Perm() != 0o640 {
@@ -212,7 +199,7 @@ func TestExecAndCpThroughTheNodeAgent(t *testing.T) {
 	if _, stderr, code := exec(nil, "cp", "vm:"+guestPath, back); code != 0 || stderr != "" {
 		t.Fatalf("cp out: %q exit %d", stderr, code)
 	}
-	if got := fileSum(t, filepath.Join(back, "in-guest.bin")); got != want {
+	if got := testenv.FileSHA256(t, filepath.Join(back, "in-guest.bin")); got != want {
 		t.Errorf("cp round trip of 20 MB: sha256 differs")
 	}
 	if out, stderr, code := exec(nil, "cp", "vm:"+filepath.Join(dir, "missing"), "-"); code != 1 || out != "" || !strings.Contains(stderr, "missing") {
@@ -237,7 +224,7 @@ func TestExecAndCpThroughTheNodeAgent(t *testing.T) {
 	if out, stderr, code := exec(nil, "exec", "mc/mine", "--", "sh", "-c", "echo via claim; exit 3"); out != "via claim\n" || code != 3 {
 		t.Errorf("exec mc/mine: %q %q exit %d", out, stderr, code)
 	}
-	if _, stderr, code := exec(nil, "cp", src, "machineclaim/mine:"+guestPath+".2"); code != 0 || fileSum(t, guestPath+".2") != want {
+	if _, stderr, code := exec(nil, "cp", src, "machineclaim/mine:"+guestPath+".2"); code != 0 || testenv.FileSHA256(t, guestPath+".2") != want {
 		t.Errorf("cp to machineclaim/mine: %q exit %d", stderr, code)
 	}
 
@@ -482,7 +469,7 @@ func TestExecThroughTheNodeProxy(t *testing.T) {
 	}
 	dir := t.TempDir()
 	want := randomFile(t, filepath.Join(dir, "f"), 5<<20, 3)
-	if stderr, code := kctlIO(t, kc, nil, io.Discard, "-n", ns, "cp", filepath.Join(dir, "f"), "vm:"+filepath.Join(dir, "g")); code != 0 || fileSum(t, filepath.Join(dir, "g")) != want {
+	if stderr, code := kctlIO(t, kc, nil, io.Discard, "-n", ns, "cp", filepath.Join(dir, "f"), "vm:"+filepath.Join(dir, "g")); code != 0 || testenv.FileSHA256(t, filepath.Join(dir, "g")) != want {
 		t.Errorf("cp through the proxy: %q exit %d", stderr, code)
 	}
 }

@@ -196,19 +196,6 @@ func treeFingerprint(root string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-func fileDigest(t testing.TB, p string) string {
-	t.Helper()
-	f, err := os.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
 
 // Two builds of one checkout give the same bytes, and the images are named
 // as the chart's defaults refer to them.
@@ -243,7 +230,7 @@ func TestImagesAreReproducibleAndNamedAsTheChartsDefaults(t *testing.T) {
 		t.Skip("the work tree changed between the two builds (someone edited or committed meanwhile), so they need not be the same; run again on a quiet tree")
 	}
 	for _, n := range imageNames {
-		a, b := fileDigest(t, filepath.Join(dir, n+".oci.tar")), fileDigest(t, filepath.Join(again, n+".oci.tar"))
+		a, b := testenv.FileSHA256(t, filepath.Join(dir, n+".oci.tar")), testenv.FileSHA256(t, filepath.Join(again, n+".oci.tar"))
 		if a != b {
 			t.Errorf("%s: two builds differ: sha256 %s and %s; layers %v and %v (a file changed between them, or something in the build is not fixed)",
 				n, a, b, layerDigests(t, filepath.Join(dir, n+".oci.tar")), layerDigests(t, filepath.Join(again, n+".oci.tar")))
