@@ -458,4 +458,3 @@ func (t *rawTerminal) resizes(ctx context.Context) <-chan wire.Resize {
 	}()
 	return out
 }
-

@@ -111,7 +111,6 @@ func randomFile(t *testing.T, path string, size int, seed uint64) string {
 	return hex.EncodeToString(sum[:])
 }
 
-
 // TestExecAndCpThroughTheNodeAgent drives kaironctl exec and cp against a
 // real API server and a real node agent whose guests are in-process guest
 // agents: echo, exit codes 0 and 3, 10 MB of stdout intact, stdin passed

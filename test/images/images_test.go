@@ -196,7 +196,6 @@ func treeFingerprint(root string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-
 // Two builds of one checkout give the same bytes, and the images are named
 // as the chart's defaults refer to them.
 func TestImagesAreReproducibleAndNamedAsTheChartsDefaults(t *testing.T) {
