@@ -139,7 +139,7 @@ func New(cfg *rest.Config, opts Options) (*Server, error) {
 	s := &Server{
 		cfg: cfg, scheme: scheme, mapper: mapper, cache: c, hub: newHub(), mux: http.NewServeMux(), opts: opts,
 		reviews: &reviews{m: map[string]reviewAnswer{}}, evacuations: &evacuations{}, ctx: context.Background(),
-		self:    &user{cfg: rest.CopyConfig(cfg), key: "", trusted: true},
+		self: &user{cfg: rest.CopyConfig(cfg), key: "", trusted: true},
 	}
 	s.routes()
 	return s, nil

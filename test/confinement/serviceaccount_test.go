@@ -80,7 +80,7 @@ func TestServiceAccountAgentConfinedToItsNode(t *testing.T) {
 	// runs it: the token is all that matters).
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: system, Name: "kairon-node-a"},
-		Spec: corev1.PodSpec{NodeName: a, ServiceAccountName: sa.Name, Containers: []corev1.Container{{Name: "kairon-node", Image: "kairon"}}},
+		Spec:       corev1.PodSpec{NodeName: a, ServiceAccountName: sa.Name, Containers: []corev1.Container{{Name: "kairon-node", Image: "kairon"}}},
 	}
 	if err := adm.Create(ctx, pod); err != nil {
 		t.Fatal(err)
