@@ -76,6 +76,9 @@ type jailRecord struct {
 type jailConfig struct {
 	uidBase, uidCount uint32
 	registry          string
+	// stateDir is the backend's own (absolute) state directory: the
+	// registry is the host's, shared with every other agent on it.
+	stateDir string
 	cgroups           *cgroupSetup
 	overheadMiB       int64
 	kvmGroup          uint32 // 0: none (then /dev/kvm is unusable for VMs)
@@ -88,7 +91,7 @@ func newJailConfig(opts Options) (*jailConfig, error) {
 	}
 	j := &jailConfig{
 		uidBase: opts.JailUIDBase, uidCount: opts.JailUIDCount, registry: opts.JailRegistry,
-		overheadMiB: opts.MemoryOverheadMiB,
+		overheadMiB: opts.MemoryOverheadMiB, stateDir: opts.StateDir,
 	}
 	if j.uidBase == 0 {
 		j.uidBase = DefaultJailUIDBase
@@ -126,7 +129,11 @@ func newJailConfig(opts Options) (*jailConfig, error) {
 
 // sweepStale removes the claims, and the cgroups, of uids whose VM directory
 // no longer records them: what an agent that died while stopping a VM, or
-// whose state directory was deleted under it, left behind.
+// whose state directory was deleted under it, left behind. A VM that still
+// runs is killed only if it is this backend's own: the registry is shared
+// by every agent on the host, and another agent's VM directory may simply
+// not be visible from here (an agent in a container sees its own mounts),
+// which must not read as "gone" and get that agent's VMs killed.
 func (j *jailConfig) sweepStale() error {
 	unlock, err := j.lockRegistry()
 	if err != nil {
@@ -145,6 +152,12 @@ func (j *jailConfig) sweepStale() error {
 		path := filepath.Join(j.registry, e.Name())
 		owner, err := os.ReadFile(path)
 		if err != nil || uidHeldBy(string(owner), uint32(uid)) {
+			continue
+		}
+		if !j.owns(string(owner)) && j.cgroups.inUse(cgroupName(uint32(uid))) {
+			// Another agent's VM that runs, whose directory is out of
+			// sight from here: its agent judges it. (One whose cgroup
+			// is empty is a leftover whoever it was, and goes.)
 			continue
 		}
 		for _, d := range j.cgroups.dirs(cgroupName(uint32(uid))) {
@@ -313,6 +326,15 @@ func (j *jailConfig) claimUID(dir string) (uint32, error) {
 }
 
 // uidHeldBy tells whether the VM directory owner still records uid.
+// owns tells whether the VM directory dir is one of this backend's.
+func (j *jailConfig) owns(dir string) bool {
+	if j.stateDir == "" || !filepath.IsAbs(dir) {
+		return false
+	}
+	rel, err := filepath.Rel(j.stateDir, dir)
+	return err == nil && rel != "." && !strings.HasPrefix(rel, "..")
+}
+
 func uidHeldBy(owner string, uid uint32) bool {
 	var rec jailRecord
 	if err := readJSON(filepath.Join(owner, jailFile), &rec); err != nil {

@@ -420,10 +420,14 @@ func TestSweepStaleJails(t *testing.T) {
 			_ = syscall.Rmdir(d)
 		}
 	})
-	j := &jailConfig{uidBase: 3100000, uidCount: 4, registry: t.TempDir(), cgroups: cg}
 	root := t.TempDir()
+	j := &jailConfig{uidBase: 3100000, uidCount: 4, registry: t.TempDir(), cgroups: cg, stateDir: root}
 	live, gone := filepath.Join(root, "live"), filepath.Join(root, "gone")
-	for _, d := range []string{live, gone} {
+	// Another agent's VM, whose directory this agent cannot see (an agent
+	// in a container sees its own mounts): not this sweep's to judge.
+	others := t.TempDir()
+	unseen := filepath.Join(others, "vm")
+	for _, d := range []string{live, gone, unseen} {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -449,9 +453,20 @@ func TestSweepStaleJails(t *testing.T) {
 	}
 	liveUID, liveDirs := claim(live)
 	goneUID, goneDirs := claim(gone)
-	// Something still runs in the stale cgroup.
+	unseenUID, unseenDirs := claim(unseen)
+	// Something still runs in the stale cgroup, and in the other agent's.
 	sleeper := exec.Command("sleep", "600")
 	if err := cg.spawn(sleeper, "/", goneDirs); err != nil {
+		t.Fatal(err)
+	}
+	otherVM := exec.Command("sleep", "600")
+	if err := cg.spawn(otherVM, "/", unseenDirs); err != nil {
+		t.Fatal(err)
+	}
+	otherEnded := make(chan error, 1)
+	go func() { otherEnded <- otherVM.Wait() }()
+	t.Cleanup(func() { _ = otherVM.Process.Kill() })
+	if err := os.RemoveAll(unseen); err != nil {
 		t.Fatal(err)
 	}
 	waited := make(chan error, 1)
@@ -490,6 +505,18 @@ func TestSweepStaleJails(t *testing.T) {
 	}
 	if owner, err := os.ReadFile(filepath.Join(j.registry, strconv.FormatUint(uint64(liveUID), 10))); err != nil || string(owner) != live {
 		t.Errorf("live claim of %d: %q, %v", liveUID, owner, err)
+	}
+	// The other agent's VM runs on, claimed and in its cgroup.
+	select {
+	case err := <-otherEnded:
+		t.Errorf("another agent's VM was killed by this agent's sweep: %v", err)
+	default:
+	}
+	if procs, _ := cgroupProcs(unseenDirs[0]); !slices.Contains(procs, otherVM.Process.Pid) {
+		t.Errorf("another agent's VM cgroup %s lost its process: %v", unseenDirs[0], procs)
+	}
+	if owner, err := os.ReadFile(filepath.Join(j.registry, strconv.FormatUint(uint64(unseenUID), 10))); err != nil || string(owner) != unseen {
+		t.Errorf("another agent's claim of %d: %q, %v", unseenUID, owner, err)
 	}
 }
 
