@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -107,6 +108,11 @@ func startUp(t *testing.T, exe string, args ...string) *upProcess {
 		t.Fatal(err)
 	}
 	defer stderr.Close()
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--ui") }) {
+		// kairon-ui's default port is fixed, and other packages' tests
+		// may run a kairon-local at the same time.
+		args = append(args, "--ui-port", freePort(t))
+	}
 	p.cmd = exec.Command(exe, append([]string{"up"}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = stdout, stderr
 	if err := p.cmd.Start(); err != nil {
@@ -312,4 +318,15 @@ func TestUpRunsControllerAndNodeAgents(t *testing.T) {
 	}
 	kubectl(t, binDir, kubeconfig, "delete", "machine", "hello", "--timeout=60s")
 	up.terminate(t, dataDir)
+}
+
+// freePort is a TCP port free on 127.0.0.1 a moment ago.
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
 }

@@ -84,7 +84,10 @@ func (c *localCluster) up() {
 	}
 	defer log.Close()
 	up := exec.Command(filepath.Join(c.binDir, "kairon-local"), "up", "--data-dir", c.dataDir, "--port", strconv.Itoa(c.port),
-		"--nodes", strconv.Itoa(c.nodes), "--netns", c.netNS, "--node-cpu", "2", "--node-memory", "1Gi")
+		"--nodes", strconv.Itoa(c.nodes), "--netns", c.netNS, "--node-cpu", "2", "--node-memory", "1Gi",
+		// No test here reads the dashboard, and its fixed port is shared
+		// with whatever else runs kairon-local on this host meanwhile.
+		"--ui=false")
 	up.Stdout, up.Stderr = log, log
 	up.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := up.Start(); err != nil {
