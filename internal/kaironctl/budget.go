@@ -113,12 +113,8 @@ func parseSelectorFlags(values []string) (map[string]string, error) {
 
 // budgetName checks the NAME argument of create and edit.
 func budgetName(cmd *cobra.Command, verb string, args []string) (string, error) {
-	switch len(args) {
-	case 0:
-		return "", usageError(cmd, "%s budget needs a NAME", verb)
-	case 1:
-	default:
-		return "", usageError(cmd, "%s budget takes one NAME, got %d arguments", verb, len(args))
+	if _, err := oneArg(cmd, verb+" budget", "NAME", args); err != nil {
+		return "", err
 	}
 	if errs := validation.IsDNS1123Subdomain(args[0]); len(errs) > 0 {
 		return "", usageError(cmd, "invalid budget name %q: %s", args[0], strings.Join(errs, "; "))

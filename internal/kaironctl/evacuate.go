@@ -66,21 +66,15 @@ the scheduler places nothing new there.`,
   kaironctl evacuate node-3 --wait --timeout 30m
   kaironctl evacuate node-3 --strategy live`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			switch len(args) {
-			case 0:
-				return usageError(cmd, "evacuate needs a NODE")
-			case 1:
-			default:
-				return usageError(cmd, "evacuate takes one NODE, got %d arguments", len(args))
-			}
-			if args[0] == "" {
-				return usageError(cmd, "NODE must not be empty")
+			node, err := oneArg(cmd, "evacuate", "NODE", args)
+			if err != nil {
+				return err
 			}
 			strategy, err := f.check(cmd)
 			if err != nil {
 				return err
 			}
-			return o.runEvacuate(cmd.Context(), args[0], strategy, f)
+			return o.runEvacuate(cmd.Context(), node, strategy, f)
 		},
 	}
 	fl := cmd.Flags()

@@ -61,7 +61,7 @@ dealt with every Machine and prints where each went.`,
   kaironctl fence node-3 --wait
   kaironctl fence node-3 --force -o json`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			node, err := nodeArg(cmd, "fence", args)
+			node, err := oneArg(cmd, "fence", "NODE", args)
 			if err != nil {
 				return err
 			}
@@ -95,7 +95,7 @@ only then reports Ready. Machines left on the node (nothing owned them and they
 had no snapshot) start there again.`,
 		Example: `  kaironctl recover node-3`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			node, err := nodeArg(cmd, "recover", args)
+			node, err := oneArg(cmd, "recover", "NODE", args)
 			if err != nil {
 				return err
 			}
@@ -108,18 +108,6 @@ had no snapshot) start there again.`,
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "Print the report as json or yaml instead of lines")
 	return cmd
-}
-
-func nodeArg(cmd *cobra.Command, verb string, args []string) (string, error) {
-	switch {
-	case len(args) == 0:
-		return "", usageError(cmd, "%s needs a NODE", verb)
-	case len(args) > 1:
-		return "", usageError(cmd, "%s takes one NODE, got %d arguments", verb, len(args))
-	case args[0] == "":
-		return "", usageError(cmd, "NODE must not be empty")
-	}
-	return args[0], nil
 }
 
 func fenceOutput(cmd *cobra.Command, output string) (string, error) {

@@ -46,13 +46,9 @@ fails or --timeout passes first.`,
 		Example: `  kaironctl migrate web-1
   kaironctl migrate web-1 --to node-2 --strategy live --wait`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			switch {
-			case len(args) == 0:
-				return usageError(cmd, "migrate needs a MACHINE")
-			case len(args) > 1:
-				return usageError(cmd, "migrate takes one MACHINE, got %d arguments", len(args))
-			case args[0] == "":
-				return usageError(cmd, "MACHINE must not be empty")
+			machine, err := oneArg(cmd, "migrate", "MACHINE", args)
+			if err != nil {
+				return err
 			}
 			strategy := kaironv1.MigrationStrategy(f.strategy)
 			if strategy != kaironv1.MigrationCold && strategy != kaironv1.MigrationLive {
@@ -64,7 +60,7 @@ fails or --timeout passes first.`,
 			if f.timeout <= 0 {
 				return usageError(cmd, "--timeout must be positive, got %s", f.timeout)
 			}
-			return o.runMigrate(cmd.Context(), args[0], strategy, f)
+			return o.runMigrate(cmd.Context(), machine, strategy, f)
 		},
 	}
 	fl := cmd.Flags()

@@ -42,13 +42,9 @@ restored one is a second Machine.`,
 		Example: `  kaironctl restore web-1-snap
   kaironctl restore nightly-web-1-20261203-0300 --name web-1-yesterday -n web`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			switch {
-			case len(args) == 0:
-				return usageError(cmd, "restore needs a MACHINESNAPSHOT")
-			case len(args) > 1:
-				return usageError(cmd, "restore takes one MACHINESNAPSHOT, got %d arguments", len(args))
-			case args[0] == "":
-				return usageError(cmd, "MACHINESNAPSHOT must not be empty")
+			snapshot, err := oneArg(cmd, "restore", "MACHINESNAPSHOT", args)
+			if err != nil {
+				return err
 			}
 			if cmd.Flags().Changed("name") {
 				if f.name == "" {
@@ -63,7 +59,7 @@ restored one is a second Machine.`,
 			default:
 				return usageError(cmd, "unknown output format %q for -o/--output; restore prints json or yaml (or, without -o, the created line)", f.output)
 			}
-			return o.runRestore(cmd, args[0], f)
+			return o.runRestore(cmd, snapshot, f)
 		},
 	}
 	fl := cmd.Flags()
