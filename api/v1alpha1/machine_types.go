@@ -215,8 +215,8 @@ func init() {
 }
 
 // TemplateSnapshot is a saved template Machine's state file on its node
-// (spec.nodeName). It is not a MachineSnapshot object: a pool's clones
-// restore it on that node only.
+// (spec.nodeName). It is not a MachineSnapshot object: a pool's clones on
+// other nodes fetch it from that node.
 type TemplateSnapshot struct {
 	// Path is the state file on the node.
 	Path string `json:"path"`
@@ -224,4 +224,9 @@ type TemplateSnapshot struct {
 	SizeBytes int64 `json:"sizeBytes"`
 	// SavedAt is when the save finished.
 	SavedAt metav1.Time `json:"savedAt"`
+	// SHA256 is the file's SHA-256 digest (hex). A node that restores a
+	// clone elsewhere fetches the file from this node and checks its copy
+	// against it.
+	// +optional
+	SHA256 string `json:"sha256,omitempty"`
 }
