@@ -9,8 +9,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,29 +23,11 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/testenv"
 	"github.com/zyvor/kairon/internal/testenv/host"
+	"github.com/zyvor/kairon/internal/testenv/netlab"
 )
 
-// httpGetEnv makes the test binary, re-run inside a network namespace, fetch
-// one URL and print the body (see TestMain).
-const httpGetEnv = "KAIRON_E2E_HTTP_GET"
-
 func TestMain(m *testing.M) {
-	if url := os.Getenv(httpGetEnv); url != "" {
-		os.Exit(httpGet(url))
-	}
 	os.Exit(testenv.Run(m))
-}
-
-func httpGet(url string) int {
-	c := &http.Client{Timeout: 10 * time.Second}
-	resp, err := c.Get(url)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(os.Stdout, resp.Body)
-	return 0
 }
 
 // netns creates a network namespace for the test and removes it afterwards.
@@ -64,16 +44,7 @@ func netns(t testing.TB) string {
 }
 
 // getInNetNS fetches url from inside the namespace.
-func getInNetNS(ns, url string) (string, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return "", err
-	}
-	cmd := exec.Command("ip", "netns", "exec", ns, exe)
-	cmd.Env = append(os.Environ(), httpGetEnv+"="+url)
-	out, err := cmd.Output()
-	return string(out), err
-}
+func getInNetNS(ns, url string) (string, error) { return netlab.Get(ns, url) }
 
 // agent is one kairon-node process.
 type agent struct {

@@ -22,7 +22,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,22 +46,7 @@ import (
 	"github.com/zyvor/kairon/internal/testenv/netlab"
 )
 
-// httpGetEnv makes the test binary, re-run inside a network namespace,
-// fetch one URL and print the body.
-const httpGetEnv = "KAIRON_IMAGES_HTTP_GET"
-
 func TestMain(m *testing.M) {
-	if url := os.Getenv(httpGetEnv); url != "" {
-		c := &http.Client{Timeout: 10 * time.Second}
-		resp, err := c.Get(url)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		_, _ = io.Copy(os.Stdout, resp.Body)
-		resp.Body.Close()
-		os.Exit(0)
-	}
 	os.Exit(testenv.Run(m))
 }
 
@@ -664,18 +648,6 @@ func TestControllerImageRunsAsNonRootAndReconcilesAMachineSet(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-// getInNetNS fetches url from inside the network namespace ns.
-func getInNetNS(ns, url string) (string, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return "", err
-	}
-	cmd := exec.Command("ip", "netns", "exec", ns, exe)
-	cmd.Env = append(os.Environ(), httpGetEnv+"="+url)
-	out, err := cmd.Output()
-	return string(out), err
-}
-
 // qemuPID reads the PID of the one VM under the agent's state directory.
 func qemuPID(t testing.TB, stateDir string) int {
 	t.Helper()
@@ -832,7 +804,7 @@ func waitRunning(t testing.TB, env *testenv.Env, key client.ObjectKey, m *kairon
 func answers(t testing.TB, netNS, address string) {
 	t.Helper()
 	testenv.Eventually(t, time.Minute, "the guest answering on "+address+":8080", func() (bool, string) {
-		page, err := getInNetNS(netNS, "http://"+address+":8080/")
+		page, err := netlab.Get(netNS, "http://"+address+":8080/")
 		return err == nil && strings.Contains(page, "kairon guest"), fmt.Sprintf("%v %q", err, page)
 	})
 }
