@@ -158,7 +158,7 @@ type MachineStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:validation:XValidation:rule="(has(self.spec) && has(self.spec.cpu) ? self.spec.cpu : 1) == (has(oldSelf.spec) && has(oldSelf.spec.cpu) ? oldSelf.spec.cpu : 1)",message="spec.cpu is immutable; create a new Machine with the size you need",fieldPath=".spec.cpu",reason=FieldValueForbidden
 // +kubebuilder:validation:XValidation:rule="quantity(has(self.spec) && has(self.spec.memory) ? string(self.spec.memory) : '256Mi').compareTo(quantity(has(oldSelf.spec) && has(oldSelf.spec.memory) ? string(oldSelf.spec.memory) : '256Mi')) == 0",message="spec.memory is immutable; create a new Machine with the size you need",fieldPath=".spec.memory",reason=FieldValueForbidden
-// +kubebuilder:validation:XValidation:rule="(has(self.spec) && has(self.spec.restoreFrom) ? self.spec.restoreFrom.snapshotName : '') == (has(oldSelf.spec) && has(oldSelf.spec.restoreFrom) ? oldSelf.spec.restoreFrom.snapshotName : '')",message="spec.restoreFrom is immutable; create a new Machine to restore a snapshot",fieldPath=".spec.restoreFrom",reason=FieldValueForbidden
+// +kubebuilder:validation:XValidation:rule="(has(self.spec) && has(self.spec.restoreFrom)) == (has(oldSelf.spec) && has(oldSelf.spec.restoreFrom)) && (!has(self.spec) || !has(self.spec.restoreFrom) || self.spec.restoreFrom.snapshotName == oldSelf.spec.restoreFrom.snapshotName)",message="spec.restoreFrom is immutable; create a new Machine to restore a snapshot",fieldPath=".spec.restoreFrom",reason=FieldValueForbidden
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=mach,categories=kairon
 // +kubebuilder:selectablefield:JSONPath=`.spec.nodeName`

@@ -95,6 +95,23 @@ spec: {restoreFrom: {snapshotName: "Not_A_Name"}}`, []string{"spec.restoreFrom.s
 	if err := env.Client.Update(ctx, m); err == nil || !strings.Contains(err.Error(), "spec.restoreFrom is immutable") {
 		t.Errorf("changing spec.restoreFrom: got %v, want it refused as immutable", err)
 	}
+	unstructured.RemoveNestedField(m.Object, "spec", "restoreFrom")
+	if err := env.Client.Update(ctx, m); err == nil || !strings.Contains(err.Error(), "spec.restoreFrom is immutable") {
+		t.Errorf("removing spec.restoreFrom: got %v, want it refused as immutable", err)
+	}
+	plain := object(t, "kind: Machine\nmetadata: {name: plain}\nspec: {cpu: 1}")
+	plain.SetNamespace(ns)
+	if err := env.Client.Create(ctx, plain); err != nil {
+		t.Fatalf("a Machine refused: %v", err)
+	}
+	plain.SetLabels(map[string]string{"touched": "yes"})
+	if err := env.Client.Update(ctx, plain); err != nil {
+		t.Errorf("updating a label of a Machine without spec.restoreFrom: %v", err)
+	}
+	_ = unstructured.SetNestedField(plain.Object, "snap-a", "spec", "restoreFrom", "snapshotName")
+	if err := env.Client.Update(ctx, plain); err == nil || !strings.Contains(err.Error(), "spec.restoreFrom is immutable") {
+		t.Errorf("adding spec.restoreFrom: got %v, want it refused as immutable", err)
+	}
 	s := object(t, "kind: MachineSnapshot\nmetadata: {name: snap}\nspec: {machineName: a}")
 	s.SetNamespace(ns)
 	if err := env.Client.Create(ctx, s); err != nil {
