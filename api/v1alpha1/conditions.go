@@ -252,6 +252,10 @@ const (
 	// Running migrations; it starts once one of them ends. The message
 	// names the policy and the limit.
 	MigrationReasonParallelLimitReached MigrationReason = "ParallelLimitReached"
+	// MigrationReasonNodeFenced: the migration's source or target node was
+	// fenced (kaironctl fence) before the guest ran on the target; the
+	// message names the node and which end it was.
+	MigrationReasonNodeFenced MigrationReason = "NodeFenced"
 )
 
 // Reasons the source node's agent writes when it cancels a live migration

@@ -44,7 +44,8 @@ const fencePoll = 2 * time.Second
 // their owners replace them; a Machine with a Ready MachineSnapshot is
 // recreated from it on another node (fence_restore.go); a claimed Machine
 // without one is deleted and its claim goes Lost (ClaimReasonNodeFenced); a
-// Machine nobody owns, without a snapshot, stays. The scheduler places
+// Machine nobody owns, without a snapshot, stays. MachineMigrations through
+// the node end (fence_migrations.go). The scheduler places
 // nothing on a fenced node (rules.NodeRejections). kaironctl recover lifts
 // the taint; the node's agent then destroys its stale VMs before it reports
 // Ready (internal/node/rejoin_fence.go).
@@ -156,7 +157,9 @@ func (r *FenceReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 			"Fenced%s (kaironctl fence): the node is down; %s", by, rules.FenceSummary(plan))
 	}
 
-	errs := []error{restoreErr}
+	// Migrations through the node end first: a Running one would keep the
+	// rejoining agent from destroying the VM it moves.
+	errs := []error{restoreErr, r.endMigrations(ctx, node.Name, plan)}
 	pending := restoring
 	for _, d := range plan {
 		done, err := r.carryOut(ctx, node.Name, d)
