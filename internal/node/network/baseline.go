@@ -21,8 +21,10 @@ import (
 //
 //   - bridge kairon: what a tap may send (its Machine's MAC and IPv4, ARP
 //     included; nothing but IPv4 and ARP), which taps may talk to each
-//     other (same Kubernetes namespace only), and no guest-to-guest
-//     routing through the host;
+//     other (same Kubernetes namespace only), and what the host routes
+//     onto a tap from a guest address (another node's guest, or one of
+//     this bridge sent through the gateway) only from guests of the tap's
+//     own namespace;
 //   - inet kairon: nothing from a guest reaches the node's own stack (any
 //     local address) but ICMP echo and the replies of connections the node
 //     opened. The bridge family cannot tell which addresses are local, the
@@ -69,6 +71,11 @@ type Baseline struct {
 	// the tap's chains were found in the kernel and their content is not
 	// known, so the next Ensure writes them again.
 	applied map[string]Guest
+	// peers are the addresses of every guest of each namespace in the
+	// cluster, on any node (SetNamespaceAddresses); written holds what the
+	// set ips_<namespace> was last given.
+	peers   map[string][]netip.Addr
+	written map[string]string
 }
 
 var (
@@ -117,6 +124,11 @@ func (b *Baseline) validate() error {
 // two namespaces can never share a set.
 func nsSet(namespace string) string { return "ns_" + namespace }
 
+// ipsSet is the set of the addresses of a namespace's guests, on this node
+// and on the others: the only guest addresses the host may route onto a
+// tap of that namespace.
+func ipsSet(namespace string) string { return "ips_" + namespace }
+
 // setupScript creates the shared tables, sets and base chains, and adds
 // this agent's bridge, network and gateway. Running it again, from this
 // agent or another sharing the namespace, gives the same ruleset: the base
@@ -130,6 +142,7 @@ func setupScript(bridge string, network netip.Prefix, gateway netip.Addr, proxyP
 	w("add set %s guests { type ifname; }", t)
 	w("add map %s guest_vmap { type ifname : verdict; }", t)
 	w("add map %s forward_vmap { type ifname : verdict; }", t)
+	w("add map %s output_vmap { type ifname : verdict; }", t)
 	w("add set %s guest_networks { type ipv4_addr; flags interval; auto-merge; }", t)
 	w("add set %s gateways { type ipv4_addr; }", t)
 	// Frames from a guest: its own chain, or dropped if it has none yet.
@@ -143,11 +156,14 @@ func setupScript(bridge string, network netip.Prefix, gateway netip.Addr, proxyP
 	w("flush chain %s forward", t)
 	w("add rule %s forward iifname vmap @forward_vmap", t)
 	w("add rule %s forward iifname %q drop", t, TapPrefix+"*")
-	// The host routing one guest's packet to another (the guest sent it to
-	// the gateway's MAC) would bypass the forward hook: what the host sends
-	// to a guest must come from a gateway, not from a guest address.
+	// The host routing a guest's packet to another (the guest sent it to
+	// the gateway's MAC, or it came from a guest on another node) bypasses
+	// the forward hook: what the host sends to a guest from a guest
+	// address must come from a guest of the tap's namespace (o_<tap>), and
+	// from none for a tap without a chain.
 	w("add chain %s output { type filter hook output priority 0; policy accept; }", t)
 	w("flush chain %s output", t)
+	w("add rule %s output oifname vmap @output_vmap", t)
 	w("add rule %s output oifname @guests ip saddr @guest_networks ip saddr != @gateways drop", t)
 	w("add element %s guest_networks { %s }", t, network.Masked())
 	w("add element %s gateways { %s }", t, gateway)
@@ -184,6 +200,8 @@ func guestScript(g Guest) string {
 	var s strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&s, format+"\n", args...) }
 	w("add set %s %s { type ifname; }", t, nsSet(g.Namespace))
+	w("add set %s %s { type ipv4_addr; }", t, ipsSet(g.Namespace))
+	w("add element %s %s { %s }", t, ipsSet(g.Namespace), g.IP)
 	w("add chain %s p_%s", t, tap)
 	w("add chain %s g_%s", t, tap)
 	w("flush chain %s g_%s", t, tap)
@@ -206,10 +224,32 @@ func guestScript(g Guest) string {
 	w("add chain %s f_%s", t, tap)
 	w("flush chain %s f_%s", t, tap)
 	w("add rule %s f_%s oifname @guests oifname != @%s drop", t, tap, nsSet(g.Namespace))
+	w("add chain %s o_%s", t, tap)
+	w("flush chain %s o_%s", t, tap)
+	w("add rule %s o_%s ip saddr @guest_networks ip saddr != @gateways ip saddr != @%s drop", t, tap, ipsSet(g.Namespace))
 	w("add element %s guests { %q }", t, tap)
 	w("add element %s %s { %q }", t, nsSet(g.Namespace), tap)
 	w("add element %s guest_vmap { %q : goto g_%s }", t, tap, tap)
 	w("add element %s forward_vmap { %q : goto f_%s }", t, tap, tap)
+	w("add element %s output_vmap { %q : goto o_%s }", t, tap, tap)
+	return s.String()
+}
+
+// addressesScript gives a namespace's set of guest addresses exactly
+// addrs, in one transaction (no moment with the set empty).
+func addressesScript(namespace string, addrs []netip.Addr) string {
+	t := "bridge " + BaselineTable
+	var s strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&s, format+"\n", args...) }
+	w("add set %s %s { type ipv4_addr; }", t, ipsSet(namespace))
+	w("flush set %s %s", t, ipsSet(namespace))
+	if len(addrs) > 0 {
+		list := make([]string, len(addrs))
+		for i, a := range addrs {
+			list[i] = a.String()
+		}
+		w("add element %s %s { %s }", t, ipsSet(namespace), strings.Join(list, ", "))
+	}
 	return s.String()
 }
 
@@ -220,19 +260,21 @@ func removeScript(tap, namespace string) string {
 	t := "bridge " + BaselineTable
 	var s strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&s, format+"\n", args...) }
-	for _, c := range []string{"g", "f", "p"} {
+	for _, c := range []string{"g", "f", "o", "p"} {
 		w("add chain %s %s_%s", t, c, tap)
 	}
 	w("add element %s guest_vmap { %q : goto g_%s }", t, tap, tap)
 	w("delete element %s guest_vmap { %q }", t, tap)
 	w("add element %s forward_vmap { %q : goto f_%s }", t, tap, tap)
 	w("delete element %s forward_vmap { %q }", t, tap)
+	w("add element %s output_vmap { %q : goto o_%s }", t, tap, tap)
+	w("delete element %s output_vmap { %q }", t, tap)
 	w("add element %s guests { %q }", t, tap)
 	w("delete element %s guests { %q }", t, tap)
 	w("add set %s %s { type ifname; }", t, nsSet(namespace))
 	w("add element %s %s { %q }", t, nsSet(namespace), tap)
 	w("delete element %s %s { %q }", t, nsSet(namespace), tap)
-	for _, c := range []string{"g", "f", "p"} {
+	for _, c := range []string{"g", "f", "o", "p"} {
 		w("flush chain %s %s_%s", t, c, tap)
 		w("delete chain %s %s_%s", t, c, tap)
 	}
@@ -279,11 +321,77 @@ func (b *Baseline) Ensure(g Guest) error {
 	if b.applied[g.Tap] == g {
 		return nil
 	}
-	if err := b.nft(guestScript(g)); err != nil {
+	if err := b.nft(guestScript(g) + addressesScript(g.Namespace, b.namespaceAddresses(g.Namespace, g))); err != nil {
 		return err
 	}
 	b.applied[g.Tap] = g
+	delete(b.written, g.Namespace)
 	return nil
+}
+
+// SetNamespaceAddresses tells the baseline the addresses of every guest of
+// the cluster by namespace, on any node: a tap of a namespace then takes
+// what the host routes to it from exactly these guest addresses (and its
+// node's guests of the namespace, which it knows). It writes the sets of
+// the namespaces with a tap here, each when it changed.
+func (b *Baseline) SetNamespaceAddresses(byNamespace map[string][]netip.Addr) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.applied == nil {
+		return errors.New("guest baseline: Setup was not called")
+	}
+	b.peers = byNamespace
+	if b.written == nil {
+		b.written = map[string]string{}
+	}
+	var script strings.Builder
+	wrote := map[string]string{}
+	for _, g := range b.applied {
+		if g == (Guest{}) || wrote[g.Namespace] != "" {
+			continue
+		}
+		s := addressesScript(g.Namespace, b.namespaceAddresses(g.Namespace, Guest{}))
+		wrote[g.Namespace] = s
+		if b.written[g.Namespace] != s {
+			script.WriteString(s)
+		}
+	}
+	if script.Len() > 0 {
+		if err := b.nft(script.String()); err != nil {
+			return err
+		}
+	}
+	for ns, s := range wrote {
+		b.written[ns] = s
+	}
+	return nil
+}
+
+// namespaceAddresses is what the set of namespace holds: the addresses
+// SetNamespaceAddresses gave, and those of the namespace's guests pinned
+// here (extra, not yet in applied, included), sorted and once each.
+func (b *Baseline) namespaceAddresses(namespace string, extra Guest) []netip.Addr {
+	seen := map[netip.Addr]bool{}
+	var addrs []netip.Addr
+	add := func(a netip.Addr) {
+		if a.Is4() && !seen[a] {
+			seen[a] = true
+			addrs = append(addrs, a)
+		}
+	}
+	for _, a := range b.peers[namespace] {
+		add(a)
+	}
+	for _, g := range b.applied {
+		if g.Namespace == namespace {
+			add(g.IP)
+		}
+	}
+	if extra.Namespace == namespace {
+		add(extra.IP)
+	}
+	sort.Slice(addrs, func(i, j int) bool { return addrs[i].Less(addrs[j]) })
+	return addrs
 }
 
 // Remove takes tap's baseline out, and its namespace's set once no tap of
@@ -305,10 +413,14 @@ func (b *Baseline) Remove(tap, namespace string) error {
 	// Another tap's f_ chain refers to the set while the namespace has one,
 	// so the kernel refuses (EBUSY) until the last is gone; an agent adding
 	// a tap re-creates the set in the same transaction as the reference.
-	err := b.nft(fmt.Sprintf("delete set bridge %s %s\n", BaselineTable, nsSet(namespace)))
-	if err != nil && !strings.Contains(err.Error(), "Device or resource busy") && !strings.Contains(err.Error(), "No such file or directory") {
-		return err
+	for _, set := range []string{nsSet(namespace), ipsSet(namespace)} {
+		err := b.nft(fmt.Sprintf("delete set bridge %s %s\n", BaselineTable, set))
+		if err != nil && !strings.Contains(err.Error(), "Device or resource busy") && !strings.Contains(err.Error(), "No such file or directory") {
+			return err
+		}
 	}
+	// The set's content is written again with the namespace's next tap.
+	delete(b.written, namespace)
 	return nil
 }
 
@@ -338,6 +450,14 @@ func (b *Baseline) Repair() (bool, error) {
 		}
 		script.WriteString(guestScript(g))
 	}
+	namespaces := map[string]bool{}
+	for _, g := range b.applied {
+		if g != (Guest{}) && !namespaces[g.Namespace] {
+			namespaces[g.Namespace] = true
+			script.WriteString(addressesScript(g.Namespace, b.namespaceAddresses(g.Namespace, Guest{})))
+		}
+	}
+	b.written = nil
 	return true, b.nft(script.String())
 }
 
@@ -357,7 +477,7 @@ func intact(bridgeTable, inetTable, bridge string, applied map[string]Guest) boo
 	kt := fmt.Sprintf("iifname %q drop", TapPrefix+"*")
 	if !has(bridgeObjects, "prerouting", "iifname vmap @guest_vmap", kt) ||
 		!has(bridgeObjects, "forward", "iifname vmap @forward_vmap", kt) ||
-		!has(bridgeObjects, "output", "oifname @guests ip saddr @guest_networks ip saddr != @gateways drop") ||
+		!has(bridgeObjects, "output", "oifname vmap @output_vmap", "oifname @guests ip saddr @guest_networks ip saddr != @gateways drop") ||
 		!has(inetObjects, "input", "iifname @bridges meta l4proto { tcp, udp } th dport @proxy_ports ct status dnat accept", "iifname @bridges reject with icmpx admin-prohibited") ||
 		!has(inetObjects, "bridges", fmt.Sprintf("%q", bridge)) {
 		return false
@@ -375,6 +495,8 @@ func intact(bridgeTable, inetTable, bridge string, applied map[string]Guest) boo
 			!has(bridgeObjects, "f_"+tap, "oifname @guests oifname != @"+nsSet(g.Namespace)+" drop") ||
 			!has(bridgeObjects, "guest_vmap", fmt.Sprintf("%q : goto g_%s", tap, tap)) ||
 			!has(bridgeObjects, "forward_vmap", fmt.Sprintf("%q : goto f_%s", tap, tap)) ||
+			!has(bridgeObjects, "o_"+tap, "ip saddr @guest_networks ip saddr != @gateways ip saddr != @"+ipsSet(g.Namespace)+" drop") ||
+			!has(bridgeObjects, "output_vmap", fmt.Sprintf("%q : goto o_%s", tap, tap)) ||
 			!has(bridgeObjects, "guests", fmt.Sprintf("%q", tap)) ||
 			!has(bridgeObjects, nsSet(g.Namespace), fmt.Sprintf("%q", tap)) {
 			return false
