@@ -25,6 +25,7 @@ import (
 	"github.com/zyvor/kairon/internal/backend/sim"
 	"github.com/zyvor/kairon/internal/node"
 	"github.com/zyvor/kairon/internal/node/egress"
+	"github.com/zyvor/kairon/internal/node/network"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -43,6 +44,12 @@ type flags struct {
 	addressPool  string
 	bridge       string
 	netns        string
+	clusterCIDR  string
+	nodePrefix   int
+	crossNode    string
+	crossAddress string
+	vxlanID      int
+	vxlanPort    int
 	egressDNS    uint
 	egressSNI    uint
 	egressUp     string
@@ -94,6 +101,12 @@ func run(args []string) error {
 	fs.StringVar(&f.bridge, "bridge", "kairon0", "name of the node's bridge")
 	fs.StringVar(&f.netns, "netns", "", "keep the bridge, taps and VMs in this existing network namespace")
 	fs.BoolVar(&f.noNetwork, "no-network", false, "run VMs without a network interface")
+	fs.StringVar(&f.clusterCIDR, "cluster-guest-cidr", "", "IPv4 range of every node's guests (e.g. 10.88.0.0/16): this node claims a subnet of it (--node-guest-prefix) and its bridge is the range's first address;\nreplaces --network-cidr and --address-pool (empty: off; docs/guides/networking.md)")
+	fs.IntVar(&f.nodePrefix, "node-guest-prefix", 24, "length of the subnet of --cluster-guest-cidr each node claims")
+	fs.StringVar(&f.crossNode, "cross-node-routing", "none", "how guests reach other nodes' guests (needs --cluster-guest-cidr): host (routes to the nodes' addresses; nodes on one link),\nvxlan (a VXLAN tunnel to each node; nodes behind routers) or none")
+	fs.StringVar(&f.crossAddress, "cross-node-address", "", "this node's IPv4 address that other nodes send its guests' traffic to (empty: --node-ip, else the Node's InternalIP)")
+	fs.IntVar(&f.vxlanID, "vxlan-id", 4242, "VXLAN network id of --cross-node-routing=vxlan (the same on every node)")
+	fs.IntVar(&f.vxlanPort, "vxlan-port", 4789, "UDP port of --cross-node-routing=vxlan (the same on every node)")
 	fs.UintVar(&f.egressDNS, "egress-dns-port", 0, "port of the DNS proxy for guests confined by a MachineNetworkPolicy, in the bridge's namespace; their DNS is redirected to it (0: no proxy, allowFqdns learns nothing; docs/guides/egress.md)")
 	fs.StringVar(&f.egressUp, "egress-dns-upstream", "auto", "resolver (host:port) the egress DNS proxy forwards allowed queries to; \"auto\": the first nameserver of /etc/resolv.conf")
 	fs.UintVar(&f.egressSNI, "egress-sni-port", 0, "port of the SNI proxy for guests confined by a MachineNetworkPolicy with allowSNI, in the bridge's namespace (0: no proxy, and TCP that only an allowSNI grant allows is dropped; docs/guides/egress.md)")
@@ -152,6 +165,9 @@ func run(args []string) error {
 			}
 		}
 		network = &node.NetworkOptions{CIDR: cidr, Pool: pool, Bridge: f.bridge, NetNS: f.netns, NoLinks: f.backend == "sim"}
+		if err := crossNodeFlags(f, network); err != nil {
+			return err
+		}
 	}
 	b, err := newBackend(f)
 	if err != nil {
@@ -228,4 +244,40 @@ func defaultGuestDir() string {
 		return "bin/guest"
 	}
 	return filepath.Join(filepath.Dir(exe), "guest")
+}
+
+// crossNodeFlags reads the flags of guest networking across nodes into n.
+func crossNodeFlags(f flags, n *node.NetworkOptions) error {
+	mode, err := network.ParseCrossNodeMode(f.crossNode)
+	if err != nil {
+		return err
+	}
+	n.CrossNode, n.NodePrefix, n.VXLANID, n.VXLANPort = mode, f.nodePrefix, f.vxlanID, f.vxlanPort
+	if f.clusterCIDR == "" {
+		if mode != network.CrossNodeNone {
+			return fmt.Errorf("--cross-node-routing=%s needs --cluster-guest-cidr", mode)
+		}
+		return nil
+	}
+	if f.addressPool != "" {
+		return errors.New("--address-pool and --cluster-guest-cidr: the node's pool is the subnet it claims from --cluster-guest-cidr; give one")
+	}
+	if n.ClusterCIDR, err = netip.ParsePrefix(f.clusterCIDR); err != nil {
+		return fmt.Errorf("--cluster-guest-cidr %q: %w", f.clusterCIDR, err)
+	}
+	if _, err := network.NewGuestSubnets(n.ClusterCIDR, f.nodePrefix); err != nil {
+		return err
+	}
+	if f.crossAddress != "" {
+		if n.CrossNodeAddress, err = netip.ParseAddr(f.crossAddress); err != nil || !n.CrossNodeAddress.Is4() {
+			return fmt.Errorf("--cross-node-address %q: not an IPv4 address", f.crossAddress)
+		}
+	}
+	if f.vxlanID < 1 || f.vxlanID > 1<<24-1 {
+		return fmt.Errorf("--vxlan-id %d: must be 1-16777215", f.vxlanID)
+	}
+	if f.vxlanPort < 1 || f.vxlanPort > 65535 {
+		return fmt.Errorf("--vxlan-port %d: must be a port, 1-65535", f.vxlanPort)
+	}
+	return nil
 }

@@ -43,6 +43,9 @@ type Agent struct {
 	consoleAuth *consoleAuth
 	// baseline is the guests' firewall on the bridge (nil without links).
 	baseline *network.Baseline
+	// crossNode routes to other nodes' guests (crossnode_routes.go); nil
+	// without a cluster guest range.
+	crossNode *crossNode
 	// egress enforces MachineNetworkPolicies (egress_controller.go); nil
 	// without a node network. dnsProxy answers confined guests' DNS;
 	// sniProxy checks the server names of their allowSNI connections.
@@ -88,7 +91,10 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 	}
 	a := &Agent{opts: opts, instanceEvents: make(chan event.TypedGenericEvent[*kaironv1.Machine], 1024), restConfig: cfg}
 
-	if n := opts.Network; n != nil {
+	if err := a.claimGuestNetwork(cfg); err != nil {
+		return nil, err
+	}
+	if n := a.opts.Network; n != nil {
 		ipam, err := network.NewIPAM(n.CIDR, n.Pool, filepath.Join(opts.StateDir, "ipam.json"))
 		if err != nil {
 			return nil, err
@@ -108,6 +114,9 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 				return nil, fmt.Errorf("node network: %w", err)
 			}
 			if err := a.setupEgress(); err != nil {
+				return nil, err
+			}
+			if err := a.setupCrossNodeRoutes(); err != nil {
 				return nil, err
 			}
 		} else {
@@ -190,6 +199,10 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 			a.close()
 			return nil, err
 		}
+	}
+	if err := a.setupCrossNodeController(cfg, scheme); err != nil {
+		a.close()
+		return nil, err
 	}
 	return a, nil
 }

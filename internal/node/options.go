@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/zyvor/kairon/internal/backend"
+	"github.com/zyvor/kairon/internal/node/network"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -133,6 +134,21 @@ type NetworkOptions struct {
 	NetNS string
 	// NoLinks allocates addresses without creating bridge or taps (sim backend).
 	NoLinks bool
+	// ClusterCIDR, when set, is the cluster-wide guest range: the node
+	// claims a subnet of NodePrefix bits of it (crossnode_subnet.go), which
+	// replaces Pool, and CIDR becomes the whole range (every node's bridge
+	// is its gateway, so a guest keeps it wherever it moves).
+	ClusterCIDR netip.Prefix
+	NodePrefix  int
+	// CrossNode is how this node routes to other nodes' guest subnets
+	// (network.CrossNodeMode; empty: none); it needs ClusterCIDR.
+	// CrossNodeAddress is where the other nodes send traffic for this
+	// node's guests (zero: its InternalIP); VXLANID and VXLANPort are the
+	// tunnels' network id and UDP port.
+	CrossNode        network.CrossNodeMode
+	CrossNodeAddress netip.Addr
+	VXLANID          int
+	VXLANPort        int
 }
 
 // EgressOptions configure MachineNetworkPolicy enforcement

@@ -29,6 +29,11 @@ type IPAM struct {
 	pool   netip.Prefix
 	file   string
 	byID   map[string]netip.Addr
+	// Taken, when set, tells whether an address belongs to a Machine other
+	// than id elsewhere in the cluster (a guest that migrated away from
+	// this node keeps its address there): such an address is handed to no
+	// one here. Set it before the first allocation.
+	Taken func(id string, addr netip.Addr) bool
 }
 
 type ipamState struct {
@@ -118,7 +123,7 @@ func (a *IPAM) AllocatePreferring(id string, preferred netip.Addr) (netip.Prefix
 		}
 	}
 	for addr := range candidates {
-		if used[addr] {
+		if used[addr] || (a.Taken != nil && a.Taken(id, addr)) {
 			continue
 		}
 		a.byID[id] = addr

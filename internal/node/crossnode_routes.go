@@ -1,0 +1,222 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/backend"
+	"github.com/zyvor/kairon/internal/node/network"
+)
+
+// crossNode is the agent's part of guest networking across nodes
+// (docs/guides/networking.md): its subnet of the cluster range, the routes
+// to the other nodes' guests, and a view of every Machine of the cluster
+// for the namespaces' address sets and the host routes of moved guests.
+type crossNode struct {
+	subnets network.GuestSubnets
+	subnet  netip.Prefix
+	// routes is nil without links (sim backend) or with routing none.
+	routes *network.CrossNode
+	// machines caches every Machine of the cluster (the manager's cache
+	// holds only this node's).
+	machines cache.Cache
+
+	mu sync.Mutex
+	// inUse is every guest address of the cluster and the Machine (instance
+	// ID) that has it, from the last sync: a node hands out none of them.
+	inUse map[netip.Addr]string
+}
+
+// taken tells whether addr belongs to a Machine other than id anywhere in
+// the cluster (the IPAM's Taken).
+func (c *crossNode) taken(id string, addr netip.Addr) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	owner, ok := c.inUse[addr]
+	return ok && owner != id
+}
+
+// setupCrossNodeRoutes prepares routing to other nodes in the bridge's
+// namespace, once the bridge and the baseline exist.
+func (a *Agent) setupCrossNodeRoutes() error {
+	n := a.opts.Network
+	mode := n.CrossNode
+	if mode == "" {
+		mode = network.CrossNodeNone
+	}
+	if mode != network.CrossNodeNone && a.crossNode == nil {
+		return fmt.Errorf("--cross-node-routing=%s needs --cluster-guest-cidr: the nodes' guest subnets come from it", mode)
+	}
+	if a.crossNode == nil {
+		return nil
+	}
+	a.ipam.Taken = a.crossNode.taken
+	if mode == network.CrossNodeNone || n.NoLinks {
+		return nil
+	}
+	local := n.CrossNodeAddress
+	if !local.IsValid() && a.opts.NodeIP != "" {
+		local, _ = netip.ParseAddr(a.opts.NodeIP)
+	}
+	if mode == network.CrossNodeVXLAN && !local.Is4() {
+		return errors.New("--cross-node-routing=vxlan needs this node's IPv4 address between nodes: --cross-node-address or --node-ip")
+	}
+	a.crossNode.routes = &network.CrossNode{NetNS: n.NetNS, Bridge: n.Bridge, Node: a.opts.NodeName, Local: local, Mode: mode,
+		VNI: n.VXLANID, Port: n.VXLANPort}
+	if err := a.crossNode.routes.Setup(); err != nil {
+		return fmt.Errorf("--cross-node-routing=%s: %w", mode, err)
+	}
+	return nil
+}
+
+// setupCrossNodeController keeps the routes and the namespaces' address
+// sets in step with the cluster's Nodes and Machines: one sync of the
+// whole view whenever either changes, and every interval (a route someone
+// removed comes back).
+func (a *Agent) setupCrossNodeController(cfg *rest.Config, scheme *runtime.Scheme) error {
+	if a.crossNode == nil {
+		return nil
+	}
+	machines, err := cache.New(cfg, cache.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	a.crossNode.machines = machines
+	if err := a.mgr.Add(machines); err != nil {
+		return err
+	}
+	everything := reconcile.Request{NamespacedName: client.ObjectKey{Name: "cross-node"}}
+	err = ctrl.NewControllerManagedBy(a.mgr).
+		Named("node-cross-node").
+		WithOptions(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 1}).
+		WatchesRawSource(source.Kind(a.mgr.GetCache(), &corev1.Node{},
+			handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, *corev1.Node) []reconcile.Request { return []reconcile.Request{everything} }))).
+		WatchesRawSource(source.Kind(machines, &kaironv1.Machine{},
+			handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, *kaironv1.Machine) []reconcile.Request { return []reconcile.Request{everything} }))).
+		Complete(reconcile.Func(a.syncCrossNode))
+	if err != nil {
+		return err
+	}
+	return a.mgr.Add(manager.RunnableFunc(a.removeCrossNodeRoutesAtStop))
+}
+
+// crossNodeView is what the cluster says about guest routing: the other
+// nodes' subnets, the guests away from their subnet's node, and every
+// guest address by namespace.
+type crossNodeView struct {
+	peers       []network.Peer
+	moved       []network.MovedGuest
+	byNamespace map[string][]netip.Addr
+	inUse       map[netip.Addr]string
+}
+
+// buildCrossNodeView reads the view from Nodes and Machines. A Node's
+// subnet is its guest-cidr annotation, if it is one of the cluster range's;
+// its address the cross-node-address annotation, else its InternalIP.
+func buildCrossNodeView(subnets network.GuestSubnets, nodes []corev1.Node, machines []kaironv1.Machine) crossNodeView {
+	view := crossNodeView{byNamespace: map[string][]netip.Addr{}, inUse: map[netip.Addr]string{}}
+	subnetOf := map[string]netip.Prefix{}
+	for _, node := range nodes {
+		subnet, err := netip.ParsePrefix(node.Annotations[AnnotationGuestCIDR])
+		if err != nil || !subnets.Valid(subnet) {
+			continue
+		}
+		subnetOf[node.Name] = subnet
+		addr, err := netip.ParseAddr(node.Annotations[AnnotationCrossNodeAddress])
+		if err != nil {
+			for _, a := range node.Status.Addresses {
+				if a.Type == corev1.NodeInternalIP {
+					addr, _ = netip.ParseAddr(a.Address)
+					break
+				}
+			}
+		}
+		if !addr.Is4() {
+			continue
+		}
+		view.peers = append(view.peers, network.Peer{Node: node.Name, Subnet: subnet, Address: addr})
+	}
+	for _, m := range machines {
+		for _, address := range m.Status.Addresses {
+			addr, err := netip.ParseAddr(address.Address)
+			if err != nil || !subnets.Cluster.Contains(addr) {
+				continue
+			}
+			view.byNamespace[m.Namespace] = append(view.byNamespace[m.Namespace], addr)
+			view.inUse[addr] = instanceID(m.Namespace, m.Name)
+			if subnet, ok := subnetOf[m.Spec.NodeName]; ok && !subnet.Contains(addr) {
+				view.moved = append(view.moved, network.MovedGuest{Address: addr, Node: m.Spec.NodeName})
+			}
+		}
+	}
+	return view
+}
+
+// syncCrossNode applies the current view.
+func (a *Agent) syncCrossNode(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	var nodes corev1.NodeList
+	if err := a.client.List(ctx, &nodes); err != nil {
+		return reconcile.Result{}, err
+	}
+	var machines kaironv1.MachineList
+	if err := a.crossNode.machines.List(ctx, &machines); err != nil {
+		return reconcile.Result{}, err
+	}
+	view := buildCrossNodeView(a.crossNode.subnets, nodes.Items, machines.Items)
+	a.crossNode.mu.Lock()
+	a.crossNode.inUse = view.inUse
+	a.crossNode.mu.Unlock()
+	var errs []error
+	if r := a.crossNode.routes; r != nil {
+		errs = append(errs, r.Sync(view.peers, view.moved))
+	}
+	if a.baseline != nil {
+		errs = append(errs, a.baseline.SetNamespaceAddresses(view.byNamespace))
+	}
+	return reconcile.Result{RequeueAfter: a.opts.Interval}, errors.Join(errs...)
+}
+
+// removeCrossNodeRoutesAtStop removes the routes and the VXLAN device when
+// the agent stops, unless it leaves VMs running: their guests keep reaching
+// the other nodes until the next agent takes over, as they keep their taps.
+func (a *Agent) removeCrossNodeRoutesAtStop(ctx context.Context) error {
+	<-ctx.Done()
+	r := a.crossNode.routes
+	if r == nil {
+		return nil
+	}
+	logger := log.FromContext(ctx).WithName("cross-node")
+	instances, err := a.opts.Backend.List(context.WithoutCancel(ctx))
+	if err != nil {
+		logger.Error(err, "listing VMs; the routes to other nodes stay")
+		return nil
+	}
+	for _, inst := range instances {
+		if inst.Phase != backend.Exited {
+			logger.Info("VMs keep running: the routes to other nodes stay for them")
+			return nil
+		}
+	}
+	if err := r.Teardown(); err != nil {
+		logger.Error(err, "removing the routes to other nodes")
+	}
+	return nil
+}

@@ -1,0 +1,83 @@
+package node
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/node/network"
+)
+
+func TestCrossNodeViewFromNodesAndMachines(t *testing.T) {
+	subnets, err := network.NewGuestSubnets(netip.MustParsePrefix("10.88.0.0/16"), 24)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := func(name, cidr, crossAddress, internalIP string) corev1.Node {
+		n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{}}}
+		if cidr != "" {
+			n.Annotations[AnnotationGuestCIDR] = cidr
+		}
+		if crossAddress != "" {
+			n.Annotations[AnnotationCrossNodeAddress] = crossAddress
+		}
+		if internalIP != "" {
+			n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: name}, {Type: corev1.NodeInternalIP, Address: internalIP}}
+		}
+		return n
+	}
+	machine := func(namespace, name, nodeName, address string) kaironv1.Machine {
+		m := kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+		m.Spec.NodeName = nodeName
+		if address != "" {
+			m.Status.Addresses = []kaironv1.MachineAddress{{Type: "InternalIP", Address: address}}
+		}
+		return m
+	}
+	view := buildCrossNodeView(subnets,
+		[]corev1.Node{
+			node("a", "10.88.1.0/24", "", "192.168.1.1"),
+			node("b", "10.88.2.0/24", "172.16.0.2", "192.168.1.2"), // the annotation wins
+			node("c", "", "", "192.168.1.3"),                       // no subnet: no peer
+			node("d", "10.88.0.0/24", "", "192.168.1.4"),           // the gateway's: not a node subnet
+			node("e", "10.99.1.0/24", "", "192.168.1.5"),           // outside the range
+			node("f", "10.88.6.0/24", "", ""),                      // nowhere to send to
+		},
+		[]kaironv1.Machine{
+			machine("team-a", "one", "a", "10.88.1.2"),
+			machine("team-a", "two", "b", "10.88.2.2"),
+			machine("team-b", "three", "b", "10.88.2.3"),
+			machine("team-a", "moved", "a", "10.88.2.9"), // b's subnet, running on a
+			machine("team-b", "pending", "", ""),
+			machine("team-b", "outside", "c", "192.0.2.7"),
+		})
+	wantPeers := []network.Peer{
+		{Node: "a", Subnet: netip.MustParsePrefix("10.88.1.0/24"), Address: netip.MustParseAddr("192.168.1.1")},
+		{Node: "b", Subnet: netip.MustParsePrefix("10.88.2.0/24"), Address: netip.MustParseAddr("172.16.0.2")},
+	}
+	if !reflect.DeepEqual(view.peers, wantPeers) {
+		t.Errorf("peers = %v, want %v", view.peers, wantPeers)
+	}
+	wantMoved := []network.MovedGuest{{Address: netip.MustParseAddr("10.88.2.9"), Node: "a"}}
+	if !reflect.DeepEqual(view.moved, wantMoved) {
+		t.Errorf("moved = %v, want %v", view.moved, wantMoved)
+	}
+	wantNamespaces := map[string][]netip.Addr{
+		"team-a": {netip.MustParseAddr("10.88.1.2"), netip.MustParseAddr("10.88.2.2"), netip.MustParseAddr("10.88.2.9")},
+		"team-b": {netip.MustParseAddr("10.88.2.3")},
+	}
+	if !reflect.DeepEqual(view.byNamespace, wantNamespaces) {
+		t.Errorf("byNamespace = %v, want %v", view.byNamespace, wantNamespaces)
+	}
+	c := &crossNode{inUse: view.inUse}
+	if !c.taken("team-b_new", netip.MustParseAddr("10.88.2.9")) {
+		t.Error("the moved guest's address is free for another Machine")
+	}
+	if c.taken("team-a_moved", netip.MustParseAddr("10.88.2.9")) {
+		t.Error("the moved guest's address is taken from itself")
+	}
+}
