@@ -84,6 +84,16 @@ func TestParseVMProcess(t *testing.T) {
 			wantOK: true,
 		},
 		{
+			name: "jailed VM", argv: qemu, cwd: "/home/me/kairon/.kairon/nodes/node-1/instances/default_hello/jail",
+			want:   vmProcess{PID: 7, Name: "default/hello", Dir: "/home/me/kairon/.kairon/nodes/node-1/instances/default_hello", DataDir: "/home/me/kairon/.kairon"},
+			wantOK: true,
+		},
+		{
+			name: "jailed VM of a deleted data dir", argv: qemu, cwd: "/tmp/d/nodes/node-2/instances/default_hello/jail (deleted)",
+			want:   vmProcess{PID: 7, Name: "default/hello", Dir: "/tmp/d/nodes/node-2/instances/default_hello", DataDir: "/tmp/d", Deleted: true},
+			wantOK: true,
+		},
+		{
 			name: "name with QEMU options", argv: []string{"qemu-system-x86_64", "-name", "ns/web-1,debug-threads=on"}, cwd: "/d/nodes/node-1/instances/ns_web-1",
 			want:   vmProcess{PID: 7, Name: "ns/web-1", Dir: "/d/nodes/node-1/instances/ns_web-1", DataDir: "/d"},
 			wantOK: true,

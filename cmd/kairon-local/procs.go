@@ -22,7 +22,9 @@ import (
 //
 // A VM is a QEMU process (qemu-system-*) whose working directory is its
 // state directory, DATA_DIR/nodes/<node>/instances/<namespace>_<machine>
-// (the qemu backend runs it there). Its command line names the Machine
+// (the qemu backend runs it there), or the jail/ directory in it when QEMU
+// is jailed (chrooted there, as an agent run as root does by default; see
+// docs/guides/vm-isolation.md). Its command line names the Machine
 // (-name namespace/machine) but not the data dir, so the working directory
 // is what ties it to one. When that directory has been deleted, the kernel
 // reports it with " (deleted)" appended.
@@ -34,6 +36,10 @@ var procRoot = "/proc"
 var vmDirPattern = regexp.MustCompile(`^(/.*)/nodes/[^/]+/instances/[^/]+$`)
 
 const deletedSuffix = " (deleted)"
+
+// jailDir is the directory in a VM's state directory that a jailed QEMU
+// runs in (internal/backend/qemu's jailRootDir).
+const jailDir = "jail"
 
 // vmProcess is one QEMU process of a kairon-local data dir.
 type vmProcess struct {
@@ -57,6 +63,7 @@ func parseVMProcess(pid int, argv []string, cwd string) (vmProcess, bool) {
 	if dir, ok := strings.CutSuffix(cwd, deletedSuffix); ok {
 		vm.Dir, vm.Deleted = dir, true
 	}
+	vm.Dir = strings.TrimSuffix(vm.Dir, "/"+jailDir)
 	m := vmDirPattern.FindStringSubmatch(vm.Dir)
 	if m == nil {
 		return vmProcess{}, false
