@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"sync"
@@ -47,10 +48,16 @@ func components(f upFlags) ([]Component, error) {
 	if f.ui && (f.uiPort < 1 || f.uiPort > 65535) {
 		return nil, fmt.Errorf("--ui-port %d is not a TCP port", f.uiPort)
 	}
+	if f.nodeGrace <= 0 {
+		return nil, fmt.Errorf("--node-grace-period must be positive, not %s", f.nodeGrace)
+	}
+	if f.node.leaseRenew <= 0 || f.node.leaseRenew >= f.nodeGrace {
+		return nil, fmt.Errorf("--lease-renew-interval %s must be positive and shorter than --node-grace-period %s", f.node.leaseRenew, f.nodeGrace)
+	}
 	if f.nodes == 0 {
 		return nil, nil
 	}
-	controller, err := controllerComponent(f.binDir, f.dataDir)
+	controller, err := controllerComponent(f.binDir, f.dataDir, f.nodeGrace)
 	if err != nil {
 		return nil, err
 	}
@@ -71,13 +78,31 @@ func components(f upFlags) ([]Component, error) {
 	return comps, nil
 }
 
-// componentSet runs a list of components as one unit.
+// componentSet runs a list of components as one unit. A node agent is the
+// exception: one that dies is reported and left down, as a host that died
+// would be, and the rest keep running (node_control.go).
 type componentSet struct {
+	done chan error
+	// report is where an agent's death is told.
+	report io.Writer
+
+	// ops serializes the node commands (node_control.go) and the shutdown.
+	ops     sync.Mutex
+	mu      sync.Mutex
 	started []Component
-	done    chan error
+	// down are the agents (by node name) that are not running: they died,
+	// or `kairon-local node stop/kill` stopped them.
+	down map[string]bool
+	// killed are the agents `kairon-local node kill` is killing, whose
+	// death is no surprise.
+	killed map[string]bool
+	// stopping: kairon-local is shutting down; no agent starts again.
+	stopping bool
 }
 
-func newComponentSet() *componentSet { return &componentSet{done: make(chan error, 1)} }
+func newComponentSet(report io.Writer) *componentSet {
+	return &componentSet{done: make(chan error, 1), report: report, down: map[string]bool{}, killed: map[string]bool{}}
+}
 
 // start starts comps in order. On failure it stops the ones it started.
 func (s *componentSet) start(ctx context.Context, cp *controlplane.ControlPlane, comps []Component) error {
@@ -86,25 +111,68 @@ func (s *componentSet) start(ctx context.Context, cp *controlplane.ControlPlane,
 			_ = s.stop()
 			return fmt.Errorf("starting %s: %w", c.Name(), err)
 		}
+		s.mu.Lock()
 		s.started = append(s.started, c)
-		go func() {
-			if err, ok := <-c.Done(); ok && err != nil {
-				select {
-				case s.done <- fmt.Errorf("%s: %w", c.Name(), err):
-				default:
-				}
-			}
-		}()
+		s.mu.Unlock()
+		s.watch(c)
 	}
 	return nil
 }
 
-// Done delivers the first component failure.
+// watch waits for c to stop on its own: an agent is reported and left
+// down, anything else ends kairon-local.
+func (s *componentSet) watch(c Component) {
+	done := c.Done()
+	go func() {
+		err, ok := <-done
+		if !ok || err == nil {
+			return
+		}
+		if node := nodeOf(c); node != "" {
+			s.agentDied(node, c, err)
+			return
+		}
+		select {
+		case s.done <- fmt.Errorf("%s: %w", c.Name(), err):
+		default:
+		}
+	}()
+}
+
+// agentDied records that node's agent is down and says what that means.
+func (s *componentSet) agentDied(node string, c Component, err error) {
+	s.mu.Lock()
+	s.down[node] = true
+	killed := s.killed[node]
+	delete(s.killed, node)
+	stopping := s.stopping
+	s.mu.Unlock()
+	if killed || stopping {
+		return // `node kill` says what it did
+	}
+	fmt.Fprintf(s.report, "kairon-local: %v\n"+
+		"kairon-local: the other components keep running without it. Node %s goes Unknown once its agent's Lease is older than the grace period; its VMs that still run are left as they are.\n"+
+		"kairon-local: start it again with 'kairon-local node start %s'; if the node is fenced, run 'kaironctl recover %s' first.\n",
+		err, node, node, node)
+}
+
+// Done delivers the first failure of a component other than an agent.
 func (s *componentSet) Done() <-chan error { return s.done }
 
 // agentStopper is implemented by the node agents, which stop all at once:
 // each saves its own VMs, and none needs another meanwhile.
 type agentStopper interface{ stopsWithAgents() bool }
+
+// nodeAgent is implemented by the node agents: the node each one runs.
+type nodeAgent interface{ nodeName() string }
+
+// nodeOf is the node c runs, or "" if c is not a node agent.
+func nodeOf(c Component) string {
+	if a, ok := c.(nodeAgent); ok {
+		return a.nodeName()
+	}
+	return ""
+}
 
 func isAgent(c Component) bool {
 	a, ok := c.(agentStopper)
@@ -114,6 +182,13 @@ func isAgent(c Component) bool {
 // stop stops the started components in reverse order, the agents among them
 // together, and returns once all are gone.
 func (s *componentSet) stop() error {
+	s.ops.Lock()
+	defer s.ops.Unlock()
+	s.mu.Lock()
+	s.stopping = true
+	started := s.started
+	s.started = nil
+	s.mu.Unlock()
 	var (
 		mu   sync.Mutex
 		errs []error
@@ -125,19 +200,18 @@ func (s *componentSet) stop() error {
 			mu.Unlock()
 		}
 	}
-	for i := len(s.started) - 1; i >= 0; {
-		if !isAgent(s.started[i]) {
-			stopOne(s.started[i])
+	for i := len(started) - 1; i >= 0; {
+		if !isAgent(started[i]) {
+			stopOne(started[i])
 			i--
 			continue
 		}
 		var wg sync.WaitGroup
-		for ; i >= 0 && isAgent(s.started[i]); i-- {
+		for ; i >= 0 && isAgent(started[i]); i-- {
 			wg.Add(1)
-			go func(c Component) { defer wg.Done(); stopOne(c) }(s.started[i])
+			go func(c Component) { defer wg.Done(); stopOne(c) }(started[i])
 		}
 		wg.Wait()
 	}
-	s.started = nil
 	return errors.Join(errs...)
 }

@@ -27,6 +27,8 @@ type nodeOptions struct {
 	cpu          int
 	memory       string
 	dnsUpstream  string
+	// leaseRenew is how often each agent renews its Lease.
+	leaseRenew time.Duration
 }
 
 // suspendTimeout bounds how long each agent may take to save its VMs when
@@ -45,8 +47,10 @@ type process struct {
 	// agent: a node agent, stopped together with the other agents.
 	agent bool
 	// prepare, when set, runs before the process starts (once the control
-	// plane, and so its PKI, is up).
+	// plane, and so its PKI, is up), at every start.
 	prepare func(cp *controlplane.ControlPlane) error
+	// node is the node a node agent runs ("" for other components).
+	node string
 }
 
 func (p *process) Name() string { return p.name }
@@ -99,10 +103,12 @@ func (p *process) Stop() error {
 
 func (p *process) stopsWithAgents() bool { return p.agent }
 
+func (p *process) nodeName() string { return p.node }
+
 // controllerComponent runs kairon-controller as itself (its own
 // certificate and ClusterRole, not the admin's); it is ready when /readyz
 // answers.
-func controllerComponent(binDir, dataDir string) (Component, error) {
+func controllerComponent(binDir, dataDir string, grace time.Duration) (Component, error) {
 	kubeconfig := controlplane.ControllerKubeconfigPath(dataDir)
 	probe, err := freeLoopbackAddress()
 	if err != nil {
@@ -111,7 +117,8 @@ func controllerComponent(binDir, dataDir string) (Component, error) {
 	return &process{
 		name: "kairon-controller",
 		bin:  filepath.Join(binDir, "kairon-controller"),
-		args: []string{"-kubeconfig", kubeconfig, "-metrics-bind-address", "127.0.0.1:0", "-health-probe-bind-address", probe},
+		args: []string{"-kubeconfig", kubeconfig, "-metrics-bind-address", "127.0.0.1:0", "-health-probe-bind-address", probe,
+			"-node-grace-period", grace.String()},
 		ready: func(ctx context.Context, _ *controlplane.ControlPlane) error {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+probe+"/readyz", nil)
 			resp, err := http.DefaultClient.Do(req)
@@ -138,7 +145,9 @@ const LocalSnapshotStore = "kairon-local"
 func nodeComponent(binDir, dataDir string, i int, o nodeOptions) Component {
 	name := "node-" + strconv.Itoa(i)
 	kubeconfig := controlplane.NodeKubeconfigPath(dataDir, name)
-	started := time.Now().Add(-time.Second)
+	// When this run of the agent started: a Ready from an earlier run
+	// (before `kairon-local node kill`) does not count. Set by prepare.
+	var started time.Time
 	args := []string{
 		"--kubeconfig", kubeconfig, "--node-name", name, "--register",
 		"--backend", o.backend, "--acceleration", o.acceleration,
@@ -167,6 +176,7 @@ func nodeComponent(binDir, dataDir string, i int, o nodeOptions) Component {
 		// MachineSnapshots on the data dir, which every agent here shares:
 		// any node restores any snapshot (docs/guides/snapshots.md).
 		"--snapshot-dir", filepath.Join(dataDir, "snapshots"), "--snapshot-store", LocalSnapshotStore,
+		"--lease-renew-interval", o.leaseRenew.String(),
 	}
 	if o.netns != "" {
 		args = append(args, "--netns", o.netns)
@@ -178,7 +188,9 @@ func nodeComponent(binDir, dataDir string, i int, o nodeOptions) Component {
 		// Saving the VMs, then marking the Node NotReady.
 		stopGrace: suspendTimeout + 30*time.Second,
 		agent:     true,
+		node:      name,
 		prepare: func(cp *controlplane.ControlPlane) error {
+			started = time.Now().Add(-time.Second)
 			if _, err := cp.NodeKubeconfig(name); err != nil {
 				return err
 			}

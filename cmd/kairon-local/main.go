@@ -24,10 +24,14 @@ Usage:
                              the next 'up' resumes them)
   kairon-local down [flags]  stop the kairon-local of a data dir and every VM it left;
                              --purge also deletes the data dir
+  kairon-local node stop|kill|start NODE [flags]
+                             take one node of the running kairon-local down (kill: as
+                             if its host died) or bring it back
   kairon-local version       print the version
   kairon-local help          print this text
 
-Run 'kairon-local up --help' and 'kairon-local down --help' for their flags.
+Run 'kairon-local up --help', 'kairon-local down --help' and 'kairon-local node --help'
+for their flags.
 `
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -43,6 +47,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return up(args[1:], stdout, stderr)
 	case "down":
 		return down(args[1:], stdout, stderr)
+	case "node":
+		return nodeCommand(args[1:], stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintln(stdout, versionString())
 		return 0

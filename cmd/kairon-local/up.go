@@ -16,6 +16,7 @@ import (
 
 	"github.com/zyvor/kairon/config/crd"
 	"github.com/zyvor/kairon/internal/controlplane"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // defaultPort is tried on a data dir's first start; later starts reuse the
@@ -28,7 +29,9 @@ type upFlags struct {
 	port    int
 	nodes   int
 	node    nodeOptions
-	verbose bool
+	// nodeGrace is kairon-controller's -node-grace-period.
+	nodeGrace time.Duration
+	verbose   bool
 	// kairon-ui, with the agents: on 127.0.0.1:uiPort as the admin.
 	ui           bool
 	uiPort       int
@@ -50,6 +53,8 @@ func up(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&f.node.cpu, "node-cpu", 4, "vCPUs each node offers to Machines")
 	fs.StringVar(&f.node.memory, "node-memory", "4Gi", "memory each node offers to Machines")
 	fs.StringVar(&f.node.dnsUpstream, "egress-dns-upstream", "auto", "resolver (host:port) the nodes' egress DNS proxies forward the allowed queries of confined guests to; auto: the first nameserver of /etc/resolv.conf")
+	fs.DurationVar(&f.nodeGrace, "node-grace-period", rules.DefaultNodeGracePeriod, "how long an agent may go without renewing its Lease before its node is Unknown (kairon-controller's -node-grace-period; docs/guides/node-failure.md)")
+	fs.DurationVar(&f.node.leaseRenew, "lease-renew-interval", rules.DefaultLeaseRenewInterval, "how often each agent renews its Lease; well under --node-grace-period")
 	fs.BoolVar(&f.ui, "ui", true, "run kairon-ui, the web dashboard, with the agents (as the admin kubeconfig, on 127.0.0.1 only)")
 	fs.IntVar(&f.uiPort, "ui-port", 8090, "kairon-ui's port on 127.0.0.1")
 	fs.BoolVar(&f.uiAllowWrite, "ui-allow-write", true, "kairon-ui's actions (evacuate, migrate, scale) on the pages, made as the admin")
@@ -129,9 +134,18 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 		}
 		return err
 	}
-	set := newComponentSet()
+	set := newComponentSet(stderr)
 	if err := set.start(ctx, cp, comps); err != nil {
 		return errors.Join(err, cp.Stop())
+	}
+	// `kairon-local node stop/kill/start` reach this run through a socket
+	// in the data dir; without it the rest still works.
+	closeControl := func() {}
+	if f.nodes > 0 {
+		if closeControl, err = serveNodeControl(ctx, set, cp); err != nil {
+			fmt.Fprintf(stderr, "kairon-local: warning: 'kairon-local node' commands are not available: %v\n", err)
+			closeControl = func() {}
+		}
 	}
 	ui := ""
 	if f.ui && f.nodes > 0 {
@@ -148,6 +162,7 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 	// A second Ctrl-C now kills kairon-local outright; the children follow
 	// it through Pdeathsig, so nothing is left behind either way.
 	stopSignals()
+	closeControl()
 	if f.nodes > 0 {
 		fmt.Fprintln(stderr, "kairon-local: stopping; the node agents save their VMs first ...")
 	} else {
