@@ -235,7 +235,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.syncNode(ctx, true, "AgentReady", "kairon-node is running"); err != nil {
 		return fmt.Errorf("registering node %s: %w", a.opts.NodeName, err)
 	}
-	runnables := []manager.RunnableFunc{a.heartbeat, a.renewLease, a.pollInstances, a.sweepSnapshots}
+	runnables := []manager.RunnableFunc{a.heartbeat, a.renewLease, a.pollInstances, a.sweepSnapshots, a.sweepTemplateCopies}
 	if a.listener != nil {
 		runnables = append(runnables, a.serve)
 	}

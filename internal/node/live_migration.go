@@ -253,6 +253,10 @@ func (a *Agent) receiveLive(ctx context.Context, conn net.Conn, slots <-chan str
 		a.sendSnapshot(log.IntoContext(ctx, logger), conn, request, peer, release)
 		return
 	}
+	if request.protocol == templateProtocol {
+		a.sendTemplate(log.IntoContext(ctx, logger), conn, request, peer, release)
+		return
+	}
 	mig, err := a.checkLiveTarget(ctx, key)
 	if err == nil && peer != nil && !certNamesNode(peer, mig.Status.SourceNode) {
 		err = fmt.Errorf("the peer's certificate (%s) is not the source node %s's", certIdentity(peer), mig.Status.SourceNode)

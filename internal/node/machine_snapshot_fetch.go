@@ -97,26 +97,36 @@ func (a *Agent) sendSnapshot(ctx context.Context, conn net.Conn, request migrati
 		return
 	}
 	release()
+	if size, err := a.sendStateFile(conn, path); err != nil {
+		logger.Info("sending a snapshot broke off", "err", err.Error())
+	} else {
+		logger.Info("snapshot sent", "machinesnapshot", request.key.String(), "bytes", size)
+	}
+}
+
+// sendStateFile answers an allowed request for the state file at path:
+// "OK <bytes>" and the file, or "ERR" if it cannot be read. It is shared
+// with the template fetch (template_fetch.go).
+func (a *Agent) sendStateFile(conn net.Conn, path string) (int64, error) {
 	file, err := os.Open(path)
 	if err != nil {
 		_ = reply(conn, "ERR the state file is not readable on node "+a.opts.NodeName)
-		return
+		return 0, err
 	}
 	defer file.Close()
 	info, err := file.Stat()
 	if err != nil || !info.Mode().IsRegular() {
 		_ = reply(conn, "ERR the state file is not readable on node "+a.opts.NodeName)
-		return
+		return 0, fmt.Errorf("%s is not a readable regular file", path)
 	}
 	_ = conn.SetDeadline(time.Now().Add(liveTransferTimeout))
 	if err := reply(conn, "OK "+strconv.FormatInt(info.Size(), 10)); err != nil {
-		return
+		return 0, err
 	}
 	if _, err := io.CopyN(conn, file, info.Size()); err != nil {
-		logger.Info("sending a snapshot broke off", "err", err.Error())
-		return
+		return 0, err
 	}
-	logger.Info("snapshot sent", "machinesnapshot", request.key.String(), "bytes", info.Size())
+	return info.Size(), nil
 }
 
 // checkSnapshotRequest says whether the peer may have snapshot key's file

@@ -101,7 +101,8 @@ type migrationRequest struct {
 	// protocol is liveProtocol (the source sends a running guest),
 	// stateProtocol (the target fetches a cold migration's saved state) or
 	// snapshotProtocol (a node fetches a MachineSnapshot's file,
-	// machine_snapshot_fetch.go).
+	// machine_snapshot_fetch.go) or templateProtocol (a node fetches a
+	// pool template's file for a clone, template_fetch.go).
 	protocol string
 	key      client.ObjectKey
 	// token is the one-time transfer token (migration_token.go).
@@ -115,7 +116,7 @@ type migrationRequest struct {
 // quote the request.
 func parseMigrationRequest(line string) (migrationRequest, error) {
 	fields := strings.Split(line, " ")
-	if len(fields) != 4 || (fields[0] != liveProtocol && fields[0] != stateProtocol && fields[0] != snapshotProtocol) {
+	if len(fields) != 4 || (fields[0] != liveProtocol && fields[0] != stateProtocol && fields[0] != snapshotProtocol && fields[0] != templateProtocol) {
 		return migrationRequest{}, errors.New("malformed migration request")
 	}
 	ns, name, token := fields[1], fields[2], fields[3]

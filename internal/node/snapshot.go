@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -27,13 +29,16 @@ import (
 // it never boots again. A failed save fails the Machine (SnapshotFailed). The file goes with
 // the template Machine (deleted, or gone from this node).
 //
+// The save also records the file's SHA-256 (status.snapshot.sha256).
+//
 // A clone is a pool member with AnnotationRestoreFrom naming the template
-// Machine, created on the template's node: instead of booting it, the node
-// attaches it to the network as any Machine (its own tap, MAC and address)
-// and starts it with backend.Cloner.RestoreClone from the template's file,
-// which gives the guest that identity before it counts as ready. A clone
-// on a node without the file fails to start (StartFailed): the state is
-// not copied between nodes.
+// Machine, placed by the scheduler on any node: instead of booting it, the
+// node attaches it to the network as any Machine (its own tap, MAC and
+// address) and starts it with backend.Cloner.RestoreClone from the
+// template's file, which gives the guest that identity before it counts as
+// ready. A node other than the template's fetches the file from the
+// template's node first and keeps the copy for the template's next clones
+// (template_fetch.go).
 
 const snapshotDirName = "snapshots"
 
@@ -53,6 +58,15 @@ func (a *Agent) reconcileSnapshotTemplate(ctx context.Context, machine *kaironv1
 		// Not this node's (or lost with its state directory): saved anew.
 		machine.Status.Snapshot = nil
 		return false, nil
+	}
+	if snap.SHA256 == "" {
+		// Saved by an agent that did not record digests: a node fetching
+		// the file for a clone checks its copy against it.
+		digest, err := fileSHA256(snap.Path)
+		if err != nil {
+			return true, err
+		}
+		snap.SHA256 = digest
 	}
 	// Saved, then stopped; a stop the agent did not get to is finished here.
 	if _, err := a.opts.Backend.Get(ctx, id); err == nil {
@@ -81,7 +95,7 @@ func wantsSnapshot(machine *kaironv1.Machine, instance backend.Instance) bool {
 func (a *Agent) saveTemplate(ctx context.Context, machine *kaironv1.Machine, id string) error {
 	path := a.snapshotPath(id)
 	began := time.Now()
-	size, err := a.saveSnapshotFile(ctx, id, path)
+	size, digest, err := a.saveTemplateFile(ctx, id, path)
 	if err != nil {
 		msg := fmt.Sprintf("saving the template for its pool's clones: %v", err)
 		a.event(machine, corev1.EventTypeWarning, kaironv1.MachineReasonSnapshotFailed, msg)
@@ -93,7 +107,7 @@ func (a *Agent) saveTemplate(ctx context.Context, machine *kaironv1.Machine, id 
 	log.FromContext(ctx).Info("saved template for clones", "machine", klog.KObj(machine), "path", path, "bytes", size, "took", time.Since(began))
 	a.event(machine, corev1.EventTypeNormal, kaironv1.MachineReasonSnapshotSaved,
 		fmt.Sprintf("saved for its pool's clones in %dms (%d MiB); the VM is stopped", time.Since(began).Milliseconds(), size>>20))
-	machine.Status.Snapshot = &kaironv1.TemplateSnapshot{Path: path, SizeBytes: size, SavedAt: metav1.Now()}
+	machine.Status.Snapshot = &kaironv1.TemplateSnapshot{Path: path, SizeBytes: size, SHA256: digest, SavedAt: metav1.Now()}
 	_, err = a.reconcileSnapshotTemplate(ctx, machine, id)
 	return err
 }
@@ -120,6 +134,20 @@ func (a *Agent) saveSnapshotFile(ctx context.Context, id, path string) (int64, e
 	return fi.Size(), nil
 }
 
+// saveTemplateFile saves VM id to path as saveSnapshotFile does and
+// returns its size and SHA-256 digest.
+func (a *Agent) saveTemplateFile(ctx context.Context, id, path string) (int64, string, error) {
+	size, err := a.saveSnapshotFile(ctx, id, path)
+	if err != nil {
+		return 0, "", err
+	}
+	digest, err := fileSHA256(path)
+	if err != nil {
+		return 0, "", err
+	}
+	return size, digest, nil
+}
+
 // removeSnapshot deletes the state a template Machine was saved to.
 func (a *Agent) removeSnapshot(id string) error {
 	path := a.snapshotPath(id)
@@ -131,21 +159,26 @@ func (a *Agent) removeSnapshot(id string) error {
 	return nil
 }
 
-// restoreClone starts a clone from its template's saved state on this node.
+// restoreClone starts a clone from its template's saved state: the
+// template's file if it was saved here, else a copy fetched from its node.
 func (a *Agent) restoreClone(ctx context.Context, machine *kaironv1.Machine, id string) (backend.Instance, error) {
 	template := machine.Annotations[kaironv1.AnnotationRestoreFrom]
+	if msgs := validation.IsDNS1123Subdomain(template); len(msgs) > 0 {
+		// It names a file below the state directory.
+		return backend.Instance{}, fmt.Errorf("annotation %s %q is no Machine name: %s", kaironv1.AnnotationRestoreFrom, template, strings.Join(msgs, "; "))
+	}
 	cloner, ok := a.opts.Backend.(backend.Cloner)
 	if !ok {
 		return backend.Instance{}, fmt.Errorf("the %s backend cannot restore clones", a.opts.Backend.Name())
 	}
-	path := a.snapshotPath(instanceID(machine.Namespace, template))
-	if _, err := os.Stat(path); err != nil {
-		return backend.Instance{}, fmt.Errorf("the snapshot of template Machine %s is not on node %s: %w", template, a.opts.NodeName, err)
+	path, err := a.templateStateFor(ctx, machine, template)
+	if err != nil {
+		return backend.Instance{}, err
 	}
 	spec, err := a.attach(machine, id)
 	if err != nil {
 		return backend.Instance{}, err
 	}
-	log.FromContext(ctx).Info("restoring clone", "machine", klog.KObj(machine), "template", template)
+	log.FromContext(ctx).Info("restoring clone", "machine", klog.KObj(machine), "template", template, "path", path)
 	return cloner.RestoreClone(ctx, spec, path)
 }
