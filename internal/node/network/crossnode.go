@@ -47,6 +47,10 @@ const RouteProtocol = 75
 // with TapPrefix: it is no guest.
 const VXLANDevice = "kairon-vx"
 
+// VXLANMTU is the VXLAN device's MTU, as Flannel's: 1500 less the
+// encapsulation.
+const VXLANMTU = 1450
+
 // Peer is another node whose guests this node routes to.
 type Peer struct {
 	Node string
@@ -128,7 +132,10 @@ func (c *CrossNode) Setup() error {
 		"dstport", fmt.Sprint(c.Port), "nolearning"); err != nil {
 		return err
 	}
-	if err := c.ip("link", "set", VXLANDevice, "address", VTEPMAC(c.Node)); err != nil {
+	// Room for the 50 bytes of VXLAN, UDP, IP and Ethernet around each
+	// frame on a 1500-byte underlay (the kernel leaves a device without a
+	// lower one at 1500, and the outer packets would be fragmented).
+	if err := c.ip("link", "set", VXLANDevice, "mtu", fmt.Sprint(VXLANMTU), "address", VTEPMAC(c.Node)); err != nil {
 		return err
 	}
 	return c.ip("link", "set", VXLANDevice, "up")
@@ -142,10 +149,10 @@ func (c *CrossNode) vxlanMatches() bool {
 		return false
 	}
 	var links []struct {
-		Address   string `json:"address"`
-		OperState string `json:"operstate"`
-		Flags     []string
-		LinkInfo  struct {
+		Address  string `json:"address"`
+		MTU      int    `json:"mtu"`
+		Flags    []string
+		LinkInfo struct {
 			Kind string `json:"info_kind"`
 			Data struct {
 				ID    int    `json:"id"`
@@ -162,7 +169,7 @@ func (c *CrossNode) vxlanMatches() bool {
 	for _, f := range l.Flags {
 		up = up || f == "UP"
 	}
-	return up && l.LinkInfo.Kind == "vxlan" && l.LinkInfo.Data.ID == c.VNI && l.LinkInfo.Data.Local == c.Local.String() &&
+	return up && l.MTU == VXLANMTU && l.LinkInfo.Kind == "vxlan" && l.LinkInfo.Data.ID == c.VNI && l.LinkInfo.Data.Local == c.Local.String() &&
 		l.LinkInfo.Data.Port == c.Port && l.Address == VTEPMAC(c.Node)
 }
 

@@ -95,6 +95,11 @@ func TestCrossNodeVXLAN(t *testing.T) { testCrossNode(t, CrossNodeVXLAN) }
 // route or device behind.
 func testCrossNode(t *testing.T, mode CrossNodeMode) {
 	a, b := crossNodePair(t, mode)
+	if mode == CrossNodeVXLAN {
+		if out, err := a.routes.output("ip", "link", "show", "dev", VXLANDevice); err != nil || !strings.Contains(out, "mtu 1450 ") {
+			t.Errorf("%s: %v\n%s; want mtu 1450", VXLANDevice, err, out)
+		}
+	}
 	a1 := a.guest(t, a.baseline, a.name, "team-a", "one", "10.88.1.2")
 	b1 := b.guest(t, b.baseline, b.name, "team-a", "two", "10.88.2.2")
 	b2 := b.guest(t, b.baseline, b.name, "team-b", "three", "10.88.2.3")
