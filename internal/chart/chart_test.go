@@ -229,7 +229,8 @@ func TestControllerRBAC(t *testing.T) {
 		{kaironGroup, "machinedisruptionbudgets", []string{"get", "list", "watch"}},
 		{kaironGroup, "machinedisruptionbudgets/status", []string{"patch"}},
 		{kaironGroup, "machinenetworkpolicies", []string{"get", "list", "watch", "create", "patch", "delete"}},
-		{kaironGroup, "machinemigrations", []string{"get", "list", "watch"}},
+		// patch: a fence releases the fenced source agent's finalizer.
+		{kaironGroup, "machinemigrations", []string{"get", "list", "watch", "patch"}},
 		{kaironGroup, "machinemigrations/status", []string{"patch"}},
 		{kaironGroup, "migrationpolicies", []string{"get", "list", "watch"}},
 		// SnapshotSchedules create and prune MachineSnapshots; the
@@ -255,7 +256,7 @@ func TestControllerRBAC(t *testing.T) {
 
 	// By default the controller never creates migrations: only
 	// controller.cordonEvacuation.enabled grants that.
-	if got, want := verbsOn(role.Rules, kaironGroup, "machinemigrations"), []string{"get", "list", "watch"}; !slices.Equal(got, want) {
+	if got, want := verbsOn(role.Rules, kaironGroup, "machinemigrations"), []string{"get", "list", "patch", "watch"}; !slices.Equal(got, want) {
 		t.Errorf("controller verbs on machinemigrations %v, want %v", got, want)
 	}
 	refuse := []struct{ group, resource, verb string }{
@@ -415,7 +416,7 @@ func TestTemplateCordonEvacuation(t *testing.T) {
 		}
 		var role rbacv1.ClusterRole
 		get(t, m, "ClusterRole", controllerName, &role)
-		if got, want := verbsOn(role.Rules, kaironGroup, "machinemigrations"), []string{"create", "get", "list", "watch"}; !slices.Equal(got, want) {
+		if got, want := verbsOn(role.Rules, kaironGroup, "machinemigrations"), []string{"create", "get", "list", "patch", "watch"}; !slices.Equal(got, want) {
 			t.Errorf("%v: controller verbs on machinemigrations %v, want %v", tc.sets, got, want)
 		}
 		if allows(role.Rules, kaironGroup, "machinemigrations", "delete") || allows(role.Rules, kaironGroup, "machinemigrations", "update") {
@@ -592,6 +593,13 @@ func TestTemplateWebhook(t *testing.T) {
 				}
 				if w.FailurePolicy == nil || *w.FailurePolicy != admissionregistrationv1.Fail {
 					t.Errorf("%s: failurePolicy %v, want Fail", w.Name, w.FailurePolicy)
+				}
+				var wantMatch []admissionregistrationv1.MatchCondition
+				if exp.resource == "machines" {
+					wantMatch = controller.MachineWebhookMatchConditions
+				}
+				if !reflect.DeepEqual(w.MatchConditions, wantMatch) {
+					t.Errorf("%s: matchConditions %+v, want %+v", w.Name, w.MatchConditions, wantMatch)
 				}
 			}
 

@@ -52,6 +52,7 @@ func (s webhookServer) register(t *testing.T, env *testenv.Env, ns, path string,
 			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: s.caPEM},
 			AdmissionReviewVersions: []string{"v1"},
 			SideEffects:             ptr.To(sideEffectsOf(resources[0])),
+			MatchConditions:         matchConditionsOf(resources[0]),
 			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
 			TimeoutSeconds:          ptr.To[int32](10),
 			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{
@@ -81,6 +82,14 @@ func (s webhookServer) register(t *testing.T, env *testenv.Env, ns, path string,
 
 // sideEffectsOf is what the chart declares: the Machine webhook charges
 // quotas except on a dry run.
+// matchConditionsOf is what the chart's webhook for resource sends it.
+func matchConditionsOf(resource string) []admissionregistrationv1.MatchCondition {
+	if resource == "machines" {
+		return MachineWebhookMatchConditions
+	}
+	return nil
+}
+
 func sideEffectsOf(resource string) admissionregistrationv1.SideEffectClass {
 	if resource == "machines" {
 		return admissionregistrationv1.SideEffectClassNoneOnDryRun
