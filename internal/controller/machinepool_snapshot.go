@@ -25,9 +25,10 @@ import (
 // Its node boots it, saves it once Running, stops it and reports the file
 // in its status.snapshot (internal/node/snapshot.go), which the pool
 // copies into its own status.snapshot. From then on every new member is a
-// clone: AnnotationRestoreFrom names the template Machine, and its
-// nodeSelector picks the template's node (kubernetes.io/hostname), the one
-// holding the file. Until
+// clone: AnnotationRestoreFrom names the template Machine. The scheduler
+// places a clone like any Machine, on any node with room; a node other
+// than the template's fetches the file from it (internal/node/
+// template_fetch.go). Until
 // then (the template boots, or failed and is replaced) members boot. A
 // template change deletes the old template Machine (its node deletes the
 // file) and creates the new one, so the pool re-snapshots; the warm
@@ -161,10 +162,10 @@ func (r *MachinePoolReconciler) deleteTemplate(ctx context.Context, pool *kairon
 	return nil
 }
 
-// cloneFrom makes m, a new member, a clone of snap: restored from it, on
-// its node. The node is a nodeSelector (its hostname label), not
-// spec.nodeName, so the scheduler still charges the node's capacity: on a
-// full node a clone waits Pending like any Machine.
+// cloneFrom makes m, a new member, a clone of snap: restored from it
+// wherever the scheduler places it. It is not pinned to the template's
+// node: the node it lands on fetches the file if it lacks it, so a full
+// template node does not leave clones Pending while others have room.
 func cloneFrom(m *kaironv1.Machine, snap *kaironv1.MachinePoolSnapshot) {
 	if snap == nil {
 		return
@@ -173,10 +174,6 @@ func cloneFrom(m *kaironv1.Machine, snap *kaironv1.MachinePoolSnapshot) {
 		m.Annotations = map[string]string{}
 	}
 	m.Annotations[kaironv1.AnnotationRestoreFrom] = snap.Machine
-	if m.Spec.NodeSelector == nil {
-		m.Spec.NodeSelector = map[string]string{}
-	}
-	m.Spec.NodeSelector[corev1.LabelHostname] = snap.NodeName
 }
 
 // setSnapshotStatus records snap and cond (both nil with warmFrom Boot).
