@@ -39,6 +39,7 @@ func run() error {
 		metricsSecure    = flag.Bool("metrics-secure", false, "serve the metrics over HTTPS, only to bearer tokens whose user may get the non-resource URL /metrics (TokenReview and SubjectAccessReview)")
 		metricsCertDir   = flag.String("metrics-cert-dir", "", "with -metrics-secure, directory with tls.crt and tls.key (empty: a self-signed certificate made at start)")
 		probeAddr        = flag.String("health-probe-bind-address", ":8081", `address of /healthz and /readyz; "0" turns them off`)
+		pprofAddr        = flag.String("pprof-bind-address", "0", `address of Go's profiling endpoints (/debug/pprof/), for example 127.0.0.1:6060; "0" (the default) turns them off. Unauthenticated: bind it to loopback only`)
 		leaderElect      = flag.Bool("leader-elect", false, "run only while holding the leader lease, so several replicas can stand by")
 		leaderElectionNS = flag.String("leader-election-namespace", "kube-system", "namespace of the leader election lease when not running in a Pod")
 		webhookOn        = flag.Bool("webhook", false, "serve the Machine validating webhook at "+controller.MachineWebhookPath+" and the MachineMigration one at "+controller.MachineMigrationWebhookPath)
@@ -80,6 +81,7 @@ func run() error {
 		Scheme:                  scheme,
 		Metrics:                 controller.MetricsServing{BindAddress: *metricsAddr, Secure: *metricsSecure, CertDir: *metricsCertDir}.Options(),
 		HealthProbeBindAddress:  *probeAddr,
+		PprofBindAddress:        *pprofAddr,
 		LeaderElection:          *leaderElect,
 		LeaderElectionID:        "kairon-controller.kairon.zyvor.dev",
 		LeaderElectionNamespace: *leaderElectionNS,
