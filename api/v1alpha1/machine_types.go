@@ -226,7 +226,8 @@ type TemplateSnapshot struct {
 	SavedAt metav1.Time `json:"savedAt"`
 	// SHA256 is the file's SHA-256 digest (hex). A node that restores a
 	// clone elsewhere fetches the file from this node and checks its copy
-	// against it.
+	// against it. Lowercase hex, as a node names its copy after it.
 	// +optional
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]{64}$`
 	SHA256 string `json:"sha256,omitempty"`
 }

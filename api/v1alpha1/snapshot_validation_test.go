@@ -112,6 +112,23 @@ spec: {restoreFrom: {snapshotName: "Not_A_Name"}}`, []string{"spec.restoreFrom.s
 	if err := env.Client.Update(ctx, plain); err == nil || !strings.Contains(err.Error(), "spec.restoreFrom is immutable") {
 		t.Errorf("adding spec.restoreFrom: got %v, want it refused as immutable", err)
 	}
+	// A template's digest names its copy on other nodes: hex only.
+	for digest, ok := range map[string]bool{
+		strings.Repeat("ab", 32): true,
+		"../../../../etc/passwd": false,
+		strings.Repeat("AB", 32): false,
+	} {
+		_ = unstructured.SetNestedMap(plain.Object, map[string]any{
+			"path": "/var/lib/kairon/t.state", "sizeBytes": int64(1), "savedAt": "2026-12-03T10:00:00Z", "sha256": digest,
+		}, "status", "snapshot")
+		err := env.Client.Status().Update(ctx, plain)
+		switch {
+		case ok && err != nil:
+			t.Errorf("status.snapshot.sha256 %q refused: %v", digest, err)
+		case !ok && (err == nil || !strings.Contains(err.Error(), "status.snapshot.sha256")):
+			t.Errorf("status.snapshot.sha256 %q: got %v, want a refusal naming status.snapshot.sha256", digest, err)
+		}
+	}
 	s := object(t, "kind: MachineSnapshot\nmetadata: {name: snap}\nspec: {machineName: a}")
 	s.SetNamespace(ns)
 	if err := env.Client.Create(ctx, s); err != nil {
