@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strings"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -22,7 +22,11 @@ const cloneBenchEnv = "KAIRON_CLONE_BENCH"
 
 // TestCloneBench measures snapshot clones against cold boots with real VMs
 // (kairon-controller and one kairon-node with QEMU, TCG on this machine),
-// both in one run, one after the other on the same node:
+// both in one run, one after the other on the same node; then clones on a
+// second node that has no copy of the template (Snapshot, other node: the
+// template is saved on the first node, which is then cordoned, so the
+// second node fetches the state once and restores every clone from its
+// copy):
 //
 //   - refill: a pool scaled from 0 to cloneBenchRefill members, the time
 //     until all are Running (members/s) and each member's create ->
@@ -43,17 +47,28 @@ func TestCloneBench(t *testing.T) {
 	state := t.TempDir()
 	t.Cleanup(func() { killVMs(t, state) })
 	startController(t, env)
-	startAgentWithCapacity(t, env, "bench-clone", state, netNS, 8, "4Gi")
+	// One bridge range for both nodes, an address pool each; the second
+	// node fetches the template's state over the migration listener.
+	agentFlags := func(i int) []string {
+		return []string{"--network-cidr", "10.88.0.0/16", "--address-pool", fmt.Sprintf("10.88.%d.0/24", 40+i),
+			"--migration-listen", "127.0.0.1:0", "--migration-insecure"}
+	}
+	startAgentWith(t, env, "bench-clone", filepath.Join(state, "a"), netNS, 8, "4Gi", agentFlags(0)...)
 	deleteNodeAtEnd(t, env, "bench-clone")
 	waitNodeReady(t, env, "bench-clone")
 	t.Logf("load average before: %s", loadAvg())
 	t.Cleanup(func() { t.Logf("load average after: %s", loadAvg()) })
 
 	results := map[string][]string{}
-	for _, mode := range []string{"Boot", "Snapshot"} {
-		results[mode] = cloneBenchMode(t, env, ns, mode)
-	}
-	for _, mode := range []string{"Boot", "Snapshot"} {
+	results["Boot"] = cloneBenchMode(t, env, ns, "Boot", "boot", nil)
+	results["Snapshot"] = cloneBenchMode(t, env, ns, "Snapshot", "snapshot", nil)
+	results["Snapshot, other node"] = cloneBenchMode(t, env, ns, "Snapshot", "crossnode", func() {
+		kubectl(t, env, "", "cordon", "bench-clone")
+		startAgentWith(t, env, "bench-clone-b", filepath.Join(state, "b"), netNS, 8, "4Gi", agentFlags(1)...)
+		deleteNodeAtEnd(t, env, "bench-clone-b")
+		waitNodeReady(t, env, "bench-clone-b")
+	})
+	for _, mode := range []string{"Boot", "Snapshot", "Snapshot, other node"} {
 		t.Logf("warmFrom %s:", mode)
 		for _, line := range results[mode] {
 			t.Logf("  %s", line)
@@ -66,16 +81,20 @@ const (
 	cloneBenchRounds = 5
 )
 
-func cloneBenchMode(t *testing.T, env *testenv.Env, ns, mode string) []string {
+// cloneBenchMode measures pool (warmFrom mode); afterSnapshot, if not
+// nil, runs once the template is saved, before the refill.
+func cloneBenchMode(t *testing.T, env *testenv.Env, ns, mode, pool string, afterSnapshot func()) []string {
 	ctx := context.Background()
-	pool := strings.ToLower(mode)
 	var out []string
 	start := time.Now()
 	kubectl(t, env, clonePool(pool, mode, 0), "-n", ns, "apply", "-f", "-")
 	if mode == "Snapshot" {
 		snap := waitPoolSnapshot(t, env, ns, pool)
-		out = append(out, fmt.Sprintf("template booted and saved %s after the pool was created (%d MiB state)",
-			time.Since(start).Round(time.Millisecond), snap.SizeBytes>>20))
+		out = append(out, fmt.Sprintf("template booted and saved on %s %s after the pool was created (%d MiB state)",
+			snap.NodeName, time.Since(start).Round(time.Millisecond), snap.SizeBytes>>20))
+	}
+	if afterSnapshot != nil {
+		afterSnapshot()
 	}
 
 	// Refill: 0 -> cloneBenchRefill.
@@ -93,6 +112,7 @@ func cloneBenchMode(t *testing.T, env *testenv.Env, ns, mode string) []string {
 	start = time.Now()
 	scale(cloneBenchRefill)
 	running := map[string]time.Duration{}
+	nodes := map[string]int{}
 	testenv.Eventually(t, 5*time.Minute, fmt.Sprintf("%d Running members of %s", cloneBenchRefill, pool), func() (bool, string) {
 		list := &kaironv1.MachineList{}
 		if err := env.Client.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{kaironv1.LabelMachinePool: pool}); err != nil {
@@ -101,6 +121,7 @@ func cloneBenchMode(t *testing.T, env *testenv.Env, ns, mode string) []string {
 		for _, m := range list.Items {
 			if _, seen := running[m.Name]; !seen && m.Status.Phase == kaironv1.MachineRunning {
 				running[m.Name] = time.Since(start)
+				nodes[m.Spec.NodeName]++
 			}
 		}
 		return len(running) >= cloneBenchRefill, fmt.Sprint(len(running))
@@ -110,8 +131,8 @@ func cloneBenchMode(t *testing.T, env *testenv.Env, ns, mode string) []string {
 	for _, d := range running {
 		each = append(each, d)
 	}
-	out = append(out, fmt.Sprintf("refill 0 -> %d: all Running after %s, %.2f members/s; each scale -> Running: %s",
-		cloneBenchRefill, all.Round(time.Millisecond), float64(cloneBenchRefill)/all.Seconds(), summary(each)))
+	out = append(out, fmt.Sprintf("refill 0 -> %d: all Running after %s, %.2f members/s; each scale -> Running: %s; on nodes %v",
+		cloneBenchRefill, all.Round(time.Millisecond), float64(cloneBenchRefill)/all.Seconds(), summary(each), nodes))
 
 	// A claim against an empty pool: one warm member, two claims.
 	scale(1)

@@ -119,59 +119,13 @@ func TestPoolClonesOfARealGuest(t *testing.T) {
 	kubectl(t, env, "", "-n", ns, "scale", "machinepool", "agents", "--replicas", "2")
 	clones := warmMembers(t, env, ns, "agents", 2, 3*time.Minute)
 
-	kaironctl := func(args ...string) string {
-		t.Helper()
-		cmd := exec.Command(filepath.Join(env.BinDir, "kaironctl"), append([]string{"--kubeconfig", env.Kubeconfig, "-n", ns}, args...)...)
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("kaironctl %s: %v: %s", strings.Join(args, " "), err, errb.String())
-		}
-		return out.String()
-	}
-	random := map[string]string{}
 	for _, m := range clones {
-		if m.Annotations[kaironv1.AnnotationRestoreFrom] != snap.Machine || m.Spec.NodeName != snap.NodeName || len(m.Status.Addresses) == 0 {
-			t.Fatalf("%s is no clone of %s: annotations %v node %s addresses %v", m.Name, snap.Machine, m.Annotations, m.Spec.NodeName, m.Status.Addresses)
+		if m.Spec.NodeName != snap.NodeName {
+			t.Errorf("%s runs on %s, not on the template's node %s", m.Name, m.Spec.NodeName, snap.NodeName)
 		}
-		out := kaironctl("exec", m.Name, "--", "sh", "-c",
-			"hostname; cat /sys/class/net/eth0/address; ip -4 -o addr show dev eth0 | awk '{print $4}'; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'")
-		lines := strings.Split(out, "\n")
-		addr := m.Status.Addresses[0].Address
-		mac := network.MAC(ns + "_" + m.Name)
-		if len(lines) != 4 || lines[0] != m.Name || lines[1] != mac || !strings.HasPrefix(lines[2], addr+"/") || len(lines[3]) != 64 {
-			t.Errorf("%s (address %s, MAC %s) reports:\n%s", m.Name, addr, mac, out)
-			continue
-		}
-		if other, seen := random[lines[3]]; seen {
-			t.Errorf("%s read the same random bytes as %s", m.Name, other)
-		}
-		random[lines[3]] = m.Name
-		// Through the node's bridge, whose baseline lets only the
-		// Machine's own MAC and address out of its tap.
-		page, err := getInNetNS(netNS, "http://"+addr+":8080/")
-		if err != nil || !strings.Contains(page, "kairon guest") {
-			t.Errorf("%s at %s did not answer: %v %q", m.Name, addr, err, page)
-		}
-		t.Logf("%s: %s %s %s, Running %dms after its restore began", m.Name, lines[0], lines[1], lines[2], m.Status.BootMillis)
 	}
-	if len(clones) == 2 && clones[0].Status.Addresses[0].Address == clones[1].Status.Addresses[0].Address {
-		t.Errorf("both clones have address %s", clones[0].Status.Addresses[0].Address)
-	}
-
-	out := kaironctl("claim", "agents")
-	match := boundLine.FindStringSubmatch(out)
-	if match == nil {
-		t.Fatalf("kaironctl claim printed %q", out)
-	}
-	m := &kaironv1.Machine{}
-	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: match[2]}, m); err != nil {
-		t.Fatal(err)
-	}
-	if m.Annotations[kaironv1.AnnotationRestoreFrom] != snap.Machine {
-		t.Errorf("the claim bound %s, which is no clone", m.Name)
-	}
-	t.Logf("%s", strings.TrimSpace(out))
+	checkCloneIdentities(t, env, ns, netNS, snap, clones)
+	claimAClone(t, env, ns, snap)
 
 	kubectl(t, env, "", "-n", ns, "delete", "machineclaims,machinepools", "--all", "--wait=true", "--timeout=2m")
 	testenv.Eventually(t, 2*time.Minute, "every Machine deleted", func() (bool, string) {
@@ -189,4 +143,74 @@ func TestPoolClonesOfARealGuest(t *testing.T) {
 	if _, err := os.Stat(snap.Path); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("snapshot file left after its template went: %v", err)
 	}
+}
+
+// kaironctlIn runs bin/kaironctl in namespace ns and returns its output.
+func kaironctlIn(t testing.TB, env *testenv.Env, ns string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(env.BinDir, "kaironctl"), append([]string{"--kubeconfig", env.Kubeconfig, "-n", ns}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("kaironctl %s: %v: %s", strings.Join(args, " "), err, errb.String())
+	}
+	return out.String()
+}
+
+// checkCloneIdentities checks, through kaironctl exec and the guest agent,
+// that each clone of snap has its own hostname, MAC and address, reads
+// other random bytes than its siblings, and answers on its own address
+// from the namespace of the nodes' bridge (whose baseline lets only the
+// Machine's own MAC and address out of its tap).
+func checkCloneIdentities(t *testing.T, env *testenv.Env, ns, netNS string, snap *kaironv1.MachinePoolSnapshot, clones []kaironv1.Machine) {
+	t.Helper()
+	random := map[string]string{}
+	addresses := map[string]string{}
+	for _, m := range clones {
+		if m.Annotations[kaironv1.AnnotationRestoreFrom] != snap.Machine || len(m.Status.Addresses) == 0 {
+			t.Fatalf("%s is no clone of %s: annotations %v addresses %v", m.Name, snap.Machine, m.Annotations, m.Status.Addresses)
+		}
+		out := kaironctlIn(t, env, ns, "exec", m.Name, "--", "sh", "-c",
+			"hostname; cat /sys/class/net/eth0/address; ip -4 -o addr show dev eth0 | awk '{print $4}'; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'")
+		lines := strings.Split(out, "\n")
+		addr := m.Status.Addresses[0].Address
+		mac := network.MAC(ns + "_" + m.Name)
+		if len(lines) != 4 || lines[0] != m.Name || lines[1] != mac || !strings.HasPrefix(lines[2], addr+"/") || len(lines[3]) != 64 {
+			t.Errorf("%s (address %s, MAC %s) reports:\n%s", m.Name, addr, mac, out)
+			continue
+		}
+		if other, seen := random[lines[3]]; seen {
+			t.Errorf("%s read the same random bytes as %s", m.Name, other)
+		}
+		random[lines[3]] = m.Name
+		if other, seen := addresses[addr]; seen {
+			t.Errorf("%s and %s both have address %s", m.Name, other, addr)
+		}
+		addresses[addr] = m.Name
+		page, err := getInNetNS(netNS, "http://"+addr+":8080/")
+		if err != nil || !strings.Contains(page, "kairon guest") {
+			t.Errorf("%s at %s did not answer: %v %q", m.Name, addr, err, page)
+		}
+		t.Logf("%s on %s: %s %s %s, Running %dms after its restore began", m.Name, m.Spec.NodeName, lines[0], lines[1], lines[2], m.Status.BootMillis)
+	}
+}
+
+// claimAClone runs kaironctl claim on pool agents and checks that it bound
+// a clone of snap; it returns that Machine.
+func claimAClone(t *testing.T, env *testenv.Env, ns string, snap *kaironv1.MachinePoolSnapshot) *kaironv1.Machine {
+	t.Helper()
+	out := kaironctlIn(t, env, ns, "claim", "agents")
+	match := boundLine.FindStringSubmatch(out)
+	if match == nil {
+		t.Fatalf("kaironctl claim printed %q", out)
+	}
+	m := &kaironv1.Machine{}
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: match[2]}, m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Annotations[kaironv1.AnnotationRestoreFrom] != snap.Machine {
+		t.Errorf("the claim bound %s, which is no clone", m.Name)
+	}
+	t.Logf("%s", strings.TrimSpace(out))
+	return m
 }
