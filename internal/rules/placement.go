@@ -15,11 +15,13 @@ import (
 // to run it, which on a fresh install means the node agent is not running.
 const NoNodesMessage = "no nodes labelled " + kaironv1.LabelNode + ": start kairon-node"
 
-// NodeInfo is one Kairon node during a scheduling pass: what it offers and
-// what the Machines placed on it already take.
+// NodeInfo is one Kairon node during a scheduling pass: what it offers,
+// what the pods bound to it request (ChargePods) and what the Machines
+// placed on it already take (ChargeNodes).
 type NodeInfo struct {
 	Node        *corev1.Node
 	Allocatable Resources
+	Pods        PodRequests
 	Requested   Resources
 }
 
@@ -27,7 +29,9 @@ func NewNodeInfo(node *corev1.Node) *NodeInfo {
 	return &NodeInfo{Node: node, Allocatable: NodeAllocatable(node)}
 }
 
-func (n *NodeInfo) Free() Resources { return n.Allocatable.Sub(n.Requested) }
+// Free is what is left for another Machine: allocatable, less the pods,
+// less the Machines.
+func (n *NodeInfo) Free() Resources { return n.ForMachines().Sub(n.Requested) }
 
 // nodeRejection is why one node cannot take a Machine. The order is the
 // order reasons appear in a Pending Machine's message.
@@ -133,6 +137,9 @@ type RejectionReport struct {
 	// mostFree is the largest free amount among the nodes short of it, so
 	// the message says how close the best node came.
 	mostFree Resources
+	// podsOnMostFree is what the pods on that node request, so a
+	// message about a node full of pods says so.
+	podsOnMostFree PodRequests
 }
 
 func (r *RejectionReport) Add(n *NodeInfo, rejections []nodeRejection) {
@@ -142,10 +149,12 @@ func (r *RejectionReport) Add(n *NodeInfo, rejections []nodeRejection) {
 		case rejectInsufficientCPU:
 			if r.count[rejection] == 0 || free.CPU > r.mostFree.CPU {
 				r.mostFree.CPU = free.CPU
+				r.podsOnMostFree.MilliCPU = n.Pods.MilliCPU
 			}
 		case rejectInsufficientMemory:
 			if r.count[rejection] == 0 || free.Memory > r.mostFree.Memory {
 				r.mostFree.Memory = free.Memory
+				r.podsOnMostFree.Memory = n.Pods.Memory
 			}
 		}
 		r.count[rejection]++
@@ -155,6 +164,11 @@ func (r *RejectionReport) Add(n *NodeInfo, rejections []nodeRejection) {
 // message reads like kube-scheduler's:
 //
 //	0/3 nodes are available: 1 node is cordoned, 1 node does not match spec.nodeSelector, 1 node has insufficient memory (free 128Mi, need 256Mi)
+//
+// A node that pods take room on says how much, since that room is not
+// visible among the Machines:
+//
+//	0/1 nodes are available: 1 node has insufficient memory (free 1Gi, need 2Gi; pods on it request 3Gi)
 func (r *RejectionReport) Message(total int, need Resources) string {
 	var parts []string
 	for kind := range rejectionKinds {
@@ -162,16 +176,16 @@ func (r *RejectionReport) Message(total int, need Resources) string {
 		if n == 0 {
 			continue
 		}
-		parts = append(parts, fmt.Sprintf("%d %s", n, rejectionPhrase(kind, n, r.mostFree, need)))
+		parts = append(parts, fmt.Sprintf("%d %s", n, rejectionPhrase(kind, n, r.mostFree, r.podsOnMostFree, need)))
 	}
 	return fmt.Sprintf("0/%d nodes are available: %s", total, strings.Join(parts, ", "))
 }
 
-func rejectionPhrase(kind nodeRejection, n int, mostFree, need Resources) string {
+func rejectionPhrase(kind nodeRejection, n int, mostFree Resources, pods PodRequests, need Resources) string {
 	// With several nodes short, the free amount quoted is the best of them.
-	freeWord := "free"
+	freeWord, podsWord := "free", "pods on it request"
 	if n > 1 {
-		freeWord = "most free"
+		freeWord, podsWord = "most free", "pods on that node request"
 	}
 	switch kind {
 	case rejectFenced:
@@ -187,9 +201,17 @@ func rejectionPhrase(kind nodeRejection, n int, mostFree, need Resources) string
 	case rejectNodeSelector:
 		return plural(n, "node does not match spec.nodeSelector", "nodes do not match spec.nodeSelector")
 	case rejectInsufficientCPU:
-		return fmt.Sprintf("%s insufficient cpu (%s %d, need %d)", plural(n, "node has", "nodes have"), freeWord, max(mostFree.CPU, 0), need.CPU)
+		podsPart := ""
+		if pods.MilliCPU > 0 {
+			podsPart = fmt.Sprintf("; %s %s", podsWord, FormatMilliCPU(pods.MilliCPU))
+		}
+		return fmt.Sprintf("%s insufficient cpu (%s %d, need %d%s)", plural(n, "node has", "nodes have"), freeWord, max(mostFree.CPU, 0), need.CPU, podsPart)
 	case rejectInsufficientMemory:
-		return fmt.Sprintf("%s insufficient memory (%s %s, need %s)", plural(n, "node has", "nodes have"), freeWord, FormatBytes(max(mostFree.Memory, 0)), FormatBytes(need.Memory))
+		podsPart := ""
+		if pods.Memory > 0 {
+			podsPart = fmt.Sprintf("; %s %s", podsWord, FormatBytes(pods.Memory))
+		}
+		return fmt.Sprintf("%s insufficient memory (%s %s, need %s%s)", plural(n, "node has", "nodes have"), freeWord, FormatBytes(max(mostFree.Memory, 0)), FormatBytes(need.Memory), podsPart)
 	}
 	return "nodes rejected for an unknown reason"
 }

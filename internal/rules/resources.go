@@ -51,8 +51,10 @@ func MachineResources(m *kaironv1.Machine) Resources {
 	return Resources{CPU: int64(MachineCPU(m)), Memory: memory.Value()}
 }
 
-// NodeAllocatable reads what kairon-node offers for Machines. Fractional
-// CPUs are rounded down: a vCPU is a whole host thread.
+// NodeAllocatable reads the Node's allocatable, what the kubelet (or
+// kairon-node, without one) offers to everything on it. Machines get what
+// the pods bound there leave (NodeInfo.ForMachines). Fractional CPUs are
+// rounded down: a vCPU is a whole host thread.
 func NodeAllocatable(node *corev1.Node) Resources {
 	var r Resources
 	if cpu, ok := node.Status.Allocatable[corev1.ResourceCPU]; ok {
