@@ -183,7 +183,8 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 }
 
 // reportVMs says, once everything stopped, how many VMs were saved and
-// which still run because their agent could not save them.
+// which still run because their agent did not save them (it was down, or
+// the save failed).
 func reportVMs(w io.Writer, dataDir string) {
 	records, _ := filepath.Glob(filepath.Join(dataDir, "nodes", "*", "suspended", "*.json"))
 	if n := len(records); n > 0 {
@@ -197,7 +198,7 @@ func reportVMs(w io.Writer, dataDir string) {
 		if vm.Deleted {
 			continue
 		}
-		fmt.Fprintf(w, "kairon-local: warning: VM %s (pid %d) still runs: its agent could not save it (see %s). The next 'up' adopts it; 'kairon-local down' stops it.\n",
+		fmt.Fprintf(w, "kairon-local: warning: VM %s (pid %d) still runs: its agent did not save it (the agent was down, or the save failed: see %s). The next 'up' adopts it; 'kairon-local down' stops it.\n",
 			vm.Name, vm.PID, filepath.Join(dataDir, "logs"))
 	}
 }
