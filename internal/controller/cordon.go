@@ -199,6 +199,9 @@ func (r *CordonEvacuationReconciler) Reconcile(ctx context.Context, _ reconcile.
 	var placement *evacuationPlacement
 	if r.Strategy == rules.StrategyAuto {
 		placement = newEvacuationPlacement(nodes.Items, snap)
+		if err := chargePods(ctx, r.Client, placement.byName); err != nil {
+			return reconcile.Result{}, err
+		}
 	}
 	attempted := false
 	for _, d := range snap.Plan(candidates) {

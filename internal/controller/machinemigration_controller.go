@@ -263,6 +263,9 @@ func (r *MachineMigrationReconciler) pickTarget(ctx context.Context, mig *kairon
 		all[i] = &machines.Items[i]
 	}
 	rules.ChargeNodes(byName, all, migrations.Items)
+	if err := chargePods(ctx, r.Client, byName); err != nil {
+		return "", "", err
+	}
 	if want := mig.Spec.TargetNode; want != "" {
 		if want == source {
 			return "", fmt.Sprintf("spec.targetNode %s is the node the Machine already runs on", want), nil

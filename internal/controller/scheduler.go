@@ -70,6 +70,8 @@ func (r *SchedulerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&corev1.Node{}, enqueuePass, builder.WithPredicates(nodeSchedulingChanged())).
 		Watches(&kaironv1.MachineQuota{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&kaironv1.MachineSnapshot{}, enqueuePass, builder.WithPredicates(snapshotPhaseChanged())).
+		// Pods bound to a node take room Machines cannot have.
+		Watches(&corev1.Pod{}, enqueuePass, builder.WithPredicates(podRoomChanged())).
 		// The assumed bindings and the pass's own bookkeeping rely on
 		// passes never overlapping.
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
@@ -124,6 +126,65 @@ func nodeSchedulingChanged() predicate.Funcs {
 				rules.NodeAgentReachable(old) != rules.NodeAgentReachable(cur) ||
 				rules.NodeFenced(old) != rules.NodeFenced(cur) ||
 				(old.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil)
+		},
+	}
+}
+
+// podNodeNameIndex indexes pods by spec.nodeName, so a pass reads only the
+// pods of Kairon's nodes.
+const podNodeNameIndex = "spec.nodeName"
+
+// IndexPodsByNode registers podNodeNameIndex with mgr's cache, once per
+// manager (SetupWithManager): the scheduler, the migration controller and
+// cordon evacuation all read it.
+func IndexPodsByNode(mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, podNodeNameIndex, podNodeName); err != nil {
+		return fmt.Errorf("indexing pods by node: %w", err)
+	}
+	return nil
+}
+
+func podNodeName(o client.Object) []string {
+	if pod, ok := o.(*corev1.Pod); ok && pod.Spec.NodeName != "" {
+		return []string{pod.Spec.NodeName}
+	}
+	return nil
+}
+
+// chargePods books on each node what the pods bound to it request
+// (rules.ChargePods).
+func chargePods(ctx context.Context, c client.Reader, byName map[string]*rules.NodeInfo) error {
+	for name := range byName {
+		var pods corev1.PodList
+		if err := c.List(ctx, &pods, client.MatchingFields{podNodeNameIndex: name}); err != nil {
+			return fmt.Errorf("listing pods on node %s: %w", name, err)
+		}
+		rules.ChargePods(byName, pods.Items)
+	}
+	return nil
+}
+
+// podRoomChanged passes the pod events that change the room left on a
+// node: a pod bound or gone, finished, or resized. Booking pods are left
+// out: the Machine each stands for is what the scheduler counts.
+func podRoomChanged() predicate.Funcs {
+	counts := func(o client.Object) bool {
+		pod, ok := o.(*corev1.Pod)
+		return ok && pod.Spec.NodeName != "" && !rules.IsBookingPod(pod)
+	}
+	return predicate.Funcs{
+		CreateFunc:  func(e event.CreateEvent) bool { return counts(e.Object) },
+		DeleteFunc:  func(e event.DeleteEvent) bool { return counts(e.Object) },
+		GenericFunc: func(e event.GenericEvent) bool { return counts(e.Object) },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			old, okOld := e.ObjectOld.(*corev1.Pod)
+			cur, okNew := e.ObjectNew.(*corev1.Pod)
+			if !okOld || !okNew || (!counts(old) && !counts(cur)) {
+				return false
+			}
+			return old.Spec.NodeName != cur.Spec.NodeName ||
+				rules.PodHoldsNodeResources(old) != rules.PodHoldsNodeResources(cur) ||
+				rules.EffectivePodRequests(old) != rules.EffectivePodRequests(cur)
 		},
 	}
 }
@@ -243,6 +304,9 @@ func (r *SchedulerReconciler) snapshot(ctx context.Context) (*schedulingPass, er
 		n := rules.NewNodeInfo(&nodes.Items[i])
 		pass.nodes = append(pass.nodes, n)
 		pass.nodesByName[n.Node.Name] = n
+	}
+	if err := chargePods(ctx, r.Client, pass.nodesByName); err != nil {
+		return nil, err
 	}
 	rules.ChargeNodes(pass.nodesByName, machines, migrations.Items)
 	byNamespace := map[string][]kaironv1.Machine{}

@@ -61,7 +61,7 @@ func TestSchedulerAssumesItsBindingsUntilTheCacheCatchesUp(t *testing.T) {
 	first.CreationTimestamp.Time = time.Unix(1, 0)
 	second := rulestest.Machine("second", 1, "256Mi")
 	second.CreationTimestamp.Time = time.Unix(2, 0)
-	api := fake.NewClientBuilder().WithScheme(scheme).
+	api := fake.NewClientBuilder().WithScheme(scheme).WithIndex(&corev1.Pod{}, podNodeNameIndex, podNodeName).
 		WithObjects(node, first).
 		WithStatusSubresource(&kaironv1.Machine{}).
 		Build()
@@ -188,7 +188,7 @@ func TestSchedulerAdmitsOldestFirst(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "team"},
 				Spec:       kaironv1.MachineQuotaSpec{Hard: kaironv1.MachineResources{Machines: ptr.To(tt.quota)}},
 			}
-			api := fake.NewClientBuilder().WithScheme(testScheme(t)).
+			api := fake.NewClientBuilder().WithScheme(testScheme(t)).WithIndex(&corev1.Pod{}, podNodeNameIndex, podNodeName).
 				WithObjects(rulestest.Node(node, 16, "16Gi"), quota,
 					rulestest.Machine("z", 1, "256Mi", at(tt.zAt)), rulestest.Machine("a", 1, "256Mi", at(tt.aAt))).
 				WithStatusSubresource(&kaironv1.Machine{}).
