@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os/exec"
 	"sort"
 	"strings"
+	"time"
 )
 
 // CrossNodeMode is how a node reaches the guest subnets of other nodes.
@@ -240,7 +242,35 @@ func (c *CrossNode) Sync(peers []Peer, moved []MovedGuest) error {
 	for _, dst := range dsts {
 		batch = append(batch, fmt.Sprintf("route replace %s %s proto %d", dst, strings.Join(want[dst], " "), RouteProtocol))
 	}
-	return c.batch("ip", batch)
+	if err := c.batch("ip", batch); err != nil {
+		return err
+	}
+	// A guest that just moved to another node: the guests of this bridge
+	// that cached its MAC are told to send to the node instead.
+	installed := map[netip.Prefix]bool{}
+	for _, dst := range have {
+		installed[dst] = true
+	}
+	var errs []error
+	for _, m := range moved {
+		dst := netip.PrefixFrom(m.Address, 32)
+		if m.Node != c.Node && want[dst] != nil && !installed[dst] {
+			errs = append(errs, AnnounceGateway(c.NetNS, c.Bridge, m.Address))
+			go c.announceAgain(m.Address)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// announceAgain repeats a moved guest's announcement, as QEMU repeats a
+// migrated guest's: Linux ignores an ARP that would change a neighbour
+// entry within a second of its last change (locktime), and an ARP can be
+// lost. A failure here is no news: the first announcement's was reported.
+func (c *CrossNode) announceAgain(addr netip.Addr) {
+	for _, after := range []time.Duration{1500 * time.Millisecond, 3 * time.Second} {
+		time.Sleep(after)
+		_ = AnnounceGateway(c.NetNS, c.Bridge, addr)
+	}
 }
 
 // installedRoutes lists the destinations of the routes tagged RouteProtocol.

@@ -2,8 +2,11 @@ package network
 
 import (
 	"net/netip"
+	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/zyvor/kairon/internal/testenv"
 )
 
 // crossNodeHost is one node of a two-node test: its namespace with a
@@ -120,12 +123,28 @@ func testCrossNode(t *testing.T, mode CrossNodeMode) {
 	syncBoth(t, a, b, nil, byNamespace)
 	mustNotReach(t, a1.netns, "a guest of team-a on node-a, no longer in team-b's addresses", "10.88.2.3:8080")
 
-	// A guest of node-b's subnet now on node-a (it migrated): a host route
-	// for its address on both nodes.
+	// A guest of node-b's subnet moves to node-a (it migrated): a host
+	// route for its address on both nodes, and node-b tells b1, which
+	// cached the guest's MAC, to send to node-b instead.
+	byNamespace["team-a"] = append(byNamespace["team-a"], netip.MustParseAddr("10.88.2.9"))
+	before := b.guest(t, b.baseline, b.name, "team-a", "moved", "10.88.2.9")
+	serveTCP(t, before.netns, "10.88.2.9:8080")
+	syncBoth(t, a, b, nil, byNamespace)
+	mustReach(t, b1, "10.88.2.9:8080")
+	if out := neighbour(t, b1, "10.88.2.9"); !strings.Contains(out, before.MAC) {
+		t.Fatalf("b1 has not cached the guest's MAC %s:\n%s", before.MAC, out)
+	}
+	run(t, "ip", "-n", b.host, "link", "del", before.Tap)
+	if err := b.baseline.Remove(before.Tap, "team-a"); err != nil {
+		t.Fatal(err)
+	}
 	moved := a.guest(t, a.baseline, a.name, "team-a", "moved", "10.88.2.9")
 	serveTCP(t, moved.netns, "10.88.2.9:8080")
-	byNamespace["team-a"] = append(byNamespace["team-a"], netip.MustParseAddr("10.88.2.9"))
 	syncBoth(t, a, b, []MovedGuest{{Address: netip.MustParseAddr("10.88.2.9"), Node: a.name}}, byNamespace)
+	testenv.Eventually(t, waitTimeout, "b1 sending to node-b for the moved guest", func() (bool, string) {
+		out := neighbour(t, b1, "10.88.2.9")
+		return strings.Contains(out, BridgeMAC(b.bridge)), out
+	})
 	mustReach(t, b1, "10.88.2.9:8080")
 	mustReach(t, moved, "10.88.2.2:8080")
 	mustReach(t, a1, "10.88.2.9:8080")
@@ -151,6 +170,16 @@ func testCrossNode(t *testing.T, mode CrossNodeMode) {
 			t.Errorf("%s: %s left after Teardown:\n%s", h.name, VXLANDevice, out)
 		}
 	}
+}
+
+// neighbour is g's neighbour entry for addr.
+func neighbour(t *testing.T, g *testGuest, addr string) string {
+	t.Helper()
+	out, err := exec.Command("ip", "-n", g.netns, "neigh", "show", addr).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip neigh: %v: %s", err, out)
+	}
+	return string(out)
 }
 
 func routesOf(t *testing.T, h *crossNodeHost) string {
