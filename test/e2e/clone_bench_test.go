@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,12 +64,14 @@ func TestCloneBench(t *testing.T) {
 	results := map[string][]string{}
 	results["Boot"] = cloneBenchMode(t, env, ns, "Boot", "boot", nil)
 	results["Snapshot"] = cloneBenchMode(t, env, ns, "Snapshot", "snapshot", nil)
+	var b *agent
 	results["Snapshot, other node"] = cloneBenchMode(t, env, ns, "Snapshot", "crossnode", func() {
 		kubectl(t, env, "", "cordon", "bench-clone")
-		startAgentWith(t, env, "bench-clone-b", filepath.Join(state, "b"), netNS, 8, "4Gi", agentFlags(1)...)
+		b = startAgentWith(t, env, "bench-clone-b", filepath.Join(state, "b"), netNS, 8, "4Gi", agentFlags(1)...)
 		deleteNodeAtEnd(t, env, "bench-clone-b")
 		waitNodeReady(t, env, "bench-clone-b")
 	})
+	results["Snapshot, other node"] = append(results["Snapshot, other node"], fetchesLogged(t, b.log)...)
 	for _, mode := range []string{"Boot", "Snapshot", "Snapshot, other node"} {
 		t.Logf("warmFrom %s:", mode)
 		for _, line := range results[mode] {
@@ -194,4 +198,27 @@ func waitClaimedGone(t *testing.T, env *testenv.Env, ns, pool string) {
 		}
 		return len(list.Items) == 0, fmt.Sprint(len(list.Items))
 	})
+}
+
+// fetchesLogged reports the template fetches an agent logged: how many
+// and how long each took (the node's "fetched template snapshot" lines).
+func fetchesLogged(t *testing.T, log string) []string {
+	t.Helper()
+	data, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		var entry struct {
+			Msg   string  `json:"msg"`
+			Bytes int64   `json:"bytes"`
+			Took  float64 `json:"took"` // the agent's JSON log gives durations in seconds
+		}
+		if json.Unmarshal([]byte(line), &entry) == nil && entry.Msg == "fetched template snapshot from its node" {
+			took := time.Duration(entry.Took * float64(time.Second))
+			out = append(out, fmt.Sprintf("template state fetched from the template's node: %d MiB in %s", entry.Bytes>>20, took.Round(time.Millisecond)))
+		}
+	}
+	return append(out, fmt.Sprintf("%d fetch(es) for all the clones on the node", len(out)))
 }
