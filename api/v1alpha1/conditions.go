@@ -391,3 +391,19 @@ const (
 	// elsewhere now, was recreated, or no longer exists (fencing on rejoin).
 	EventReasonStaleVMDestroyed = "StaleVMDestroyed"
 )
+
+// ConditionCapacityBooked is on a placed Machine while kairon-controller
+// books its CPU and memory with the kubelet through a booking pod
+// (-capacity-booking-pods): True once the kubelet runs the pod, False when
+// the kubelet rejected it (a node short of room, for example OutOfmemory),
+// with the kubelet's reason in the message. kairon-controller also records
+// a Warning event of reason CapacityBookingRejected on the Machine, and
+// replaces the rejected pod after a minute.
+const ConditionCapacityBooked ConditionType = "CapacityBooked"
+
+// Reasons of a Machine's CapacityBooked condition; CapacityBookingRejected
+// is also its event's reason.
+const (
+	CapacityBookingReasonBooked   = "Booked"
+	CapacityBookingReasonRejected = "CapacityBookingRejected"
+)

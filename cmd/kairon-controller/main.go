@@ -50,6 +50,8 @@ func run() error {
 		nodeGrace        = flag.Duration("node-grace-period", rules.DefaultNodeGracePeriod, "how long a node agent may go without renewing its Lease (kube-node-lease/kairon-<node>) before its node is unreachable:\nKaironAgentReady Unknown, its Machines NodeReachable=False, nothing new placed there, its warm pool members replaced (docs/guides/node-failure.md)")
 		cordonRetry      = flag.Duration("cordon-evacuate-min-retry-interval", controller.DefaultCordonEvacuateMinRetryInterval, "least time between two -cordon-evacuate attempts at one Machine")
 	)
+	var capacityBooking controller.CapacityBookingOptions
+	capacityBooking.BindFlags(flag.CommandLine)
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -104,6 +106,7 @@ func run() error {
 		CordonEvacuateStrategy:         *cordonStrategy,
 		CordonEvacuateMinRetryInterval: *cordonRetry,
 		NodeGracePeriod:                *nodeGrace,
+		CapacityBooking:                capacityBooking,
 	}); err != nil {
 		return fmt.Errorf("setting up controllers: %w", err)
 	}

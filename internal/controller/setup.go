@@ -57,6 +57,10 @@ type Options struct {
 	// Zero means rules.DefaultNodeGracePeriod.
 	NodeGracePeriod time.Duration
 
+	// CapacityBooking books each placed Machine's CPU and memory with the
+	// kubelet through a pod (capacity_booking.go), when Enabled.
+	CapacityBooking CapacityBookingOptions
+
 	// NoMigrationController leaves MachineMigrations alone: nothing picks
 	// a target or moves a migration's phase. For tests that drive
 	// migration phases by hand.
@@ -169,6 +173,15 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 			Client:   mgr.GetClient(),
 			Recorder: mgr.GetEventRecorder("kairon-migration-controller"),
 			Interval: opts.Interval,
+		}).SetupWithManager(mgr); err != nil {
+			return err
+		}
+	}
+	if opts.CapacityBooking.Enabled {
+		if err := (&CapacityBookingReconciler{
+			Client:   mgr.GetClient(),
+			Recorder: mgr.GetEventRecorder("kairon-capacity-booking"),
+			Options:  opts.CapacityBooking,
 		}).SetupWithManager(mgr); err != nil {
 			return err
 		}
