@@ -128,6 +128,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"ClusterRoleBinding/" + nodeAgentName,
 		"DaemonSet/" + nodeAgentName,
 		"Deployment/" + controllerName,
+		"PriorityClass/kairon-capacity-booking",
 		"Service/" + controllerName,
 		"ServiceAccount/" + controllerName,
 		"ServiceAccount/" + nodeAgentName,
@@ -150,7 +151,8 @@ func TestTemplateDefaults(t *testing.T) {
 		t.Errorf("replicas %v, want 1", dep.Spec.Replicas)
 	}
 	c := onlyContainer(t, dep.Spec.Template.Spec)
-	wantArgs := []string{"-interval=5s", "-node-grace-period=40s", "-metrics-bind-address=:8443", "-metrics-secure", "-health-probe-bind-address=:8081"}
+	wantArgs := []string{"-interval=5s", "-node-grace-period=40s", "-metrics-bind-address=:8443", "-metrics-secure", "-health-probe-bind-address=:8081",
+		"-capacity-booking-pods", "-capacity-booking-image=registry.k8s.io/pause:3.10", "-capacity-booking-overhead=64Mi", "-capacity-booking-priority-class=kairon-capacity-booking"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("controller args %q, want %q", c.Args, wantArgs)
 	}
@@ -242,6 +244,9 @@ func TestControllerRBAC(t *testing.T) {
 		{"", "namespaces", []string{"get", "list", "watch"}},
 		// patch: the controller owns the Nodes' migration-endpoint annotation.
 		{"", "nodes", []string{"get", "list", "watch", "patch"}},
+		// The scheduler counts the pods bound to a node; booking pods
+		// (on by default) are created and deleted.
+		{"", "pods", []string{"get", "list", "watch", "create", "delete"}},
 		{kaironGroup, "machines", []string{"place"}},
 		{"", "events", []string{"create", "patch"}},
 		{"events.k8s.io", "events", []string{"create", "patch"}},
@@ -269,13 +274,37 @@ func TestControllerRBAC(t *testing.T) {
 		{"", "nodes", "update"},
 		{"", "nodes", "delete"},
 		{"", "secrets", "get"},
-		{"", "pods", "list"},
+		{"", "pods", "update"},
+		{"", "pods/exec", "create"},
 		{"coordination.k8s.io", "leases", "create"},
 	}
 	for _, r := range refuse {
 		if allows(role.Rules, r.group, r.resource, r.verb) {
 			t.Errorf("controller may %s %s (group %q), which it does not need", r.verb, r.resource, r.group)
 		}
+	}
+}
+
+// Without booking pods the controller only reads pods, and no
+// PriorityClass is made.
+func TestTemplateCapacityBookingOff(t *testing.T) {
+	m := render(t, "--set", "controller.capacityBooking.enabled=false")
+	var role rbacv1.ClusterRole
+	get(t, m, "ClusterRole", controllerName, &role)
+	if got, want := verbsOn(role.Rules, "", "pods"), []string{"get", "list", "watch"}; !slices.Equal(got, want) {
+		t.Errorf("controller verbs on pods %v, want %v", got, want)
+	}
+	for _, arg := range controllerArgs(t, m) {
+		if strings.HasPrefix(arg, "-capacity-booking") {
+			t.Errorf("booking off, but args have %s", arg)
+		}
+	}
+	if m.has("PriorityClass", "kairon-capacity-booking") {
+		t.Error("PriorityClass rendered with booking off")
+	}
+	named := controllerArgs(t, render(t, "--set", "controller.capacityBooking.priorityClass.create=false", "--set", "controller.capacityBooking.priorityClass.name=vm-critical"))
+	if !slices.Contains(named, "-capacity-booking-priority-class=vm-critical") {
+		t.Errorf("args %q lack the named priority class", named)
 	}
 }
 

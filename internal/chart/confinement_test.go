@@ -68,7 +68,9 @@ func TestAccessFilesMatchConfig(t *testing.T) {
 // bound with Deny, with the node agents' ServiceAccount in place of the
 // placeholder; admissionPolicies.enabled=false renders none.
 func TestTemplateAccess(t *testing.T) {
-	m := render(t)
+	// Booking pods add pod rights to the controller's role, on top of the
+	// shared rules (TestControllerRBAC).
+	m := render(t, "--set", "controller.capacityBooking.enabled=false")
 	for name, file := range map[string]string{nodeAgentName: "node-agent.yaml", controllerName: "controller.yaml", testRelease + "-kairon-console-reader": "console-reader.yaml", testRelease + "-kairon-guest-user": "guest-user.yaml"} {
 		var role rbacv1.ClusterRole
 		get(t, m, "ClusterRole", name, &role)

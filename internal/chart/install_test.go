@@ -41,6 +41,7 @@ import (
 	"github.com/zyvor/kairon/internal/backend/sim"
 	"github.com/zyvor/kairon/internal/controller"
 	"github.com/zyvor/kairon/internal/node"
+	"github.com/zyvor/kairon/internal/rules"
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
@@ -241,7 +242,8 @@ func runWithChartRBAC(t *testing.T, env *testenv.Env, ns, controllerSA, nodeSA s
 		}
 	})
 
-	startControllers(t, env, controllerCfg, ns, controller.Options{Interval: 2 * time.Second})
+	// Booking pods, on by default in the chart, so their RBAC is checked too.
+	startControllers(t, env, controllerCfg, ns, controller.Options{Interval: 2 * time.Second, CapacityBooking: controller.CapacityBookingOptions{Enabled: true}})
 	startNodeAgent(t, nodeCfg, nodeName)
 
 	eventually(t, "the agent to label its Node", func() (bool, string) {
@@ -292,6 +294,13 @@ func runWithChartRBAC(t *testing.T, env *testenv.Env, ns, controllerSA, nodeSA s
 			}
 		}
 		return running == 2 && len(list.Items) == 2, strings.Join(saw, "; ")
+	})
+	eventually(t, "a booking pod per Machine", func() (bool, string) {
+		var pods corev1.PodList
+		if err := env.Client.List(ctx, &pods, client.InNamespace(ns), client.HasLabels{rules.LabelCapacityBooking}); err != nil {
+			return false, err.Error()
+		}
+		return len(pods.Items) == 2, fmt.Sprintf("%d booking pods", len(pods.Items))
 	})
 	eventually(t, "the statuses of the MachineSet, quota and budget", func() (bool, string) {
 		var s kaironv1.MachineSet
