@@ -406,10 +406,23 @@ func (b *Baseline) Remove(tap, namespace string) error {
 	if _, ok := b.applied[tap]; !ok {
 		return nil
 	}
-	if err := b.nft(removeScript(tap, namespace)); err != nil {
+	script := removeScript(tap, namespace)
+	removed := b.applied[tap]
+	delete(b.applied, tap)
+	for _, g := range b.applied {
+		if g.Namespace == namespace {
+			// The namespace keeps a tap here: its address set loses this
+			// guest's address now (unless the cluster still lists it), so
+			// that a guest of another namespace given the address later is
+			// not taken for one of this namespace.
+			script += addressesScript(namespace, b.namespaceAddresses(namespace, Guest{}))
+			break
+		}
+	}
+	if err := b.nft(script); err != nil {
+		b.applied[tap] = removed
 		return err
 	}
-	delete(b.applied, tap)
 	// Another tap's f_ chain refers to the set while the namespace has one,
 	// so the kernel refuses (EBUSY) until the last is gone; an agent adding
 	// a tap re-creates the set in the same transaction as the reference.
