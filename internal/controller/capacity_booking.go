@@ -123,13 +123,7 @@ func (r *CapacityBookingReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.now == nil {
 		r.now = time.Now
 	}
-	err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, bookingMachineIndex, func(o client.Object) []string {
-		if pod, ok := o.(*corev1.Pod); ok && rules.IsBookingPod(pod) {
-			return []string{metav1.GetControllerOf(pod).Name}
-		}
-		return nil
-	})
-	if err != nil {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, bookingMachineIndex, bookingMachineName); err != nil {
 		return fmt.Errorf("indexing booking pods by Machine: %w", err)
 	}
 	migrationToMachine := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
@@ -145,6 +139,13 @@ func (r *CapacityBookingReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&corev1.Pod{}).
 		Watches(&kaironv1.MachineMigration{}, migrationToMachine).
 		Complete(r)
+}
+
+func bookingMachineName(o client.Object) []string {
+	if pod, ok := o.(*corev1.Pod); ok && rules.IsBookingPod(pod) {
+		return []string{metav1.GetControllerOf(pod).Name}
+	}
+	return nil
 }
 
 // Reconcile makes the booking pods of one Machine match where it holds room.
