@@ -59,22 +59,39 @@ func Run(t testing.TB, args ...string) string {
 }
 
 // In runs fn on a thread in namespace ns. Sockets made there stay in ns.
-// The thread is never unlocked, so Go discards it afterwards.
+// The thread goes back to its own namespace afterwards and lives on: a
+// thread that ended would take with it (Pdeathsig follows the thread that
+// forked a child) any process the test had started from it, such as a
+// kairon-node. Only if it cannot go back is it left locked, so that Go
+// discards it rather than run other code in ns.
 func In(ns string, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		own, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer own.Close()
 		f, err := os.Open("/var/run/netns/" + ns)
 		if err != nil {
+			runtime.UnlockOSThread()
 			errc <- err
 			return
 		}
 		defer f.Close()
 		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("setns %s: %w", ns, err)
 			return
 		}
-		errc <- fn()
+		err = fn()
+		if unix.Setns(int(own.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
 	}()
 	return <-errc
 }
