@@ -187,7 +187,7 @@ func checkCloneIdentities(t *testing.T, env *testenv.Env, ns, netNS string, snap
 			t.Errorf("%s and %s both have address %s", m.Name, other, addr)
 		}
 		addresses[addr] = m.Name
-		page, err := curlInNetNS(netNS, "http://"+addr+":8080/")
+		page, err := getInNetNS(netNS, "http://"+addr+":8080/")
 		if err != nil || !strings.Contains(page, "kairon guest") {
 			t.Errorf("%s at %s did not answer: %v %q", m.Name, addr, err, page)
 		}
@@ -215,15 +215,3 @@ func claimAClone(t *testing.T, env *testenv.Env, ns string, snap *kaironv1.Machi
 	return m
 }
 
-// curlInNetNS fetches url with curl run in network namespace ns. Not
-// netlab.Get: it dials on a goroutine locked to a thread it moved into the
-// namespace and lets that thread end, and a kairon-node started from that
-// thread (Pdeathsig, which follows the thread that forked the child) is
-// then killed. Two runs of this test lost their agent that way.
-func curlInNetNS(ns, url string) (string, error) {
-	out, err := exec.Command("ip", "netns", "exec", ns, "curl", "-sS", "--max-time", "10", url).CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("curl %s in %s: %v: %s", url, ns, err, out)
-	}
-	return string(out), nil
-}
