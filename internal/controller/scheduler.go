@@ -156,7 +156,9 @@ func podNodeName(o client.Object) []string {
 func chargePods(ctx context.Context, c client.Reader, byName map[string]*rules.NodeInfo) error {
 	for name := range byName {
 		var pods corev1.PodList
-		if err := c.List(ctx, &pods, client.MatchingFields{podNodeNameIndex: name}); err != nil {
+		// Only read, so the cache's own objects do: a pass runs often and
+		// a node may hold many pods.
+		if err := c.List(ctx, &pods, client.MatchingFields{podNodeNameIndex: name}, client.UnsafeDisableDeepCopy); err != nil {
 			return fmt.Errorf("listing pods on node %s: %w", name, err)
 		}
 		rules.ChargePods(byName, pods.Items)
