@@ -42,7 +42,20 @@ type crossNode struct {
 	mu sync.Mutex
 	// inUse is every guest address of the cluster and the Machine (instance
 	// ID) that has it, from the last sync: a node hands out none of them.
+	// It is nil until the first sync.
 	inUse map[netip.Addr]string
+}
+
+// ready tells the IPAM whether inUse can be trusted: not before the
+// agent has looked at the cluster's Machines once (a start that comes
+// earlier fails transiently and is retried).
+func (c *crossNode) ready() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inUse == nil {
+		return errors.New("the guest addresses of the cluster are not known yet (the agent's first look at every Machine is pending): no new address until then")
+	}
+	return nil
 }
 
 // taken tells whether addr belongs to a Machine other than id anywhere in
@@ -68,7 +81,7 @@ func (a *Agent) setupCrossNodeRoutes() error {
 	if a.crossNode == nil {
 		return nil
 	}
-	a.ipam.Taken = a.crossNode.taken
+	a.ipam.Taken, a.ipam.Ready = a.crossNode.taken, a.crossNode.ready
 	if mode == network.CrossNodeNone || n.NoLinks {
 		return nil
 	}

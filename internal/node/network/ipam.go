@@ -34,6 +34,10 @@ type IPAM struct {
 	// this node keeps its address there): such an address is handed to no
 	// one here. Set it before the first allocation.
 	Taken func(id string, addr netip.Addr) bool
+	// Ready, when set, must return nil before an address is assigned for
+	// the first time: Taken knows nothing until it has looked at the
+	// cluster once. Ids already holding an address get it all the same.
+	Ready func() error
 }
 
 type ipamState struct {
@@ -101,6 +105,11 @@ func (a *IPAM) AllocatePreferring(id string, preferred netip.Addr) (netip.Prefix
 	defer a.mu.Unlock()
 	if addr, ok := a.byID[id]; ok {
 		return netip.PrefixFrom(addr, a.prefix.Bits()), nil
+	}
+	if a.Ready != nil {
+		if err := a.Ready(); err != nil {
+			return netip.Prefix{}, err
+		}
 	}
 	used := map[netip.Addr]bool{}
 	for _, addr := range a.byID {
