@@ -104,7 +104,7 @@ func run(args []string) error {
 	fs.StringVar(&f.clusterCIDR, "cluster-guest-cidr", "", "IPv4 range of every node's guests (e.g. 10.88.0.0/16): this node claims a subnet of it (--node-guest-prefix) and its bridge is the range's first address;\nreplaces --network-cidr and --address-pool (empty: off; docs/guides/networking.md)")
 	fs.IntVar(&f.nodePrefix, "node-guest-prefix", 24, "length of the subnet of --cluster-guest-cidr each node claims")
 	fs.StringVar(&f.crossNode, "cross-node-routing", "none", "how guests reach other nodes' guests (needs --cluster-guest-cidr): host (routes to the nodes' addresses; nodes on one link),\nvxlan (a VXLAN tunnel to each node; nodes behind routers) or none")
-	fs.StringVar(&f.crossAddress, "cross-node-address", "", "this node's IPv4 address that other nodes send its guests' traffic to (empty: --node-ip, else the Node's InternalIP)")
+	fs.StringVar(&f.crossAddress, "cross-node-address", "", "this node's IPv4 address that other nodes send its guests' traffic to (empty: the Node's InternalIP); in vxlan mode also the tunnels' local end (empty: --node-ip)")
 	fs.IntVar(&f.vxlanID, "vxlan-id", 4242, "VXLAN network id of --cross-node-routing=vxlan (the same on every node)")
 	fs.IntVar(&f.vxlanPort, "vxlan-port", 4789, "UDP port of --cross-node-routing=vxlan (the same on every node)")
 	fs.UintVar(&f.egressDNS, "egress-dns-port", 0, "port of the DNS proxy for guests confined by a MachineNetworkPolicy, in the bridge's namespace; their DNS is redirected to it (0: no proxy, allowFqdns learns nothing; docs/guides/egress.md)")
