@@ -8,7 +8,7 @@ GO         ?= go
 GOFLAGS    ?=
 DATA_DIR   ?= $(CURDIR)/.kairon
 NODES      ?= 2
-TEST_FLAGS ?= -race -timeout 20m -count=1
+TEST_FLAGS ?= -race -timeout 30m -count=1
 # The longest packages, named first so that go test starts them first
 # instead of last (alphabetical) and the run ends with them, not after them.
 TEST_FIRST := ./test/e2e/ ./test/images/ ./internal/controller/
