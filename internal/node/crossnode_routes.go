@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"sync"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
@@ -24,6 +25,7 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/node/network"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // crossNode is the agent's part of guest networking across nodes
@@ -44,6 +46,27 @@ type crossNode struct {
 	// ID) that has it, from the last sync: a node hands out none of them.
 	// It is nil until the first sync.
 	inUse map[netip.Addr]string
+	// claims caches the subnet claims checked: "node/UID/subnet" of each
+	// Node whose guest-cidr annotation its Lease confirmed.
+	claims sync.Map
+}
+
+// confirmed tells whether node really holds the subnet its annotation
+// names: the subnet's Lease is held by this very Node object. An agent
+// writes its own Node's annotations; without this check one could draw
+// another node's guest traffic to itself by naming that node's subnet.
+func (a *Agent) confirmed(ctx context.Context, node *corev1.Node, subnet netip.Prefix) bool {
+	key := node.Name + "/" + string(node.UID) + "/" + subnet.String()
+	if _, ok := a.crossNode.claims.Load(key); ok {
+		return true
+	}
+	lease := &coordinationv1.Lease{}
+	err := a.mgr.GetAPIReader().Get(ctx, client.ObjectKey{Namespace: rules.NodeLeaseNamespace, Name: network.SubnetClaimName(subnet)}, lease)
+	if err != nil || !heldBy(lease, node) {
+		return false
+	}
+	a.crossNode.claims.Store(key, true)
+	return true
 }
 
 // ready tells the IPAM whether inUse can be trusted: not before the
@@ -142,14 +165,17 @@ type crossNodeView struct {
 }
 
 // buildCrossNodeView reads the view from Nodes and Machines. A Node's
-// subnet is its guest-cidr annotation, if it is one of the cluster range's;
-// its address the cross-node-address annotation, else its InternalIP.
-func buildCrossNodeView(subnets network.GuestSubnets, nodes []corev1.Node, machines []kaironv1.Machine) crossNodeView {
+// subnet is its guest-cidr annotation, if it is one of the cluster range's
+// and confirmed says the Node holds it; its address the cross-node-address
+// annotation, else its InternalIP.
+func buildCrossNodeView(subnets network.GuestSubnets, nodes []corev1.Node, machines []kaironv1.Machine,
+	confirmed func(*corev1.Node, netip.Prefix) bool) crossNodeView {
 	view := crossNodeView{byNamespace: map[string][]netip.Addr{}, inUse: map[netip.Addr]string{}}
 	subnetOf := map[string]netip.Prefix{}
-	for _, node := range nodes {
+	for i := range nodes {
+		node := &nodes[i]
 		subnet, err := netip.ParsePrefix(node.Annotations[AnnotationGuestCIDR])
-		if err != nil || !subnets.Valid(subnet) {
+		if err != nil || !subnets.Valid(subnet) || !confirmed(node, subnet) {
 			continue
 		}
 		subnetOf[node.Name] = subnet
@@ -193,7 +219,9 @@ func (a *Agent) syncCrossNode(ctx context.Context, _ reconcile.Request) (reconci
 	if err := a.crossNode.machines.List(ctx, &machines); err != nil {
 		return reconcile.Result{}, err
 	}
-	view := buildCrossNodeView(a.crossNode.subnets, nodes.Items, machines.Items)
+	view := buildCrossNodeView(a.crossNode.subnets, nodes.Items, machines.Items, func(node *corev1.Node, subnet netip.Prefix) bool {
+		return node.Name == a.opts.NodeName || a.confirmed(ctx, node, subnet)
+	})
 	a.crossNode.mu.Lock()
 	a.crossNode.inUse = view.inUse
 	a.crossNode.mu.Unlock()

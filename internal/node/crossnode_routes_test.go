@@ -46,6 +46,7 @@ func TestCrossNodeViewFromNodesAndMachines(t *testing.T) {
 			node("d", "10.88.0.0/24", "", "192.168.1.4"),           // the gateway's: not a node subnet
 			node("e", "10.99.1.0/24", "", "192.168.1.5"),           // outside the range
 			node("f", "10.88.6.0/24", "", ""),                      // nowhere to send to
+			node("g", "10.88.7.0/24", "", "192.168.1.7"),           // its claim is not confirmed
 		},
 		[]kaironv1.Machine{
 			machine("team-a", "one", "a", "10.88.1.2"),
@@ -54,7 +55,9 @@ func TestCrossNodeViewFromNodesAndMachines(t *testing.T) {
 			machine("team-a", "moved", "a", "10.88.2.9"), // b's subnet, running on a
 			machine("team-b", "pending", "", ""),
 			machine("team-b", "outside", "c", "192.0.2.7"),
-		})
+			machine("team-a", "on-g", "g", "10.88.1.9"), // g's routes are not believed, nor its moved guests
+		},
+		func(node *corev1.Node, _ netip.Prefix) bool { return node.Name != "g" })
 	wantPeers := []network.Peer{
 		{Node: "a", Subnet: netip.MustParsePrefix("10.88.1.0/24"), Address: netip.MustParseAddr("192.168.1.1")},
 		{Node: "b", Subnet: netip.MustParsePrefix("10.88.2.0/24"), Address: netip.MustParseAddr("172.16.0.2")},
@@ -67,7 +70,7 @@ func TestCrossNodeViewFromNodesAndMachines(t *testing.T) {
 		t.Errorf("moved = %v, want %v", view.moved, wantMoved)
 	}
 	wantNamespaces := map[string][]netip.Addr{
-		"team-a": {netip.MustParseAddr("10.88.1.2"), netip.MustParseAddr("10.88.2.2"), netip.MustParseAddr("10.88.2.9")},
+		"team-a": {netip.MustParseAddr("10.88.1.2"), netip.MustParseAddr("10.88.2.2"), netip.MustParseAddr("10.88.2.9"), netip.MustParseAddr("10.88.1.9")},
 		"team-b": {netip.MustParseAddr("10.88.2.3")},
 	}
 	if !reflect.DeepEqual(view.byNamespace, wantNamespaces) {
