@@ -6,6 +6,7 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -52,4 +53,47 @@ func TestAgentLeaseConfinement(t *testing.T) {
 	allowed(t, "agent reads b's lease", a.Get(ctx, client.ObjectKeyFromObject(other), &theirs))
 	theirs.Spec.RenewTime = &now
 	refused(t, "agent renews b's lease", a.Update(ctx, &theirs), "may write only the Lease kube-node-lease/kairon-lease-a")
+}
+
+// With --cluster-guest-cidr an agent claims its guest subnet with a Lease
+// of its own making: held by its node, owned by its Node. It may claim for
+// itself only, and may not take over a claim that exists.
+func TestAgentGuestSubnetClaimConfinement(t *testing.T) {
+	cp := controlPlane(t)
+	ctx := context.Background()
+	adm := admin(t, cp)
+	nodeA := makeNode(t, adm, "subnet-a")
+	nodeB := makeNode(t, adm, "subnet-b")
+	a := agent(t, cp, "subnet-a")
+	claim := func(name, holder string, owner *corev1.Node) *coordinationv1.Lease {
+		l := nodeLease("kube-node-lease", name, holder)
+		if owner != nil {
+			l.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: owner.Name, UID: owner.UID}}
+		}
+		return l
+	}
+	const want = "create guest subnet claims (kairon-guest-subnet-*) held by and owned by its own Node"
+
+	own := claim("kairon-guest-subnet-10-89-1-0-24", "subnet-a", nodeA)
+	allowed(t, "agent claims a subnet for its node", a.Create(ctx, own))
+	refused(t, "agent claims a subnet for another node",
+		a.Create(ctx, claim("kairon-guest-subnet-10-89-2-0-24", "subnet-b", nodeB)), want)
+	refused(t, "agent claims a subnet held by itself but owned by another Node",
+		a.Create(ctx, claim("kairon-guest-subnet-10-89-3-0-24", "subnet-a", nodeB)), want)
+	refused(t, "agent claims a subnet owned by nothing (never collected)",
+		a.Create(ctx, claim("kairon-guest-subnet-10-89-4-0-24", "subnet-a", nil)), want)
+
+	var got coordinationv1.Lease
+	allowed(t, "agent reads its claim", a.Get(ctx, client.ObjectKeyFromObject(own), &got))
+	got.Spec.HolderIdentity = ptr.To("subnet-a")
+	now := metav1.NewMicroTime(time.Now())
+	got.Spec.RenewTime = &now
+	refused(t, "agent updates a claim", a.Update(ctx, &got), want)
+
+	theirs := claim("kairon-guest-subnet-10-89-5-0-24", "subnet-b", nodeB)
+	allowed(t, "admin creates b's claim", adm.Create(ctx, theirs))
+	allowed(t, "agent reads b's claim", a.Get(ctx, client.ObjectKeyFromObject(theirs), &got))
+	got.Spec.HolderIdentity = ptr.To("subnet-a")
+	got.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: nodeA.Name, UID: nodeA.UID}}
+	refused(t, "agent takes over b's claim", a.Update(ctx, &got), want)
 }

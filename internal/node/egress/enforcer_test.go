@@ -336,6 +336,27 @@ func TestMasquerade(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustReach(t, g, otherAddr+":8050")
+
+	// A guest address behind the uplink (a guest on another node) is
+	// reached with the guest's own address, not the node's: without the
+	// outside's route back to the guest network the answers are lost,
+	// with it they arrive.
+	peerGuest := "10.88.200.5"
+	run(t, "ip", "-n", n.outside, "addr", "add", peerGuest+"/32", "dev", "lo")
+	run(t, "ip", "-n", n.host, "route", "add", peerGuest+"/32", "via", uplinkOutside)
+	// On the guest's own /16, so through the gateway as proxy ARP on the
+	// bridge would send it with guests on several nodes.
+	run(t, "ip", "-n", g.netns, "route", "add", peerGuest+"/32", "via", n.gateway.String())
+	serveTCP(t, n.outside, peerGuest+":8050")
+	// The other node's guest is of the same namespace, so the baseline
+	// lets its answers onto g's tap.
+	if err := n.baseline.SetNamespaceAddresses(map[string][]netip.Addr{"team-a": {netip.MustParseAddr(peerGuest)}}); err != nil {
+		t.Fatal(err)
+	}
+	mustNotReach(t, g, peerGuest+":8050")
+	run(t, "ip", "-n", n.outside, "route", "add", "10.88.1.0/24", "via", uplinkNode)
+	mustReach(t, g, peerGuest+":8050")
+
 	bad := &Enforcer{NetNS: n.host, Bridge: n.bridge, Network: n.network, Gateway: n.gateway, Masquerade: "up0 accept"}
 	if err := bad.Setup(); err == nil || !strings.Contains(err.Error(), "--egress-masquerade") {
 		t.Fatalf("Setup with a masquerade interface that is not a name: %v", err)

@@ -431,6 +431,15 @@ func prefixMatch(offset uint32, p netip.Prefix) []expr.Any {
 	}
 }
 
+// prefixMismatch is "ip saddr/daddr != P": prefixMatch's comparison
+// turned round, as nft compiles it.
+func prefixMismatch(offset uint32, p netip.Prefix) []expr.Any {
+	m := prefixMatch(offset, p)
+	last := *m[len(m)-1].(*expr.Cmp)
+	last.Op = expr.CmpOpNeq
+	return append(m[:len(m)-1:len(m)-1], &last)
+}
+
 // addrMatch is "ip daddr { N, ... }" (family's dependency first). As nft,
 // a single element is matched by itself, several through an anonymous
 // interval set created in the batch.
@@ -626,9 +635,14 @@ func (b *batch) setup(e *Enforcer) {
 		// add chain inet T masq_U { type nat hook postrouting priority 100; policy accept; }
 		// flush chain inet T masq_U
 		c := b.addBaseChain(b.inet, "masq_"+e.Masquerade, nftables.ChainTypeNAT, nftables.ChainHookPostrouting, 100)
-		// add rule inet T masq_U oifname "U" ip saddr N masquerade
+		// add rule inet T masq_U oifname "U" ip saddr N ip daddr != N masquerade
+		// Not to the guest network: with guests on several nodes, a guest
+		// on another node is reached through the uplink and must see the
+		// sender's own address (its node routes the answer back, and
+		// the namespace isolation goes by that address).
 		b.rule(c, []expr.Any{meta(expr.MetaKeyOIFNAME, 1), cmp(expr.CmpOpEq, ifnameKey(e.Masquerade))},
-			ipv4Dep(nftables.TableFamilyINet), prefixMatch(saddrOffset, e.Network.Masked()), []expr.Any{&expr.Masq{}})
+			ipv4Dep(nftables.TableFamilyINet), prefixMatch(saddrOffset, e.Network.Masked()),
+			prefixMismatch(daddrOffset, e.Network.Masked()), []expr.Any{&expr.Masq{}})
 	}
 	// add element inet T denied4 { N, always denied... }
 	var denied4 []interval

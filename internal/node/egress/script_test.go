@@ -57,7 +57,7 @@ func (e *Enforcer) setupScript() string {
 		c := "masq_" + e.Masquerade
 		w("add chain %s %s { type nat hook postrouting priority 100; policy accept; }", i, c)
 		w("flush chain %s %s", i, c)
-		w("add rule %s %s oifname %q ip saddr %s masquerade", i, c, e.Masquerade, e.Network.Masked())
+		w("add rule %s %s oifname %q ip saddr %s ip daddr != %s masquerade", i, c, e.Masquerade, e.Network.Masked(), e.Network.Masked())
 	}
 	var denied []string
 	for _, p := range append([]netip.Prefix{e.Network.Masked()}, AlwaysDenied...) {
