@@ -214,4 +214,3 @@ func claimAClone(t *testing.T, env *testenv.Env, ns string, snap *kaironv1.Machi
 	t.Logf("%s", strings.TrimSpace(out))
 	return m
 }
-

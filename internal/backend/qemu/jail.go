@@ -78,11 +78,11 @@ type jailConfig struct {
 	registry          string
 	// stateDir is the backend's own (absolute) state directory: the
 	// registry is the host's, shared with every other agent on it.
-	stateDir string
-	cgroups           *cgroupSetup
-	overheadMiB       int64
-	kvmGroup          uint32 // 0: none (then /dev/kvm is unusable for VMs)
-	kvmErr            error  // why jailed VMs cannot open /dev/kvm
+	stateDir    string
+	cgroups     *cgroupSetup
+	overheadMiB int64
+	kvmGroup    uint32 // 0: none (then /dev/kvm is unusable for VMs)
+	kvmErr      error  // why jailed VMs cannot open /dev/kvm
 }
 
 func newJailConfig(opts Options) (*jailConfig, error) {
