@@ -303,8 +303,9 @@ func (h *crossNodeHosts) expectCleanExit(subnetA, subnetB string) {
 
 // TestCrossNodeVXLAN: two hosts that reach each other only through a
 // router; VXLAN tunnels carry the guests' traffic. A guest reaches a guest
-// of its namespace on the other host and not one of another namespace;
-// nothing is left when the Machines and the nodes go away.
+// of its namespace on the other host and not one of another namespace; a
+// guest moved cold to the other host keeps its address and is reached
+// there; nothing is left when the Machines and the nodes go away.
 func TestCrossNodeVXLAN(t *testing.T) {
 	env := testenv.Get(t)
 	teamA, teamB := env.Namespace(t), env.Namespace(t)
@@ -328,6 +329,26 @@ func TestCrossNodeVXLAN(t *testing.T) {
 	if routes := ipIn(h.netns[0], "-4", "route", "show", subnetB); !strings.Contains(routes, "dev kairon-vx") {
 		t.Errorf("%s routes %s not through the tunnel:\n%s", a, subnetB, routes)
 	}
+
+	// A cold migration between the hosts: B saves the guest, A fetches the
+	// state from B's agent and restores it; the guest keeps its address,
+	// now routed to A, and the guest on A reaches it there.
+	kubectl(t, env, fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: MachineMigration\nmetadata: {name: cold}\nspec: {machineName: two, strategy: cold, targetNode: %s}\n", a),
+		"-n", teamA, "apply", "-f", "-")
+	testenv.Eventually(t, 3*time.Minute, "the cold migration to end", func() (bool, string) {
+		out := kubectlQuiet(env, "-n", teamA, "get", "machinemigration", "cold", "-o", "jsonpath={.status.phase} {.status.reason} {.status.message}")
+		if strings.HasPrefix(out, "Failed") {
+			t.Fatalf("migration failed: %s", out)
+		}
+		return strings.HasPrefix(out, "Succeeded"), out
+	})
+	m := waitPhase(t, env, client.ObjectKey{Namespace: teamA, Name: "two"}, kaironv1.MachineRunning)
+	if m.Spec.NodeName != a || len(m.Status.Addresses) == 0 || m.Status.Addresses[0].Address != two {
+		t.Fatalf("after the cold migration: node %q, addresses %v; want %s and %s", m.Spec.NodeName, m.Status.Addresses, a, two)
+	}
+	h.mustFetch(teamA, "one", two, "two")
+	h.mustNotFetch(teamB, "other", two)
+
 	for _, key := range []client.ObjectKey{{Namespace: teamA, Name: "one"}, {Namespace: teamA, Name: "two"}, {Namespace: teamB, Name: "other"}} {
 		kubectl(t, env, "", "-n", key.Namespace, "delete", "machine", key.Name, "--wait=true", "--timeout=2m")
 	}
