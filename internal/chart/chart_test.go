@@ -478,6 +478,11 @@ func TestTemplateRefuses(t *testing.T) {
 			want:  []string{`controller.cordonEvacuation.strategy="warm" is not valid`, "cold or auto"},
 		},
 		{
+			name:  "cross-node routing unknown",
+			flags: setArgs([]string{"node.crossNode.clusterGuestCIDR=10.90.0.0/16", "node.crossNode.routing=bgp"}),
+			want:  []string{`node.crossNode.routing="bgp" is not valid`, "host or vxlan"},
+		},
+		{
 			name:  "webhook without TLS",
 			flags: setArgs([]string{"webhook.enabled=true"}),
 			want:  []string{"webhook.enabled=true needs webhook.tlsSecretName", "does not create a certificate"},
@@ -911,6 +916,24 @@ func TestTemplateNodeAgent(t *testing.T) {
 		return strings.HasPrefix(a, "--egress-dns") || strings.HasPrefix(a, "--egress-sni")
 	}) || !slices.Contains(noEgress.Args, "--egress-masquerade=none") {
 		t.Errorf("egress proxies and NAT off: args %q", noEgress.Args)
+	}
+	// Guests on several nodes: the cluster range instead of the node's own.
+	for routing, want := range map[string][]string{
+		"host":  {"--cluster-guest-cidr=10.90.0.0/16", "--node-guest-prefix=26", "--cross-node-routing=host"},
+		"vxlan": {"--cluster-guest-cidr=10.90.0.0/16", "--node-guest-prefix=26", "--cross-node-routing=vxlan", "--vxlan-id=7", "--vxlan-port=8472"},
+	} {
+		_, cross := nodeDaemonSet(t, render(t, setArgs([]string{"node.crossNode.clusterGuestCIDR=10.90.0.0/16", "node.crossNode.nodeGuestPrefix=26",
+			"node.crossNode.routing=" + routing, "node.crossNode.vxlanID=7", "node.crossNode.vxlanPort=8472"})...))
+		var got []string
+		for _, a := range cross.Args {
+			if strings.HasPrefix(a, "--cluster-guest") || strings.HasPrefix(a, "--node-guest") || strings.HasPrefix(a, "--cross-node") ||
+				strings.HasPrefix(a, "--vxlan") || strings.HasPrefix(a, "--network-cidr") {
+				got = append(got, a)
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("node.crossNode with routing %s: network args %q, want %q", routing, got, want)
+		}
 	}
 	if _, withConsole := nodeDaemonSet(t, render(t, setArgs([]string{"node.listen=0.0.0.0:10251"})...)); !slices.Contains(withConsole.Args, "--client-ca-file=/var/run/secrets/kubernetes.io/serviceaccount/ca.crt") {
 		t.Errorf("node.listen set: args %q lack the console client CA", withConsole.Args)

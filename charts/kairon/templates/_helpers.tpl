@@ -155,5 +155,8 @@ every install, upgrade and template.
 {{- if not .Values.node.networkCIDR }}
 {{- fail "node.networkCIDR must be an IPv4 range such as 10.88.0.0/24." }}
 {{- end }}
+{{- if and .Values.node.crossNode.clusterGuestCIDR (not (has (toString .Values.node.crossNode.routing) (list "host" "vxlan"))) }}
+{{- fail (printf "node.crossNode.routing=%q is not valid: use host or vxlan." (toString .Values.node.crossNode.routing)) }}
+{{- end }}
 {{- end }}
 {{- end }}
