@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"runtime"
 
-	"golang.org/x/sys/unix"
+	"github.com/zyvor/kairon/internal/node/network"
 )
 
 // Listen opens the DNS proxy's UDP and TCP sockets on addr in network
@@ -38,27 +37,8 @@ func Listen(netns, addr string) (*net.UDPConn, net.Listener, error) {
 	return uc.(*net.UDPConn), ln, nil
 }
 
-// inNetNS runs fn on a thread in the named namespace. The thread is never
-// unlocked, so Go discards it afterwards instead of reusing it in the wrong
-// namespace.
-func inNetNS(netns string, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open("/var/run/netns/" + netns)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", netns, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
+// inNetNS runs fn on a thread in the named namespace (network.InNamespace).
+var inNetNS = network.InNamespace
 
 // ListenTCP opens a TCP listener on addr in network namespace netns
 // (empty: the caller's), for the SNI proxy.

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"runtime"
 
 	"golang.org/x/sys/unix"
 )
@@ -38,7 +36,7 @@ func AnnounceGateway(netns, bridge string, addr netip.Addr) error {
 	copy(frame[22:28], mac)
 	copy(frame[28:32], ip[:])
 	copy(frame[38:42], ip[:])
-	return inNamespace(netns, func() error {
+	return InNamespace(netns, func() error {
 		iface, err := net.InterfaceByName(bridge)
 		if err != nil {
 			return err
@@ -59,28 +57,3 @@ func AnnounceGateway(netns, bridge string, addr netip.Addr) error {
 
 // arpProtocol is ETH_P_ARP in network byte order, as a packet socket wants it.
 const arpProtocol = unix.ETH_P_ARP<<8&0xff00 | unix.ETH_P_ARP>>8
-
-// inNamespace runs fn on a thread in network namespace netns (empty: the
-// caller's). The thread is never unlocked: Go discards it afterwards
-// instead of reusing it in the wrong namespace.
-func inNamespace(netns string, fn func() error) error {
-	if netns == "" {
-		return fn()
-	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open("/var/run/netns/" + netns)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", netns, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
