@@ -89,18 +89,26 @@ func (a *Agent) fetchSnapshot(ctx context.Context, snap *kaironv1.MachineSnapsho
 
 // sendSnapshot is the owner's side of a snapshot request.
 func (a *Agent) sendSnapshot(ctx context.Context, conn net.Conn, request migrationRequest, peer *x509.Certificate, release func()) {
+	a.serveStateRequest(ctx, conn, "snapshot", request, func() (string, error) { return a.checkSnapshotRequest(ctx, request.key, peer) }, release)
+}
+
+// serveStateRequest is the owner's side of a request for a saved state
+// file, a MachineSnapshot's or a pool template's (what): check says
+// whether the peer may have it and where it is; then the listener is
+// released and the file sent.
+func (a *Agent) serveStateRequest(ctx context.Context, conn net.Conn, what string, request migrationRequest, check func() (string, error), release func()) {
 	logger := log.FromContext(ctx)
-	path, err := a.checkSnapshotRequest(ctx, request.key, peer)
+	path, err := check()
 	if err != nil {
-		logger.Info("snapshot request refused", "why", err.Error())
+		logger.Info(what+" request refused", "why", err.Error())
 		_ = reply(conn, stateRefusal)
 		return
 	}
 	release()
 	if size, err := a.sendStateFile(conn, path); err != nil {
-		logger.Info("sending a snapshot broke off", "err", err.Error())
+		logger.Info("sending a "+what+" broke off", "err", err.Error())
 	} else {
-		logger.Info("snapshot sent", "machinesnapshot", request.key.String(), "bytes", size)
+		logger.Info(what+" sent", "object", request.key.String(), "bytes", size)
 	}
 }
 

@@ -183,19 +183,7 @@ func (a *Agent) fetchTemplate(ctx context.Context, tm, clone *kaironv1.Machine, 
 
 // sendTemplate is the template node's side of a template request.
 func (a *Agent) sendTemplate(ctx context.Context, conn net.Conn, request migrationRequest, peer *x509.Certificate, release func()) {
-	logger := log.FromContext(ctx)
-	path, err := a.checkTemplateRequest(ctx, request.key, peer)
-	if err != nil {
-		logger.Info("template request refused", "why", err.Error())
-		_ = reply(conn, stateRefusal)
-		return
-	}
-	release()
-	if size, err := a.sendStateFile(conn, path); err != nil {
-		logger.Info("sending a template snapshot broke off", "err", err.Error())
-	} else {
-		logger.Info("template snapshot sent", "template", request.key.String(), "bytes", size)
-	}
+	a.serveStateRequest(ctx, conn, "template snapshot", request, func() (string, error) { return a.checkTemplateRequest(ctx, request.key, peer) }, release)
 }
 
 // checkTemplateRequest says whether the peer may have template Machine
