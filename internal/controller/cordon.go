@@ -101,6 +101,9 @@ func (r *CordonEvacuationReconciler) SetupWithManager(mgr manager.Manager) error
 	if r.Strategy == kaironv1.MigrationLive {
 		return errors.New("cordon evacuation never insists on live migrations: use strategy auto (live where possible) or cold")
 	}
+	if err := IndexPodsByNode(mgr); err != nil {
+		return err
+	}
 	if r.Strategy == "" {
 		r.Strategy = kaironv1.MigrationCold
 	}

@@ -198,11 +198,14 @@ func TestCordonEvacuationUncordon(t *testing.T) {
 	// The migration fails; uncordoned, the node keeps its Machine and no
 	// new migration comes, however long the interval has passed.
 	cordon(t, env, nodeA.Name, false)
-	mig := listMigrations(t, env, ns)[0]
-	mig.Status.Phase = kaironv1.MigrationFailed
-	if err := env.Client.Status().Update(context.Background(), &mig); err != nil {
-		t.Fatal(err)
-	}
+	// The migration controller may write it meanwhile: read it again on a
+	// conflict.
+	eventually(t, "the migration marked Failed", func() (bool, string) {
+		mig := listMigrations(t, env, ns)[0]
+		mig.Status.Phase = kaironv1.MigrationFailed
+		err := env.Client.Status().Update(context.Background(), &mig)
+		return err == nil, fmt.Sprint(err)
+	})
 	testenv.Consistently(t, cordonQuietWindow, "no new migration after uncordoning", func() (bool, string) {
 		migs := listMigrations(t, env, ns)
 		return len(migs) == 1, describeMigrations(migs)

@@ -57,6 +57,9 @@ type MachineMigrationReconciler struct {
 
 // SetupWithManager registers the reconciler with mgr.
 func (r *MachineMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := IndexPodsByNode(mgr); err != nil {
+		return err
+	}
 	if r.Timeout <= 0 {
 		r.Timeout = DefaultMigrationTimeout
 	}

@@ -58,6 +58,9 @@ type SchedulerReconciler struct {
 
 // SetupWithManager registers the scheduler with mgr.
 func (r *SchedulerReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := IndexPodsByNode(mgr); err != nil {
+		return err
+	}
 	if r.assumed == nil {
 		r.assumed = newAssumedBindings()
 	}
@@ -134,15 +137,26 @@ func nodeSchedulingChanged() predicate.Funcs {
 // pods of Kairon's nodes.
 const podNodeNameIndex = "spec.nodeName"
 
-// IndexPodsByNode registers podNodeNameIndex with mgr's cache, once per
-// manager (SetupWithManager): the scheduler, the migration controller and
-// cordon evacuation all read it.
+// IndexPodsByNode registers podNodeNameIndex with mgr's cache. The
+// scheduler, the migration controller and cordon evacuation all read it,
+// and each registers it in its own SetupWithManager, so that any of them
+// runs alone; a cache takes an index once, so the later calls for the same
+// manager do nothing.
 func IndexPodsByNode(mgr ctrl.Manager) error {
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, podNodeNameIndex, podNodeName); err != nil {
+	indexer := mgr.GetFieldIndexer()
+	if _, done := podIndexes.LoadOrStore(indexer, true); done {
+		return nil
+	}
+	if err := indexer.IndexField(context.Background(), &corev1.Pod{}, podNodeNameIndex, podNodeName); err != nil {
+		podIndexes.Delete(indexer)
 		return fmt.Errorf("indexing pods by node: %w", err)
 	}
 	return nil
 }
+
+// podIndexes holds the field indexers (one per manager's cache) that have
+// podNodeNameIndex.
+var podIndexes sync.Map
 
 func podNodeName(o client.Object) []string {
 	if pod, ok := o.(*corev1.Pod); ok && pod.Spec.NodeName != "" {

@@ -93,9 +93,6 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 	if binds == nil {
 		binds = newBindTracker()
 	}
-	if err := IndexPodsByNode(mgr); err != nil {
-		return err
-	}
 	err = errors.Join(
 		(&SchedulerReconciler{
 			Client:    mgr.GetClient(),
