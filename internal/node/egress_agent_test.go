@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -22,6 +23,23 @@ import (
 	"github.com/zyvor/kairon/internal/node/egress"
 	"github.com/zyvor/kairon/internal/testenv"
 )
+
+// editPolicy changes the policy's spec with mutate, reading it again when
+// the agent's status report changed it in between (a conflict).
+func editPolicy(t *testing.T, env *testenv.Env, key client.ObjectKey, mutate func(*kaironv1.MachineNetworkPolicy)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur := &kaironv1.MachineNetworkPolicy{}
+		if err := env.Client.Get(context.Background(), key, cur); err != nil {
+			return err
+		}
+		mutate(cur)
+		return env.Client.Update(context.Background(), cur)
+	})
+	if err != nil {
+		t.Fatalf("editing policy %s: %v", key, err)
+	}
+}
 
 // recordingEnforcer keeps what the agent asked nftables for, per tap.
 type recordingEnforcer struct {
@@ -149,14 +167,9 @@ func TestAgentEnforcesAndReportsMachineNetworkPolicies(t *testing.T) {
 	}
 
 	t.Run("an edit is enforced and reported at the new generation", func(t *testing.T) {
-		cur := &kaironv1.MachineNetworkPolicy{}
-		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(byName), cur); err != nil {
-			t.Fatal(err)
-		}
-		cur.Spec.Egress.AllowPorts = []kaironv1.PortRange{"8000-8100"}
-		if err := env.Client.Update(ctx, cur); err != nil {
-			t.Fatal(err)
-		}
+		editPolicy(t, env, client.ObjectKeyFromObject(byName), func(p *kaironv1.MachineNetworkPolicy) {
+			p.Spec.Egress.AllowPorts = []kaironv1.PortRange{"8000-8100"}
+		})
 		waitEnforcement(t, env, client.ObjectKeyFromObject(byName), "sim-egress", "vm-a")
 		p, _ := rec.policyOf("vm-a")
 		if p == nil || !slices.ContainsFunc(p.Grants, func(g egress.Grant) bool {
@@ -168,14 +181,9 @@ func TestAgentEnforcesAndReportsMachineNetworkPolicies(t *testing.T) {
 
 	t.Run("a failing node reports an error, not enforcement", func(t *testing.T) {
 		rec.setFail(true)
+		defer rec.setFail(false)
+		editPolicy(t, env, client.ObjectKeyFromObject(byName), func(p *kaironv1.MachineNetworkPolicy) { p.Spec.Egress.AllowIcmp = true })
 		cur := &kaironv1.MachineNetworkPolicy{}
-		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(byName), cur); err != nil {
-			t.Fatal(err)
-		}
-		cur.Spec.Egress.AllowIcmp = true
-		if err := env.Client.Update(ctx, cur); err != nil {
-			t.Fatal(err)
-		}
 		testenv.Eventually(t, waitTimeout, "the error reported", func() (bool, string) {
 			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(byName), cur); err != nil {
 				return false, err.Error()

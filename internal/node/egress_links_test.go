@@ -135,14 +135,9 @@ func TestAgentConfinesBeforeTheVMStarts(t *testing.T) {
 	}
 	stop = start()
 	defer stop()
-	cur := &kaironv1.MachineNetworkPolicy{}
-	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(policy), cur); err != nil {
-		t.Fatal(err)
-	}
-	cur.Spec.Egress.AllowPorts = []kaironv1.PortRange{"8443"}
-	if err := env.Client.Update(ctx, cur); err != nil {
-		t.Fatal(err)
-	}
+	editPolicy(t, env, client.ObjectKeyFromObject(policy), func(p *kaironv1.MachineNetworkPolicy) {
+		p.Spec.Egress.AllowPorts = []kaironv1.PortRange{"8443"}
+	})
 	waitEnforcement(t, env, client.ObjectKeyFromObject(policy), nodeName, "vm")
 	if table := nft(t, netns, "list", "table", "inet", egress.Table); !strings.Contains(table, "th dport 8443 accept") || strings.Contains(table, "th dport 443 accept") {
 		t.Fatalf("the restarted agent did not apply the edit:\n%s", table)
