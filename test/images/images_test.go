@@ -446,7 +446,10 @@ var podmanReady struct {
 // preparePodman makes this host able to run containers: crun refuses a
 // cgroup v1 host whose v2 hierarchy still holds controllers (the hybrid
 // layout of this project's machines, where v2 keeps hugetlb), so each such
-// controller gets its v1 hierarchy, which takes it off v2.
+// controller gets its v1 hierarchy, which takes it off v2. That stays so
+// until the host reboots: the kernel keeps a v1 hierarchy that had cgroups
+// even after it is unmounted (tried: the controller did not come back to
+// v2), so the mount is left for the next run rather than hidden.
 func preparePodman(t testing.TB) {
 	t.Helper()
 	podmanReady.once.Do(func() {
