@@ -160,6 +160,17 @@ func (h *crossNodeHosts) mustNotFetch(namespace, machine, address string) {
 }
 
 // subnetOf is a Node's guest subnet annotation.
+// distinctSubnets returns the guest subnets the two hosts claimed, and
+// fails the test unless each has one of its own.
+func (h *crossNodeHosts) distinctSubnets(t *testing.T) (string, string) {
+	t.Helper()
+	a, b := h.subnetOf(h.names[0]), h.subnetOf(h.names[1])
+	if a == "" || b == "" || a == b {
+		t.Fatalf("guest subnets: %s has %q, %s has %q; want two different ones", h.names[0], a, h.names[1], b)
+	}
+	return a, b
+}
+
 func (h *crossNodeHosts) subnetOf(name string) string {
 	h.t.Helper()
 	node := &corev1.Node{}
@@ -208,10 +219,7 @@ func TestCrossNodeHostRouting(t *testing.T) {
 	h := startCrossNodeHosts(t, env, "host", teamA)
 	a, b := h.names[0], h.names[1]
 
-	subnetA, subnetB := h.subnetOf(a), h.subnetOf(b)
-	if subnetA == "" || subnetB == "" || subnetA == subnetB {
-		t.Fatalf("guest subnets: %s has %q, %s has %q; want two different ones", a, subnetA, b, subnetB)
-	}
+	subnetA, subnetB := h.distinctSubnets(t)
 	one := h.machineOn(teamA, "one", a)
 	mover := h.machineOn(teamA, "mover", b)
 	third := h.machineOn(teamA, "third", b)
@@ -312,10 +320,7 @@ func TestCrossNodeVXLAN(t *testing.T) {
 	startController(t, env)
 	h := startCrossNodeHosts(t, env, "vxlan", teamA)
 	a, b := h.names[0], h.names[1]
-	subnetA, subnetB := h.subnetOf(a), h.subnetOf(b)
-	if subnetA == "" || subnetB == "" || subnetA == subnetB {
-		t.Fatalf("guest subnets: %s has %q, %s has %q; want two different ones", a, subnetA, b, subnetB)
-	}
+	subnetA, subnetB := h.distinctSubnets(t)
 	one := h.machineOn(teamA, "one", a)
 	two := h.machineOn(teamA, "two", b)
 	other := h.machineOn(teamB, "other", b)
