@@ -159,7 +159,6 @@ func (h *crossNodeHosts) mustNotFetch(namespace, machine, address string) {
 	}
 }
 
-// subnetOf is a Node's guest subnet annotation.
 // distinctSubnets returns the guest subnets the two hosts claimed, and
 // fails the test unless each has one of its own.
 func (h *crossNodeHosts) distinctSubnets(t *testing.T) (string, string) {
@@ -171,6 +170,7 @@ func (h *crossNodeHosts) distinctSubnets(t *testing.T) (string, string) {
 	return a, b
 }
 
+// subnetOf is a Node's guest subnet annotation.
 func (h *crossNodeHosts) subnetOf(name string) string {
 	h.t.Helper()
 	node := &corev1.Node{}
