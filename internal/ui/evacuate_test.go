@@ -137,11 +137,21 @@ func TestBrowserEvacuateUntilEmpty(t *testing.T) {
 	b.waitFor(t, "the node's 4 Machines", fmt.Sprintf(`document.querySelector(%q)?.children[5]?.textContent === "4"`, row))
 	b.eval(t, `window.kaironNoReload = true`)
 	panel := "#evacuate-" + node
-	b.do(t, "evacuating "+node+" until empty",
-		chromedp.Click(chromedp.CSS(panel+" summary")),
-		chromedp.WaitVisible(chromedp.CSS("#until-empty-"+node)),
-		chromedp.Click(chromedp.CSS("#until-empty-"+node)),
-		chromedp.Click(chromedp.CSS(panel+` button[type="submit"]`)))
+	// Opened, ticked and submitted in one evaluation: the page updates the
+	// node's row live, and a click between two of chromedp's steps found
+	// the element it had queried replaced ("Could not find node with given
+	// id").
+	if !b.eval(t, fmt.Sprintf(`(() => {
+		const p = document.querySelector(%q);
+		if (!p) return false;
+		if (!p.open) p.querySelector("summary").click();
+		const box = document.getElementById(%q);
+		if (!box.checked) box.click();
+		p.querySelector('button[type="submit"]').click();
+		return box.checked;
+	})()`, panel, "until-empty-"+node)) {
+		t.Fatalf("evacuating %s until empty: no evacuate panel, or its until-empty box would not tick", node)
+	}
 	b.waitFor(t, "the first pass's result", `document.getElementById("action-result").className === "done"`)
 	if got := b.text(t, "#action-result"); !strings.Contains(got, "2 migrations created") || !strings.Contains(got, "keeps going until "+node+" is empty") {
 		t.Errorf("the first pass says %q", got)
