@@ -159,6 +159,21 @@ func (h *crossNodeHosts) mustNotFetch(namespace, machine, address string) {
 	}
 }
 
+// migrateTo moves machine to node with a MachineMigration named name and
+// waits until it Succeeded; a Failed one fails the test.
+func migrateTo(t *testing.T, env *testenv.Env, ns, name, machine, strategy, node string) {
+	t.Helper()
+	kubectl(t, env, fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: MachineMigration\nmetadata: {name: %s}\nspec: {machineName: %s, strategy: %s, targetNode: %s}\n",
+		name, machine, strategy, node), "-n", ns, "apply", "-f", "-")
+	testenv.Eventually(t, 3*time.Minute, "the "+strategy+" migration to end", func() (bool, string) {
+		out := kubectlQuiet(env, "-n", ns, "get", "machinemigration", name, "-o", "jsonpath={.status.phase} {.status.reason} {.status.message}")
+		if strings.HasPrefix(out, "Failed") {
+			t.Fatalf("migration %s failed: %s", name, out)
+		}
+		return strings.HasPrefix(out, "Succeeded"), out
+	})
+}
+
 // distinctSubnets returns the guest subnets the two hosts claimed, and
 // fails the test unless each has one of its own.
 func (h *crossNodeHosts) distinctSubnets(t *testing.T) (string, string) {
@@ -236,15 +251,7 @@ func TestCrossNodeHostRouting(t *testing.T) {
 	h.mustNotFetch(teamA, "one", other)
 	h.mustNotFetch(teamB, "other", one)
 
-	kubectl(t, env, fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: MachineMigration\nmetadata: {name: move}\nspec: {machineName: mover, strategy: live, targetNode: %s}\n", a),
-		"-n", teamA, "apply", "-f", "-")
-	testenv.Eventually(t, 3*time.Minute, "the live migration to end", func() (bool, string) {
-		out := kubectlQuiet(env, "-n", teamA, "get", "machinemigration", "move", "-o", "jsonpath={.status.phase} {.status.reason} {.status.message}")
-		if strings.HasPrefix(out, "Failed") {
-			t.Fatalf("migration failed: %s", out)
-		}
-		return strings.HasPrefix(out, "Succeeded"), out
-	})
+	migrateTo(t, env, teamA, "move", "mover", "live", a)
 	m := waitPhase(t, env, client.ObjectKey{Namespace: teamA, Name: "mover"}, kaironv1.MachineRunning)
 	if m.Spec.NodeName != a || len(m.Status.Addresses) == 0 || m.Status.Addresses[0].Address != mover {
 		t.Fatalf("after the migration: node %q, addresses %v; want %s and %s", m.Spec.NodeName, m.Status.Addresses, a, mover)
@@ -338,15 +345,7 @@ func TestCrossNodeVXLAN(t *testing.T) {
 	// A cold migration between the hosts: B saves the guest, A fetches the
 	// state from B's agent and restores it; the guest keeps its address,
 	// now routed to A, and the guest on A reaches it there.
-	kubectl(t, env, fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: MachineMigration\nmetadata: {name: cold}\nspec: {machineName: two, strategy: cold, targetNode: %s}\n", a),
-		"-n", teamA, "apply", "-f", "-")
-	testenv.Eventually(t, 3*time.Minute, "the cold migration to end", func() (bool, string) {
-		out := kubectlQuiet(env, "-n", teamA, "get", "machinemigration", "cold", "-o", "jsonpath={.status.phase} {.status.reason} {.status.message}")
-		if strings.HasPrefix(out, "Failed") {
-			t.Fatalf("migration failed: %s", out)
-		}
-		return strings.HasPrefix(out, "Succeeded"), out
-	})
+	migrateTo(t, env, teamA, "cold", "two", "cold", a)
 	m := waitPhase(t, env, client.ObjectKey{Namespace: teamA, Name: "two"}, kaironv1.MachineRunning)
 	if m.Spec.NodeName != a || len(m.Status.Addresses) == 0 || m.Status.Addresses[0].Address != two {
 		t.Fatalf("after the cold migration: node %q, addresses %v; want %s and %s", m.Spec.NodeName, m.Status.Addresses, a, two)

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -321,47 +320,10 @@ func startKaironLocalWith(t *testing.T, nodes int, flags ...string) *localCluste
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dataDir) })
-	c := &localCluster{t: t, binDir: testenv.BinDir(t), netNS: netns(t), dataDir: dataDir, nodes: nodes, port: stablePort(t)}
+	c := &localCluster{t: t, binDir: testenv.BinDir(t), netNS: netns(t), dataDir: dataDir, nodes: nodes, port: stablePort(t), flags: flags}
 	c.kubeconfig = filepath.Join(c.dataDir, "kubeconfig")
 	t.Cleanup(func() { killVMs(t, c.dataDir) })
-	c.out = filepath.Join(t.TempDir(), "out")
-	log, err := os.Create(c.out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
-	up := exec.Command(filepath.Join(c.binDir, "kairon-local"), append([]string{"up", "--data-dir", c.dataDir, "--port", strconv.Itoa(c.port),
-		"--nodes", strconv.Itoa(c.nodes), "--netns", c.netNS, "--ui=false"}, flags...)...)
-	up.Stdout, up.Stderr = log, log
-	up.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := up.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = up.Wait(); close(exited) }()
-	c.proc, c.exited = up, exited
-	t.Cleanup(func() {
-		select {
-		case <-exited:
-		default:
-			_ = up.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(4 * time.Minute):
-				_ = up.Process.Kill()
-				<-exited
-			}
-		}
-		if t.Failed() {
-			t.Logf("kairon-local output (%s):\n%s", c.out, tail(c.output(), 40))
-		}
-	})
-	testenv.Eventually(t, 3*time.Minute, "kairon-local up", func() (bool, string) {
-		if c.hasExited() {
-			t.Fatalf("kairon-local exited (%v) before it was up:\n%s", up.ProcessState, tail(c.output(), 20))
-		}
-		return strings.Contains(c.output(), "kairon-local is up"), tail(c.output(), 3)
-	})
+	c.up()
 	return c
 }
 

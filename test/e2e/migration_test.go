@@ -29,6 +29,8 @@ type localCluster struct {
 	netNS      string
 	nodes      int
 	port       int
+	// flags are up's sizing and timing flags (nil: 2 vCPUs and 1Gi a node).
+	flags []string
 	// proc is the running `kairon-local up`, nil when none; out its output.
 	proc   *exec.Cmd
 	exited chan struct{}
@@ -83,11 +85,15 @@ func (c *localCluster) up() {
 		t.Fatal(err)
 	}
 	defer log.Close()
-	up := exec.Command(filepath.Join(c.binDir, "kairon-local"), "up", "--data-dir", c.dataDir, "--port", strconv.Itoa(c.port),
-		"--nodes", strconv.Itoa(c.nodes), "--netns", c.netNS, "--node-cpu", "2", "--node-memory", "1Gi",
+	flags := c.flags
+	if flags == nil {
+		flags = []string{"--node-cpu", "2", "--node-memory", "1Gi"}
+	}
+	up := exec.Command(filepath.Join(c.binDir, "kairon-local"), append([]string{"up", "--data-dir", c.dataDir, "--port", strconv.Itoa(c.port),
+		"--nodes", strconv.Itoa(c.nodes), "--netns", c.netNS,
 		// No test here reads the dashboard, and its fixed port is shared
 		// with whatever else runs kairon-local on this host meanwhile.
-		"--ui=false")
+		"--ui=false"}, flags...)...)
 	up.Stdout, up.Stderr = log, log
 	up.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := up.Start(); err != nil {
