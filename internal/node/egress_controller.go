@@ -61,17 +61,31 @@ func (a *Agent) setupEgressController() error {
 
 // selects tells whether policy p confines Machine m.
 func selects(p *kaironv1.MachineNetworkPolicy, m *kaironv1.Machine) bool {
+	return selectsWith(p, policySelector(p), m)
+}
+
+// policySelector is p's Machine selector, parsed; nil when p names its
+// Machine or selects none (a selector that does not parse selects none).
+func policySelector(p *kaironv1.MachineNetworkPolicy) labels.Selector {
+	if p.Spec.MachineName != "" || p.Spec.MachineSelector == nil {
+		return nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(p.Spec.MachineSelector)
+	if err != nil {
+		return nil
+	}
+	return sel
+}
+
+// selectsWith is selects with p's selector parsed once by the caller.
+func selectsWith(p *kaironv1.MachineNetworkPolicy, sel labels.Selector, m *kaironv1.Machine) bool {
 	if p.Namespace != m.Namespace {
 		return false
 	}
 	if p.Spec.MachineName != "" {
 		return p.Spec.MachineName == m.Name
 	}
-	if p.Spec.MachineSelector == nil {
-		return false
-	}
-	sel, err := metav1.LabelSelectorAsSelector(p.Spec.MachineSelector)
-	return err == nil && sel.Matches(labels.Set(m.Labels))
+	return sel != nil && sel.Matches(labels.Set(m.Labels))
 }
 
 // egressTarget is where a Machine's rules go: its tap and address on this
@@ -81,26 +95,30 @@ func (a *Agent) egressTarget(m *kaironv1.Machine) (egress.Machine, bool) {
 		return egress.Machine{}, false
 	}
 	id := instanceID(m.Namespace, m.Name)
-	if !slices.Contains(a.ipam.Allocated(), id) {
+	address, ok := a.ipam.Lookup(id)
+	if !ok {
 		return egress.Machine{}, false // not attached (yet)
 	}
-	address, err := a.ipam.Allocate(id) // allocated: returns it
-	if err != nil {
-		return egress.Machine{}, false
-	}
-	return egress.Machine{Namespace: m.Namespace, Name: m.Name, Tap: network.TapName(a.opts.NodeName, id), IP: address.Addr()}, true
+	return egress.Machine{Namespace: m.Namespace, Name: m.Name, Tap: network.TapName(a.opts.NodeName, id), IP: address}, true
 }
 
 func (a *Agent) reconcileEgress(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	namespace := req.Name
 	logger := log.FromContext(ctx).WithValues("namespace", namespace)
+	// Read-only views of the cache: this runs on every change of any of
+	// the node's Machines, and copying them all each time was the agent's
+	// largest cost while a pool refilled during binds.
 	var policies kaironv1.MachineNetworkPolicyList
-	if err := a.client.List(ctx, &policies, client.InNamespace(namespace)); err != nil {
+	if err := a.client.List(ctx, &policies, client.InNamespace(namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return reconcile.Result{}, err
 	}
 	var machines kaironv1.MachineList
-	if err := a.client.List(ctx, &machines, client.InNamespace(namespace)); err != nil {
+	if err := a.client.List(ctx, &machines, client.InNamespace(namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return reconcile.Result{}, err
+	}
+	selectors := make([]labels.Selector, len(policies.Items))
+	for j := range policies.Items {
+		selectors[j] = policySelector(&policies.Items[j])
 	}
 	a.egressReported.keepOnly(namespace, policies.Items)
 	enforced := map[string][]string{} // policy name → Machines
@@ -115,7 +133,7 @@ func (a *Agent) reconcileEgress(ctx context.Context, req reconcile.Request) (rec
 		var selected []egress.NamedPolicy
 		var names []string
 		for j := range policies.Items {
-			if p := &policies.Items[j]; selects(p, m) {
+			if p := &policies.Items[j]; selectsWith(p, selectors[j], m) {
 				selected = append(selected, egress.NamedPolicy{Name: p.Name, Egress: p.Spec.Egress})
 				names = append(names, p.Name)
 			}

@@ -163,6 +163,14 @@ func (a *IPAM) Release(id string) error {
 	return a.save()
 }
 
+// Lookup returns id's address if it holds one, without assigning any.
+func (a *IPAM) Lookup(id string) (netip.Addr, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	addr, ok := a.byID[id]
+	return addr, ok
+}
+
 // Allocated lists the ids holding an address, sorted.
 func (a *IPAM) Allocated() []string {
 	a.mu.Lock()

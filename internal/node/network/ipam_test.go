@@ -33,6 +33,15 @@ func TestIPAMAllocatesLowestFreeAndPersists(t *testing.T) {
 	if err := ipam.Release("b"); err != nil {
 		t.Fatal(err)
 	}
+	if addr, ok := ipam.Lookup("c"); !ok || addr.String() != "10.88.0.4" {
+		t.Errorf("Lookup(c) = %v, %v; want 10.88.0.4", addr, ok)
+	}
+	if addr, ok := ipam.Lookup("b"); ok {
+		t.Errorf("Lookup(b) after its release = %v; want none", addr)
+	}
+	if _, ok := ipam.Lookup("never"); ok || len(ipam.Allocated()) != 4 {
+		t.Errorf("Lookup of an unknown id found it, or assigned it: allocated %v", ipam.Allocated())
+	}
 
 	reloaded, err := NewIPAM(netip.MustParsePrefix("10.88.0.0/29"), netip.Prefix{}, file)
 	if err != nil {
