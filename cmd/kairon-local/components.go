@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 
@@ -54,10 +55,18 @@ func components(f upFlags) ([]Component, error) {
 	if f.node.leaseRenew <= 0 || f.node.leaseRenew >= f.nodeGrace {
 		return nil, fmt.Errorf("--lease-renew-interval %s must be positive and shorter than --node-grace-period %s", f.node.leaseRenew, f.nodeGrace)
 	}
+	if f.controllerPprof != "" {
+		if err := loopbackAddress(f.controllerPprof); err != nil {
+			return nil, fmt.Errorf("--controller-pprof-address %q: %v; for example 127.0.0.1:6060 (the profiles are served without authentication)", f.controllerPprof, err)
+		}
+		if f.nodes == 0 {
+			return nil, fmt.Errorf("--controller-pprof-address needs kairon-controller, which --nodes 0 does not run")
+		}
+	}
 	if f.nodes == 0 {
 		return nil, nil
 	}
-	controller, err := controllerComponent(f.binDir, f.dataDir, f.nodeGrace)
+	controller, err := controllerComponent(f.binDir, f.dataDir, f.nodeGrace, f.controllerPprof)
 	if err != nil {
 		return nil, err
 	}
@@ -214,4 +223,23 @@ func (s *componentSet) stop() error {
 		wg.Wait()
 	}
 	return errors.Join(errs...)
+}
+
+// loopbackAddress checks that address is host:port with a loopback host
+// (an IP address or localhost) and a port.
+func loopbackAddress(address string) error {
+	host, port, err := net.SplitHostPort(address)
+	if err != nil {
+		return err
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q is not a TCP port", port)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip, err := netip.ParseAddr(host); err != nil || !ip.IsLoopback() {
+		return fmt.Errorf("host %q is not a loopback address", host)
+	}
+	return nil
 }

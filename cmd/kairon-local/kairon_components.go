@@ -108,17 +108,21 @@ func (p *process) nodeName() string { return p.node }
 // controllerComponent runs kairon-controller as itself (its own
 // certificate and ClusterRole, not the admin's); it is ready when /readyz
 // answers.
-func controllerComponent(binDir, dataDir string, grace time.Duration) (Component, error) {
+func controllerComponent(binDir, dataDir string, grace time.Duration, pprof string) (Component, error) {
 	kubeconfig := controlplane.ControllerKubeconfigPath(dataDir)
 	probe, err := freeLoopbackAddress()
 	if err != nil {
 		return nil, err
 	}
+	args := []string{"-kubeconfig", kubeconfig, "-metrics-bind-address", "127.0.0.1:0", "-health-probe-bind-address", probe,
+		"-node-grace-period", grace.String()}
+	if pprof != "" {
+		args = append(args, "-pprof-bind-address", pprof)
+	}
 	return &process{
 		name: "kairon-controller",
 		bin:  filepath.Join(binDir, "kairon-controller"),
-		args: []string{"-kubeconfig", kubeconfig, "-metrics-bind-address", "127.0.0.1:0", "-health-probe-bind-address", probe,
-			"-node-grace-period", grace.String()},
+		args: args,
 		ready: func(ctx context.Context, _ *controlplane.ControlPlane) error {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+probe+"/readyz", nil)
 			resp, err := http.DefaultClient.Do(req)
