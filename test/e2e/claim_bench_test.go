@@ -64,6 +64,11 @@ const claimBenchSizesEnv = "KAIRON_CLAIM_BENCH_SIZES"
 // QEMU half (one agent with the real backend, TCG on this machine): C = 1
 // warm claims against cold claims and cold Machines.
 //
+// In the sim half the test also reads kairon-controller's CPU time
+// (process_cpu_seconds_total) around each burst and prints it per bind;
+// with KAIRON_CLAIM_BENCH_PROFILE=DIR it saves a CPU profile of the
+// controller during each burst of more than one claim into DIR.
+//
 //	KAIRON_CLAIM_BENCH=1 KAIRON_BIN_DIR=$PWD/bin go test -count=1 -timeout 120m -run TestClaimBench -v ./test/e2e/
 func TestClaimBench(t *testing.T) {
 	if os.Getenv(claimBenchEnv) == "" {
@@ -80,7 +85,7 @@ func TestClaimBench(t *testing.T) {
 		agentEnv := cb.env()
 		startSimAgent(t, agentEnv, "bench-sim", "10.80.0.0/16", 2400, "640Gi", "--sim-boot-delay", "2s")
 		waitNodeReady(t, agentEnv, "bench-sim")
-		startController(t, agentEnv)
+		cb.controller = startBenchController(t, agentEnv)
 		sizes := []int{1, 100, 1000}
 		if s := os.Getenv(claimBenchSizesEnv); s != "" {
 			sizes = nil
@@ -131,6 +136,8 @@ type claimBench struct {
 	// from 16 clients and one client's time per write.
 	writesPerSec float64
 	writeLatency time.Duration
+	// controller, in the sim half: the controller's CPU time per bind.
+	controller *benchController
 }
 
 func newClaimBench(t *testing.T) *claimBench {
@@ -160,6 +167,15 @@ func newClaimBench(t *testing.T) *claimBench {
 		t.Fatal(err)
 	}
 	return &claimBench{t: t, local: local, c: c, cs: cs, ns: ns.Name, scm: scm}
+}
+
+// controllerCPU is the controller's CPU seconds so far; 0 where the
+// benchmark does not watch it.
+func (cb *claimBench) controllerCPU() float64 {
+	if cb.controller == nil {
+		return 0
+	}
+	return cb.controller.cpuSeconds()
 }
 
 // env is the kairon-local cluster in the shape the harness's helpers take.
@@ -423,6 +439,7 @@ func (cb *claimBench) burst(c int) {
 	var watched, bindMs, ctlWall, ctlBindMs, createCalls []time.Duration
 	var span time.Duration
 	var atBound, atSettled map[writeKey]float64
+	var cpuBound, cpuSettled float64
 	for rep := range reps {
 		if rep > 0 {
 			cb.waitWarm(pool, c, 5*time.Minute)
@@ -430,7 +447,12 @@ func (cb *claimBench) burst(c int) {
 		}
 		t.Logf("C=%d: burst %d of %d", c, rep+1, reps)
 		before := cb.apiWrites()
+		cpuBefore := cb.controllerCPU()
 		cw := cb.watchClaims(fmt.Sprintf("%s-r%d-", pool, rep))
+		profiled := func() {}
+		if cb.controller != nil && rep == 0 {
+			profiled = cb.controller.profileBurst(c)
+		}
 		created := make([]time.Time, c)
 		names := make([]string, c)
 		for i := range c {
@@ -486,6 +508,7 @@ func (cb *claimBench) burst(c int) {
 			return n == c, fmt.Sprintf("%d Bound", n)
 		})
 		atBound = addWrites(atBound, diffWrites(before, cb.apiWrites()))
+		cpuBound += cb.controllerCPU() - cpuBefore
 		var last time.Time
 		for i, name := range names {
 			at, bm, _ := cw.boundAt(name)
@@ -504,6 +527,8 @@ func (cb *claimBench) burst(c int) {
 		}
 		cb.waitWarm(pool, c, 40*time.Minute)
 		atSettled = addWrites(atSettled, diffWrites(before, cb.apiWrites()))
+		cpuSettled += cb.controllerCPU() - cpuBefore
+		profiled()
 	}
 	binds := float64(c * reps)
 	t.Logf("C=%d W=%d (%d burst(s)); claims via kaironctl: %d", c, c, reps, len(ctlWall))
@@ -518,6 +543,10 @@ func (cb *claimBench) burst(c int) {
 		binds/span.Seconds(), c, (span / time.Duration(reps)).Round(time.Millisecond))
 	t.Logf("  API writes per bind until the last Bound: %s", formatWrites(atBound, binds))
 	t.Logf("  API writes per bind until the pool is warm again: %s", formatWrites(atSettled, binds))
+	if cb.controller != nil {
+		t.Logf("  kairon-controller CPU per bind: %.2f ms until the last Bound, %.2f ms until the pool is warm again",
+			1000*cpuBound/binds, 1000*cpuSettled/binds)
+	}
 	if cb.writesPerSec > 0 {
 		for _, wpb := range []float64{3, controllerWritesPerBind(atBound, binds)} {
 			floor := time.Duration(float64(c) * (1 + wpb) / cb.writesPerSec * float64(time.Second))

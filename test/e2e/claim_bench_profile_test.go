@@ -1,0 +1,134 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/zyvor/kairon/internal/testenv"
+)
+
+// claimBenchProfileEnv names a directory: TestClaimBench then saves a CPU
+// profile of kairon-controller taken during each burst of more than one
+// claim there (controller-C<size>.pprof; read with go tool pprof
+// bin/kairon-controller FILE).
+const claimBenchProfileEnv = "KAIRON_CLAIM_BENCH_PROFILE"
+
+// benchController is the kairon-controller a benchmark runs, with its
+// metrics and profiling endpoints on loopback, so that the benchmark can
+// say how much CPU the controller spent per bind and where.
+type benchController struct {
+	t       testing.TB
+	metrics string
+	pprof   string
+}
+
+func startBenchController(t testing.TB, env *testenv.Env) *benchController {
+	t.Helper()
+	bc := &benchController{t: t, metrics: freeLoopbackAddress(t), pprof: freeLoopbackAddress(t)}
+	startControllerWith(t, env, "-metrics-bind-address", bc.metrics, "-pprof-bind-address", bc.pprof)
+	testenv.Eventually(t, 2*time.Minute, "kairon-controller's metrics", func() (bool, string) {
+		_, err := bc.readCPUSeconds()
+		return err == nil, fmt.Sprint(err)
+	})
+	return bc
+}
+
+func freeLoopbackAddress(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// cpuSeconds is the controller process's CPU time so far (user and
+// system), from its process_cpu_seconds_total.
+func (bc *benchController) cpuSeconds() float64 {
+	v, err := bc.readCPUSeconds()
+	if err != nil {
+		bc.t.Fatalf("kairon-controller's CPU time: %v", err)
+	}
+	return v
+}
+
+func (bc *benchController) readCPUSeconds() (float64, error) {
+	c := &http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get("http://" + bc.metrics + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("/metrics: %s", resp.Status)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "process_cpu_seconds_total "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	return 0, fmt.Errorf("/metrics has no process_cpu_seconds_total")
+}
+
+// profileBurst starts a CPU profile of the controller covering a burst of
+// c claims when claimBenchProfileEnv asks for one; the returned function
+// waits for it and says where it went. The profile's length is fixed in
+// advance (Go's profiler takes a duration): about as long as such a burst
+// takes to bind here, so the profile shows the binds and the refills they
+// start.
+func (bc *benchController) profileBurst(c int) (wait func()) {
+	dir := os.Getenv(claimBenchProfileEnv)
+	if dir == "" || c < 2 {
+		return func() {}
+	}
+	seconds := min(max(2, 3*c/100), 30)
+	file := filepath.Join(dir, fmt.Sprintf("controller-C%d.pprof", c))
+	done := make(chan error, 1)
+	go func() {
+		done <- bc.saveProfile(file, seconds)
+	}()
+	return func() {
+		if err := <-done; err != nil {
+			bc.t.Errorf("profiling kairon-controller: %v", err)
+			return
+		}
+		bc.t.Logf("  kairon-controller CPU profile of the burst's first %d s: %s", seconds, file)
+	}
+}
+
+func (bc *benchController) saveProfile(file string, seconds int) error {
+	c := &http.Client{Timeout: time.Duration(seconds+30) * time.Second}
+	resp, err := c.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", bc.pprof, seconds))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("%s: %s", resp.Status, body)
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
