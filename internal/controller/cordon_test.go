@@ -14,8 +14,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -188,7 +190,14 @@ func TestCordonEvacuationUncordon(t *testing.T) {
 	nodeA := createNode(t, env, ns, "a", 16, "16Gi")
 	m := createMachine(t, env, ns, "lone", 1, "256Mi", func(m *kaironv1.Machine) { m.Spec.NodeName = nodeA.Name })
 	setMachinePhase(t, env, m, kaironv1.MachineRunning)
-	startControllers(t, env, ns, Options{CordonEvacuate: true, CordonEvacuateMinRetryInterval: cordonRetryInterval})
+	var controllersCache cache.Cache
+	startControllers(t, env, ns, Options{CordonEvacuate: true, CordonEvacuateMinRetryInterval: cordonRetryInterval}, func(o *ctrl.Options) {
+		o.NewCache = func(cfg *rest.Config, opts cache.Options) (cache.Cache, error) {
+			c, err := cache.New(cfg, opts)
+			controllersCache = c
+			return c, err
+		}
+	})
 
 	cordon(t, env, nodeA.Name, true)
 	eventually(t, "a migration for the lone Machine", func() (bool, string) {
@@ -198,6 +207,16 @@ func TestCordonEvacuationUncordon(t *testing.T) {
 	// The migration fails; uncordoned, the node keeps its Machine and no
 	// new migration comes, however long the interval has passed.
 	cordon(t, env, nodeA.Name, false)
+	// Uncordoned as the controllers see it: their cache of Nodes may lag
+	// the API server (by over a second at load 30), and a pass that still
+	// saw the node cordoned rightly tried the Machine again.
+	eventually(t, "the controllers' cache to see node a uncordoned", func() (bool, string) {
+		var n corev1.Node
+		if err := controllersCache.Get(context.Background(), client.ObjectKey{Name: nodeA.Name}, &n); err != nil {
+			return false, err.Error()
+		}
+		return !n.Spec.Unschedulable, "still cordoned"
+	})
 	// The migration controller may write it meanwhile: read it again on a
 	// conflict.
 	eventually(t, "the migration marked Failed", func() (bool, string) {
