@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,7 +27,11 @@ func TestMain(m *testing.M) {
 	if os.Getenv(fakeVMEnv) != "" {
 		select {} // until killed
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
 }
 
 // startFakeVM runs a process that kairon-local takes for the QEMU of
@@ -299,13 +305,35 @@ func TestDownPurgeRefusesOtherDirectories(t *testing.T) {
 	}
 }
 
+// built is this package's kairon-local, built once for every test that
+// runs it: each link of the 40 MB binary took seconds of CPU, and no test
+// changes the binary. TestMain removes dir.
+var built struct {
+	once     sync.Once
+	dir, exe string
+	err      error
+}
+
+// buildKaironLocal returns the path of kairon-local built from this
+// package's source.
 func buildKaironLocal(t *testing.T) string {
 	t.Helper()
-	exe := filepath.Join(t.TempDir(), "kairon-local")
-	if out, err := exec.Command("go", "build", "-o", exe, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	built.once.Do(func() {
+		built.dir, built.err = os.MkdirTemp("", "kairon-local-test-")
+		if built.err != nil {
+			return
+		}
+		exe := filepath.Join(built.dir, "kairon-local")
+		if out, err := exec.Command("go", "build", "-o", exe, ".").CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build: %v\n%s", err, out)
+			return
+		}
+		built.exe = exe
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
 	}
-	return exe
+	return built.exe
 }
 
 func runBinary(t *testing.T, exe string, args ...string) (stdout, stderr string, code int) {

@@ -190,10 +190,7 @@ func kubectl(t *testing.T, binDir, kubeconfig string, args ...string) string {
 
 func TestUpServesKaironAndKeepsStateAcrossRestarts(t *testing.T) {
 	binDir := host.BinDir(t)
-	exe := filepath.Join(t.TempDir(), "kairon-local")
-	if out, err := exec.Command("go", "build", "-o", exe, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	exe := buildKaironLocal(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -249,10 +246,7 @@ func TestUpRunsControllerAndNodeAgents(t *testing.T) {
 			t.Fatalf("%s missing in %s: run `make build`", bin, binDir)
 		}
 	}
-	exe := filepath.Join(t.TempDir(), "kairon-local")
-	if out, err := exec.Command("go", "build", "-o", exe, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	exe := buildKaironLocal(t)
 	dataDir := t.TempDir()
 	kubeconfig := filepath.Join(dataDir, "kubeconfig")
 	uiAddr, err := net.Listen("tcp", "127.0.0.1:0")

@@ -22,10 +22,7 @@ import (
 // no sense are refused with the reason.
 func TestNodeCommandsTakeOneNodeDownAndBack(t *testing.T) {
 	binDir := host.BinDir(t)
-	exe := filepath.Join(t.TempDir(), "kairon-local")
-	if out, err := exec.Command("go", "build", "-o", exe, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	exe := buildKaironLocal(t)
 	dataDir := t.TempDir()
 	kubeconfig := filepath.Join(dataDir, "kubeconfig")
 	up := startUp(t, exe, "--data-dir", dataDir, "--port", "0", "--bin-dir", binDir, "--nodes", "2", "--backend", "sim",
@@ -97,10 +94,7 @@ func TestNodeCommandsTakeOneNodeDownAndBack(t *testing.T) {
 // An agent that dies on its own is reported, with how to bring it back.
 func TestUpReportsAnAgentThatDied(t *testing.T) {
 	binDir := host.BinDir(t)
-	exe := filepath.Join(t.TempDir(), "kairon-local")
-	if out, err := exec.Command("go", "build", "-o", exe, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	exe := buildKaironLocal(t)
 	dataDir := t.TempDir()
 	up := startUp(t, exe, "--data-dir", dataDir, "--port", "0", "--bin-dir", binDir, "--nodes", "1", "--backend", "sim")
 	pid := agentPIDIn(t, dataDir, "node-1")
