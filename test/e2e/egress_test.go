@@ -146,6 +146,24 @@ spec:
 			t.Errorf("%s: `%s` gave %s lines matching %q, want %s", label, command, got, want, n)
 		}
 	}
+	// expectTogether is expect for probes that run at the same time: each
+	// denied one waits out its nc timeout (3 or 5 s, the proof that nothing
+	// came back), and none of them changes what the others may reach.
+	type probe struct{ label, command, want, n string }
+	expectTogether := func(probes ...probe) {
+		t.Helper()
+		var all strings.Builder
+		for _, p := range probes {
+			fmt.Fprintf(&all, "(%s 2>&1 | grep -cE '%s' > /tmp/probe-%s) & ", p.command, p.want, p.label)
+		}
+		con.Expect(t, all.String()+"wait; echo probes:$((1+1)).", regexp.MustCompile(`probes:2\.`), time.Minute)
+		for _, p := range probes {
+			got := con.Expect(t, fmt.Sprintf("echo %s:$(cat /tmp/probe-%s).", p.label, p.label), regexp.MustCompile(p.label+`:(\d+)\.`), 30*time.Second)[1]
+			if got != p.n {
+				t.Errorf("%s: `%s` gave %s lines matching %q, want %s", p.label, p.command, got, p.want, p.n)
+			}
+		}
+	}
 	nc := func(addr, port string) string { return "nc -w 3 " + addr + " " + port + " </dev/null" }
 	// The guest's busybox wget cannot resolve names (static glibc without
 	// NSS), so HTTP and TLS go through nc, TLS with busybox's ssl_client on
@@ -162,11 +180,12 @@ spec:
 	expect("early", nc(pkgTest, "8050"), "^hi$", "0") // hard-coded, never resolved
 	expect("resolve", "nslookup pkg.test", pkgTest, "1")
 	expect("tls", tls(pkgTest, "pkg.test"), "^hi$", "1")
-	expect("wrong-sni", tls(pkgTest, "evil.test"), "^hi$", "0")
-	expect("plain", nc(pkgTest, "8050"), "^hi$", "1")
-	expect("port80", get(pkgTest, "80"), "^hi$", "0")
-	expect("other", tls(otherHost, "other.test"), "^hi$", "0")
-	expect("refused", "nslookup other.test", otherHost, "0")
+	expectTogether(
+		probe{"wrong-sni", tls(pkgTest, "evil.test"), "^hi$", "0"},
+		probe{"plain", nc(pkgTest, "8050"), "^hi$", "1"},
+		probe{"port80", get(pkgTest, "80"), "^hi$", "0"},
+		probe{"other", tls(otherHost, "other.test"), "^hi$", "0"},
+		probe{"refused", "nslookup other.test", otherHost, "0"})
 	testenv.Eventually(t, time.Minute, "a Warning event naming the first dropped destination", func() (bool, string) {
 		out := kubectlQuiet(env, "-n", ns, "get", "events", "--field-selector", "involvedObject.name="+machine+",reason=EgressDenied", "-o", "jsonpath={.items[*].message}")
 		return strings.Contains(out, "dropped tcp "+pkgTest+":8050 (ip: no policy allows the destination)"), out
@@ -174,9 +193,10 @@ spec:
 
 	// No agent: the rules stay in the kernel.
 	agents[first].kill()
-	expect("killed-other", tls(otherHost, "other.test"), "^hi$", "0")
-	expect("killed-other-plain", nc(otherHost, "8050"), "^hi$", "0")
-	expect("killed-learned", nc(pkgTest, "8050"), "^hi$", "1")
+	expectTogether(
+		probe{"killed-other", tls(otherHost, "other.test"), "^hi$", "0"},
+		probe{"killed-other-plain", nc(otherHost, "8050"), "^hi$", "0"},
+		probe{"killed-learned", nc(pkgTest, "8050"), "^hi$", "1"})
 
 	// The restarted agent adopts the guest and applies an edit.
 	agents[first] = restartEgressAgent(t, env, first, filepath.Join(state, "a"), netNS, 1)
@@ -184,8 +204,9 @@ spec:
 	kubectl(t, env, "", "-n", ns, "patch", "machinenetworkpolicy", "plain-8050", "--type=merge", "-p",
 		`{"spec":{"egress":{"allowCidrs":["`+otherHost+`/32"]}}}`)
 	waitPolicyEnforced(t, env, ns, "plain-8050", first, machine)
-	expect("edited", nc(otherHost, "8050"), "^hi$", "1")
-	expect("edited-443", tls(otherHost, "other.test"), "^hi$", "0")
+	expectTogether(
+		probe{"edited", nc(otherHost, "8050"), "^hi$", "1"},
+		probe{"edited-443", tls(otherHost, "other.test"), "^hi$", "0"})
 
 	// The learned address of pkg.test expires (TTL 1 s, clamped to 30 s,
 	// plus the grace): closed again until the guest resolves again.
@@ -233,8 +254,9 @@ spec: {machineName: %s, strategy: live, targetNode: %s}
 	// address it learned on the other node (the bridge's own, which taps
 	// coming and going do not move).
 	expect("moved-cidr", nc(otherHost, "8050"), "^hi$", "1")
-	expect("moved-other", tls(otherHost, "other.test"), "^hi$", "0")
-	expect("moved-unlearned", tls(pkgTest, "pkg.test"), "^hi$", "0")
+	expectTogether(
+		probe{"moved-other", tls(otherHost, "other.test"), "^hi$", "0"},
+		probe{"moved-unlearned", tls(pkgTest, "pkg.test"), "^hi$", "0"})
 	expect("moved-resolve", "nslookup pkg.test", pkgTest, "1")
 	expect("moved-tls", tls(pkgTest, "pkg.test"), "^hi$", "1")
 	expect("moved-refused", "nslookup other.test", otherHost, "0")
