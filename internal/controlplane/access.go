@@ -70,6 +70,17 @@ var Policies = map[string]string{
 	"kairon-claim-creation-stamp":             "claim-creation-stamp.yaml",
 }
 
+// ClaimFinalizerPolicy is the MutatingAdmissionPolicy (and binding) that
+// puts the claim finalizer on every MachineClaim as the API server creates
+// it, so that binding a claim takes no write of its own for it.
+const ClaimFinalizerPolicy = "kairon-claim-finalizer"
+
+// MutatingPolicies maps the name of each MutatingAdmissionPolicy
+// KaironAccess installs (and its binding's) to its file in config/admission.
+var MutatingPolicies = map[string]string{
+	ClaimFinalizerPolicy: "claim-finalizer.yaml",
+}
+
 // ReadRules reads one file of config/rbac: a YAML list of PolicyRules.
 func ReadRules(file string) ([]rbacv1.PolicyRule, error) {
 	data, err := fs.ReadFile(rbac.Rules, file)
@@ -98,6 +109,49 @@ func ReadPolicy(file, nodeServiceAccount string) (*admissionregistrationv1.Valid
 		return nil, fmt.Errorf("config/admission/%s: %w", file, err)
 	}
 	return spec, nil
+}
+
+// ReadMutatingPolicy reads one file of config/admission holding a
+// MutatingAdmissionPolicySpec.
+func ReadMutatingPolicy(file string) (*admissionregistrationv1.MutatingAdmissionPolicySpec, error) {
+	data, err := fs.ReadFile(admission.Policies, file)
+	if err != nil {
+		return nil, err
+	}
+	spec := &admissionregistrationv1.MutatingAdmissionPolicySpec{}
+	if err := yaml.UnmarshalStrict(data, spec); err != nil {
+		return nil, fmt.Errorf("config/admission/%s: %w", file, err)
+	}
+	return spec, nil
+}
+
+// installMutatingPolicies installs the MutatingAdmissionPolicies. Nothing
+// waits for the API server to apply them: what they do is an economy the
+// controller makes up for until they are in force (it adds the claim
+// finalizer itself to a claim that lacks it).
+func installMutatingPolicies(ctx context.Context, cs kubernetes.Interface, labels map[string]string) error {
+	for _, name := range slices.Sorted(maps.Keys(MutatingPolicies)) {
+		spec, err := ReadMutatingPolicy(MutatingPolicies[name])
+		if err != nil {
+			return err
+		}
+		policy := &admissionregistrationv1.MutatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}, Spec: *spec}
+		if err := apply(ctx, cs.AdmissionregistrationV1().MutatingAdmissionPolicies(), policy, func(have, want *admissionregistrationv1.MutatingAdmissionPolicy) {
+			have.Spec, have.Labels = want.Spec, want.Labels
+		}); err != nil {
+			return fmt.Errorf("MutatingAdmissionPolicy %s: %w", name, err)
+		}
+		binding := &admissionregistrationv1.MutatingAdmissionPolicyBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+			Spec:       admissionregistrationv1.MutatingAdmissionPolicyBindingSpec{PolicyName: name},
+		}
+		if err := apply(ctx, cs.AdmissionregistrationV1().MutatingAdmissionPolicyBindings(), binding, func(have, want *admissionregistrationv1.MutatingAdmissionPolicyBinding) {
+			have.Spec, have.Labels = want.Spec, want.Labels
+		}); err != nil {
+			return fmt.Errorf("MutatingAdmissionPolicyBinding %s: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // installAccess gives Kairon's components their RBAC roles and installs
@@ -164,6 +218,9 @@ func installAccess(ctx context.Context, cfg *rest.Config) error {
 		}); err != nil {
 			return fmt.Errorf("ValidatingAdmissionPolicyBinding %s: %w", p.name, err)
 		}
+	}
+	if err := installMutatingPolicies(ctx, cs, labels); err != nil {
+		return err
 	}
 	return waitForPolicies(ctx, cfg)
 }
