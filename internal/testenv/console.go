@@ -1,7 +1,10 @@
 package testenv
 
 import (
+	"fmt"
+	"io"
 	"net"
+	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -16,6 +19,48 @@ type Console struct {
 	conn net.Conn
 	mu   sync.Mutex
 	seen strings.Builder
+	logs []string // files whose tails a failed Expect shows
+}
+
+// WithLogs names files a failed Expect shows the end of: the console's log
+// (QEMU's chardev logfile), which has all the guest printed, connected
+// client or not, tells a guest that printed nothing from output that never
+// reached this client; QEMU's own log tells why it stopped.
+func (c *Console) WithLogs(paths ...string) *Console {
+	c.logs = append(c.logs, paths...)
+	return c
+}
+
+// logTailBytes is how much of each of a Console's logs a failure shows.
+const logTailBytes = 3000
+
+// logTails is the end of each of c's logs, for a failure message.
+func (c *Console) logTails() string {
+	var sb strings.Builder
+	for _, path := range c.logs {
+		fmt.Fprintf(&sb, "\n--- end of %s:\n%s", path, fileTail(path, logTailBytes))
+	}
+	return sb.String()
+}
+
+// fileTail is the last n bytes of the file at path, or why there are none.
+func fileTail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() > n {
+		_, _ = f.Seek(st.Size()-n, io.SeekStart)
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return err.Error()
+	}
+	if len(b) == 0 {
+		return "(empty)"
+	}
+	return string(b)
 }
 
 // DialConsole connects to the console socket at path. The connection is
@@ -69,7 +114,7 @@ func (c *Console) Expect(tb testing.TB, line string, want *regexp.Regexp, timeou
 			break
 		}
 	}
-	tb.Fatalf("console: %q printed no %s within %s; printed %q", line, want, timeout, out)
+	tb.Fatalf("console: %q printed no %s within %s; printed %q%s", line, want, timeout, out, c.logTails())
 	return nil
 }
 
