@@ -207,10 +207,13 @@ func (c *localCluster) agentPID(node string) int {
 	return 0
 }
 
-// console connects to the serial console of a Machine's VM on node.
+// console connects to the serial console of a Machine's VM on node. A
+// failed Expect shows the end of the VM's console log and QEMU's log there.
 func (c *localCluster) console(node, namespace, machine string) *testenv.Console {
 	c.t.Helper()
-	return testenv.DialConsole(c.t, filepath.Join(c.dataDir, "nodes", node, "instances", namespace+"_"+machine, "console.sock"))
+	dir := filepath.Join(c.dataDir, "nodes", node, "instances", namespace+"_"+machine)
+	return testenv.DialConsole(c.t, filepath.Join(dir, "console.sock")).
+		WithLogs(filepath.Join(dir, "console.log"), filepath.Join(dir, "qemu.log"))
 }
 
 var (
