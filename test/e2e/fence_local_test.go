@@ -104,10 +104,10 @@ spec:
 	}
 
 	// The guest keeps a token and a counter in memory; a SnapshotSchedule
-	// (every minute) snapshots it, and is suspended once it has.
+	// with a slot due snapshots it, and is suspended once it has.
 	con := c.console(dead, ns, "keeper")
 	before := startGuestState(t, con)
-	c.kubectl("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: SnapshotSchedule\nmetadata: {name: keep, namespace: default}\nspec: {selector: {app: keeper}, schedule: \"* * * * *\", retention: 2}\n", "apply", "-f", "-")
+	c.applyDueSchedule("keep", "{app: keeper}", 2)
 	scheduled := func() (ready, pending []string) {
 		var l kaironv1.MachineSnapshotList
 		if err := env.Client.List(ctx, &l, client.InNamespace(ns), client.MatchingLabels{kaironv1.LabelSnapshotSchedule: "keep"}); err != nil {

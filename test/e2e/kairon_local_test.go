@@ -18,12 +18,57 @@ import (
 	"github.com/zyvor/kairon/internal/testenv/host"
 )
 
+// TestKaironLocal runs, one after the other, the tests that need a
+// kairon-local of two QEMU nodes with the default sizes, on one: each of
+// its starts took a control plane, kairon-controller and two agents from
+// nothing (about 12 s of both cores), and its stops more. Each test keeps
+// to Machines and objects of its own names, and deletes them; between two,
+// whatever one left (on a failure, say) is deleted and its VMs waited out,
+// so the next starts on an empty cluster. The restart test comes last: it
+// stops the cluster and ends with down --purge.
+func TestKaironLocal(t *testing.T) {
+	c := startKaironLocal(t, 2)
+	tests := []struct {
+		name string
+		run  func(*testing.T, *localCluster)
+	}{
+		{"RunsRealVMs", kaironLocalRunsRealVMs},
+		{"MigrationPolicyCancelsALiveMigration", migrationPolicyCancelsALiveMigration},
+		{"SnapshotScheduleAndRestoreOnAnotherNode", snapshotScheduleAndRestoreOnAnotherNode},
+		{"SuspendsVMsAcrossRestarts", kaironLocalSuspendsVMsAcrossRestarts},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			// The test's own view: its failures and clean-ups are its own.
+			view := *c
+			view.t = t
+			tc.run(t, &view)
+		})
+		if i < len(tests)-1 {
+			c.clearDefaultNamespace()
+		}
+	}
+}
+
+// clearDefaultNamespace deletes what a test may have left on the cluster
+// (all of its objects are in namespace default, but MigrationPolicies)
+// and waits until no VM runs.
+func (c *localCluster) clearDefaultNamespace() {
+	c.t.Helper()
+	c.kubectl("", "delete", "machineclaims,machinepools,machinesets,machines,machinemigrations,snapshotschedules,machinesnapshots",
+		"--all", "-n", "default", "--timeout=2m")
+	c.kubectl("", "delete", "migrationpolicies", "--all", "--timeout=1m")
+	testenv.Eventually(c.t, 2*time.Minute, "no VM left between tests", func() (bool, string) {
+		vms := vmProcesses(c.t, c.dataDir)
+		return len(vms) == 0, fmt.Sprint(vms)
+	})
+}
+
 // What `make up` runs: kairon-local with the control plane, kairon-controller
-// and a QEMU-backed agent. Its kubeconfig lists the nine CRDs, and a Machine
+// and QEMU-backed agents. Its kubeconfig lists the nine CRDs, and a Machine
 // applied with kubectl boots a real VM that answers on its address. The
-// agent's network lives in a namespace the test creates.
-func TestKaironLocalRunsRealVMs(t *testing.T) {
-	c := startKaironLocal(t, 1)
+// agents' network lives in a namespace the test creates.
+func kaironLocalRunsRealVMs(t *testing.T, c *localCluster) {
 	crds := c.kubectl("", "get", "crd", "-o", "name")
 	for _, plural := range []string{"machines", "machinesets", "machinepools", "machineclaims",
 		"machinedisruptionbudgets", "machinemigrations", "machinenetworkpolicies", "machinequotas", "migrationpolicies",
@@ -48,7 +93,6 @@ func TestKaironLocalRunsRealVMs(t *testing.T) {
 	if vms := vmProcesses(t, c.dataDir); len(vms) != 0 {
 		t.Errorf("VMs left after delete: %v", vms)
 	}
-	c.stop()
 }
 
 // machineEvents lists the events of one reason on a Machine, as
@@ -71,8 +115,7 @@ func (c *localCluster) machineEvents(machine, reason string) []string {
 // VM keeps running; run it again, and the guests go on from where they
 // were, memory and all. Then `down` stops a running kairon-local the same
 // way, and `down --purge` deletes its data dir.
-func TestKaironLocalSuspendsVMsAcrossRestarts(t *testing.T) {
-	c := startKaironLocal(t, 2)
+func kaironLocalSuspendsVMsAcrossRestarts(t *testing.T, c *localCluster) {
 	machines := []string{"counter-a", "counter-b"}
 	for _, name := range machines {
 		c.kubectl(fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata: {name: %s, namespace: default}\nspec: {}\n", name), "apply", "-f", "-")

@@ -11,7 +11,7 @@ import (
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
-// TestMigrationPolicyCancelsALiveMigration: on kairon-local with two QEMU
+// migrationPolicyCancelsALiveMigration: on kairon-local with two QEMU
 // nodes, a MigrationPolicy that caps a guest's live migration at 1 MiB/s
 // with 12 s per GiB to complete (3 s for its 256Mi) makes kairon-controller
 // record the policy on the migration and the source agent cancel it: the
@@ -20,8 +20,7 @@ import (
 // target whose agent hangs mid-stream gets the migration cancelled
 // NoProgress, the guest again running on at its node. Once the policy is
 // gone, the same guest moves live with none recorded.
-func TestMigrationPolicyCancelsALiveMigration(t *testing.T) {
-	c := startKaironLocal(t, 2)
+func migrationPolicyCancelsALiveMigration(t *testing.T, c *localCluster) {
 	c.kubectl("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata: {name: policed, namespace: default, labels: {app: policed}}\nspec: {}\n", "apply", "-f", "-")
 	var node string
 	testenv.Eventually(t, 3*time.Minute, "machine policed Running", func() (bool, string) {

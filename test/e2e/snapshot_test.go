@@ -24,6 +24,37 @@ func setStep(t *testing.T, con *testenv.Console, n int) {
 		regexp.MustCompile(fmt.Sprintf(`set:%d\.`, n+1)), 30*time.Second)
 }
 
+// applyDueSchedule applies a SnapshotSchedule in namespace default that
+// takes one snapshot of each Machine selector matches now, and no more: a
+// yearly schedule whose status says it last ran over a year ago, so this
+// year's slot, missed, is due at once (the controller takes a missed slot
+// as it takes one whose time has come) and the next is months away. An
+// every-minute schedule waited for the next minute, 30 s on average, and
+// could fire again before the test suspended it.
+func (c *localCluster) applyDueSchedule(name, selector string, retention int) {
+	t := c.t
+	t.Helper()
+	schedule := fmt.Sprintf(`apiVersion: kairon.zyvor.dev/v1alpha1
+kind: SnapshotSchedule
+metadata: {name: %s, namespace: default}
+spec: {selector: %s, schedule: "@yearly", retention: %d}
+`, name, selector, retention)
+	// Applied until the API server takes it: once, on a loaded machine,
+	// kubectl's first apply of the new kind failed.
+	testenv.Eventually(t, time.Minute, "the SnapshotSchedule applied", func() (bool, string) {
+		cmd := exec.Command(filepath.Join(c.binDir, "kubectl"), "--kubeconfig", c.kubeconfig, "apply", "-f", "-")
+		cmd.Stdin = strings.NewReader(schedule)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Logf("kubectl apply of the SnapshotSchedule: %v: %s", err, out)
+		}
+		return err == nil, fmt.Sprintf("%v: %s", err, out)
+	})
+	lastRun := time.Now().AddDate(-1, 0, -1).UTC().Format(time.RFC3339)
+	c.kubectl("", "patch", "snapshotschedule", name, "-n", "default", "--subresource=status", "--type=merge",
+		"-p", fmt.Sprintf(`{"status":{"lastScheduleTime":%q}}`, lastRun))
+}
+
 func readStep(t *testing.T, con *testenv.Console) int {
 	t.Helper()
 	n, _ := strconv.Atoi(con.Expect(t, "echo step:$(cat /tmp/step).", stepOutput, 30*time.Second)[1])
@@ -38,8 +69,7 @@ func readStep(t *testing.T, con *testenv.Console) int {
 // its snapshot value (the original has moved on since), the token, a
 // background counter still counting, and the new Machine's own address
 // and host name.
-func TestSnapshotScheduleAndRestoreOnAnotherNode(t *testing.T) {
-	c := startKaironLocal(t, 2)
+func snapshotScheduleAndRestoreOnAnotherNode(t *testing.T, c *localCluster) {
 	c.kubectl(`apiVersion: kairon.zyvor.dev/v1alpha1
 kind: Machine
 metadata: {name: origin, namespace: default, labels: {backup: nightly}}
@@ -53,23 +83,7 @@ spec: {nodeSelector: {kubernetes.io/hostname: node-1}}
 	before := startGuestState(t, con)
 	setStep(t, con, 3)
 
-	// Every minute: the first slot comes within a minute of its creation.
-	// Applied until the API server takes it: once, on a loaded machine,
-	// kubectl's first apply of the new kind failed.
-	schedule := `apiVersion: kairon.zyvor.dev/v1alpha1
-kind: SnapshotSchedule
-metadata: {name: nightly, namespace: default}
-spec: {selector: {backup: nightly}, schedule: "* * * * *", retention: 1}
-`
-	testenv.Eventually(t, time.Minute, "the SnapshotSchedule applied", func() (bool, string) {
-		cmd := exec.Command(filepath.Join(c.binDir, "kubectl"), "--kubeconfig", c.kubeconfig, "apply", "-f", "-")
-		cmd.Stdin = strings.NewReader(schedule)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Logf("kubectl apply of the SnapshotSchedule: %v: %s", err, out)
-		}
-		return err == nil, fmt.Sprintf("%v: %s", err, out)
-	})
+	c.applyDueSchedule("nightly", "{backup: nightly}", 1)
 	var snap string
 	testenv.Eventually(t, 3*time.Minute, "a Ready MachineSnapshot of origin from schedule nightly", func() (bool, string) {
 		out := c.kubectl("", "get", "machinesnapshots", "-n", "default", "-l", kaironv1.LabelSnapshotSchedule+"=nightly",
@@ -83,7 +97,7 @@ spec: {selector: {backup: nightly}, schedule: "* * * * *", retention: 1}
 		}
 		return false, out
 	})
-	// Suspended right away: the test's snapshot stays the only one.
+	// Suspended right away, as a schedule is that must take no more.
 	c.kubectl("", "patch", "snapshotschedule", "nightly", "-n", "default", "--type=merge", "-p", `{"spec":{"suspend":true}}`)
 	// After the snapshot the original moves on.
 	setStep(t, con, 7)
