@@ -72,19 +72,38 @@ func (b *Backend) SendLive(ctx context.Context, id string, w io.Writer, opts bac
 	if bandwidth <= 0 {
 		bandwidth = liveBandwidth
 	}
+	// stoppedAt is when SendLive stopped the guest's vCPUs itself (under
+	// TCG, see stopsBeforeCopy); zero if it did not.
+	var stoppedAt time.Time
 	err = qmpDo(ctx, sock, func(q *qmpConn) error {
 		if err := setAutoConverge(q, opts.AutoConverge); err != nil {
 			return err
+		}
+		if b.stopsBeforeCopy() {
+			st, err := q.status()
+			if err != nil {
+				return err
+			}
+			if st.Running {
+				if _, err := q.execute("stop", nil); err != nil {
+					return err
+				}
+				stoppedAt = time.Now()
+			}
 		}
 		return startMigration(q, theirs, bandwidth)
 	})
 	theirs.Close() // QEMU holds its own copy now
 	if err != nil {
+		b.resumeStopped(sock, stoppedAt)
 		return 0, fmt.Errorf("qemu: live migration of %s: %w", id, err)
 	}
 	mig, err := awaitMigrationWithin(ctx, sock, abort, migrationLimits{completion: opts.CompletionTimeout, progress: opts.ProgressTimeout})
 	if err != nil {
-		// QEMU resumes a guest whose outgoing migration failed or was cancelled.
+		// QEMU resumes a guest whose outgoing migration failed or was
+		// cancelled if the guest ran when it began; one SendLive stopped,
+		// SendLive resumes.
+		b.resumeStopped(sock, stoppedAt)
 		return 0, fmt.Errorf("qemu: live migration of %s: %w", id, err)
 	}
 	// The guest is stopped now (QEMU's post-migrate state); remember it, so
@@ -100,8 +119,42 @@ func (b *Backend) SendLive(ctx context.Context, id string, w io.Writer, opts bac
 		return 0, fmt.Errorf("qemu: live migration of %s: the stream did not drain within %s", id, liveDrainTimeout)
 	}
 	downtime := time.Duration(mig.Downtime) * time.Millisecond
-	b.log.Info("sent live", "id", id, "took", time.Since(began), "downtime", downtime)
+	if !stoppedAt.IsZero() {
+		// QEMU counts from its own final stop; the guest has been stopped
+		// since SendLive stopped it, and stays so until the target resumes
+		// it, which can only be after the last byte left.
+		downtime = time.Since(stoppedAt)
+	}
+	b.log.Info("sent live", "id", id, "took", time.Since(began), "downtime", downtime, "stoppedBeforeCopy", !stoppedAt.IsZero())
 	return downtime, nil
+}
+
+// stopsBeforeCopy says whether SendLive stops the guest before QEMU copies
+// its memory, rather than copying while it runs: under TCG. QEMU before
+// 9.0 (Debian 12 has 7.2) loses guest stores during a live migration under
+// TCG: its fast dirty-bitmap sync clears the migration's dirty bits without
+// resetting the vCPUs' TLB entries, so a store through an entry already
+// marked dirty dirties the page again without QEMU noticing, and the target
+// gets the page as it was when last sent (fixed upstream by "physmem: Fix
+// migration dirty bitmap coherency with TCG memory access"). The target's
+// guest then crashes (list_add corruption, page faults in the kernel) or
+// hangs with its console silent. With the vCPUs stopped every page is sent
+// as it is and none changes after: slower (the guest is stopped for the
+// whole copy) but right. KVM tracks dirty pages itself and is not affected.
+func (b *Backend) stopsBeforeCopy() bool { return b.accel == "tcg" }
+
+// resumeStopped resumes a guest SendLive stopped (at stoppedAt; zero: it
+// did not) after its migration failed or was cancelled, as QEMU does for
+// a guest that ran when its migration began.
+func (b *Backend) resumeStopped(sock string, stoppedAt time.Time) {
+	if stoppedAt.IsZero() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cancelWait)
+	defer cancel()
+	if err := qmpDo(ctx, sock, func(q *qmpConn) error { _, err := q.execute("cont", nil); return err }); err != nil {
+		b.log.Warn("resuming the guest after a failed live migration", "sock", sock, "err", err)
+	}
 }
 
 // ReceiveLive implements backend.LiveMigrator.
