@@ -286,9 +286,11 @@ func (o *Options) claimMachine(ctx context.Context, cmd *cobra.Command, pool str
 			break
 		}
 		// The API server refuses a stamp its clock rules out: this
-		// machine's clock is off. The claim is still wanted, unstamped.
+		// machine's clock is off, or the request waited in an overloaded
+		// API server for more than a second. The claim is still wanted,
+		// unstamped.
 		if stamped && apierrors.IsInvalid(err) && strings.Contains(err.Error(), kaironv1.AnnotationClaimCreatedAt) {
-			fmt.Fprintf(o.ErrOut, "warning: the API server refused this machine's clock for %s (%v); creating the claim without it, so its bindMillis is measured from when the controller first saw it\n",
+			fmt.Fprintf(o.ErrOut, "warning: the API server refused this machine's clock for %s: the clock is off, or the API server took over a second to create the claim (%v); creating the claim without it, so its bindMillis is measured from when the controller first saw it\n",
 				kaironv1.AnnotationClaimCreatedAt, err)
 			stamped = false
 			continue

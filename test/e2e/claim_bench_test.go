@@ -11,11 +11,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -388,6 +390,29 @@ func (cw *claimWatch) boundAt(name string) (time.Time, int64, bool) {
 	return at, cw.millis[name], ok
 }
 
+// describeClaims says how the claims of names that cw has not seen Bound
+// stand: phase, machine, finalizers, deletion, conditions.
+func (cb *claimBench) describeClaims(names []string, cw *claimWatch) string {
+	var out []string
+	for _, name := range names {
+		if _, _, ok := cw.boundAt(name); ok {
+			continue
+		}
+		var c kaironv1.MachineClaim
+		if err := cb.c.Get(context.Background(), types.NamespacedName{Namespace: cb.ns, Name: name}, &c); err != nil {
+			out = append(out, fmt.Sprintf("%s (%v)", name, err))
+			continue
+		}
+		var conds []string
+		for _, cond := range c.Status.Conditions {
+			conds = append(conds, fmt.Sprintf("%s=%s/%s: %s", cond.Type, cond.Status, cond.Reason, cond.Message))
+		}
+		out = append(out, fmt.Sprintf("%s (rv %s, phase %q, machine %q, finalizers %q, deleting %v, message %q, conditions %q)",
+			name, c.ResourceVersion, c.Status.Phase, c.Status.MachineName, c.Finalizers, c.DeletionTimestamp != nil, c.Status.Message, conds))
+	}
+	return strings.Join(out, "; ")
+}
+
 // newClaim is a claim on pool, stamped with its creation time to the
 // millisecond as kaironctl stamps it.
 func (cb *claimBench) newClaim(pool, name string) *kaironv1.MachineClaim {
@@ -396,6 +421,21 @@ func (cb *claimBench) newClaim(pool, name string) *kaironv1.MachineClaim {
 			Annotations: map[string]string{kaironv1.AnnotationClaimCreatedAt: time.Now().UTC().Format(rules.ClaimStampFormat)}},
 		Spec: kaironv1.MachineClaimSpec{PoolName: pool},
 	}
+}
+
+// createClaim creates claim as kaironctl does: a creation stamp the API
+// server refuses (the create waited in it for more than a second, which
+// happens on a loaded machine) is left out and the claim created again,
+// counted in unstamped.
+func (cb *claimBench) createClaim(ctx context.Context, claim *kaironv1.MachineClaim, unstamped *atomic.Int32) error {
+	err := cb.c.Create(ctx, claim)
+	if apierrors.IsInvalid(err) && strings.Contains(err.Error(), kaironv1.AnnotationClaimCreatedAt) {
+		unstamped.Add(1)
+		claim.Annotations = nil
+		claim.ResourceVersion = ""
+		err = cb.c.Create(ctx, claim)
+	}
+	return err
 }
 
 var claimBoundLine = regexp.MustCompile(`^machineclaim/(\S+) bound to machine/(\S+) in ([0-9]+)ms\n$`)
@@ -462,6 +502,7 @@ func (cb *claimBench) burst(c int) {
 		next := make(chan int)
 		start := time.Now()
 		var ctlMu sync.Mutex
+		var unstamped atomic.Int32
 		// c == 1 alternates: even reps a client create, odd reps kaironctl.
 		viaCtl := func(i int) bool { return (c == 1 && rep%2 == 1) || (c > 1 && i >= c-k) }
 		for i := range c {
@@ -486,7 +527,7 @@ func (cb *claimBench) burst(c int) {
 				defer wg.Done()
 				for i := range next {
 					created[i] = time.Now()
-					if err := cb.c.Create(ctx, cb.newClaim(pool, names[i])); err != nil {
+					if err := cb.createClaim(ctx, cb.newClaim(pool, names[i]), &unstamped); err != nil {
 						t.Errorf("creating claim %s: %v", names[i], err)
 					}
 					took := time.Since(created[i])
@@ -503,9 +544,17 @@ func (cb *claimBench) burst(c int) {
 		}
 		close(next)
 		wg.Wait()
+		if n := unstamped.Load(); n > 0 {
+			t.Logf("  %d of the client's claims were refused their creation stamp (created more than a second after it) and created without one, as kaironctl does; their bindMillis starts at the controller's first sight", n)
+		}
 		testenv.Eventually(t, 5*time.Minute, fmt.Sprintf("%d claims Bound", c), func() (bool, string) {
 			n := cw.count()
-			return n == c, fmt.Sprintf("%d Bound", n)
+			if n == c || n < c-3 {
+				return n == c, fmt.Sprintf("%d Bound", n)
+			}
+			// The last few: say which, and how they stand, should
+			// they never bind.
+			return false, fmt.Sprintf("%d Bound; not yet: %s", n, cb.describeClaims(names, cw))
 		})
 		atBound = addWrites(atBound, diffWrites(before, cb.apiWrites()))
 		cpuBound += cb.controllerCPU() - cpuBefore
