@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -49,6 +50,9 @@ type crossNode struct {
 	// claims caches the subnet claims checked: "node/UID/subnet" of each
 	// Node whose guest-cidr annotation its Lease confirmed.
 	claims sync.Map
+	// nodeOf is the node of every scheduled Machine (by instance ID) at
+	// the last sync: a Machine here now that was elsewhere then arrived.
+	nodeOf map[string]string
 }
 
 // confirmed tells whether node really holds the subnet its annotation
@@ -209,6 +213,42 @@ func buildCrossNodeView(subnets network.GuestSubnets, nodes []corev1.Node, machi
 	return view
 }
 
+// arrivals compares where the Machines run with where they ran at the
+// last look (last, nil before the first): for each Machine that runs on
+// node now and ran on another node then, it returns the guest addresses of
+// the Machine's namespace on that other node, its former neighbours on
+// that node's bridge. It also returns where each Machine runs now.
+func arrivals(node string, last map[string]string, machines []kaironv1.Machine, cluster netip.Prefix) ([]netip.Addr, map[string]string) {
+	now := make(map[string]string, len(machines))
+	from := map[string]map[string]bool{} // namespace → nodes Machines of it arrived from
+	for _, m := range machines {
+		if m.Spec.NodeName == "" {
+			continue
+		}
+		id := instanceID(m.Namespace, m.Name)
+		now[id] = m.Spec.NodeName
+		if was, ok := last[id]; ok && was != node && m.Spec.NodeName == node {
+			if from[m.Namespace] == nil {
+				from[m.Namespace] = map[string]bool{}
+			}
+			from[m.Namespace][was] = true
+		}
+	}
+	var addrs []netip.Addr
+	for _, m := range machines {
+		if !from[m.Namespace][m.Spec.NodeName] {
+			continue
+		}
+		for _, a := range m.Status.Addresses {
+			if addr, err := netip.ParseAddr(a.Address); err == nil && cluster.Contains(addr) {
+				addrs = append(addrs, addr)
+			}
+		}
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	return slices.Compact(addrs), now
+}
+
 // syncCrossNode applies the current view.
 func (a *Agent) syncCrossNode(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	var nodes corev1.NodeList
@@ -222,12 +262,17 @@ func (a *Agent) syncCrossNode(ctx context.Context, _ reconcile.Request) (reconci
 	view := buildCrossNodeView(a.crossNode.subnets, nodes.Items, machines.Items, func(node *corev1.Node, subnet netip.Prefix) bool {
 		return node.Name == a.opts.NodeName || a.confirmed(ctx, node, subnet)
 	})
+	// Only this reconciler, one sync at a time, uses nodeOf.
+	var neighbours []netip.Addr
+	neighbours, a.crossNode.nodeOf = arrivals(a.opts.NodeName, a.crossNode.nodeOf, machines.Items, a.crossNode.subnets.Cluster)
 	a.crossNode.mu.Lock()
 	a.crossNode.inUse = view.inUse
 	a.crossNode.mu.Unlock()
 	var errs []error
 	if r := a.crossNode.routes; r != nil {
 		errs = append(errs, r.Sync(view.peers, view.moved))
+		// After the routes: the announced addresses must be routed away.
+		errs = append(errs, r.AnnounceElsewhere(neighbours))
 	}
 	if a.baseline != nil {
 		errs = append(errs, a.baseline.SetNamespaceAddresses(view.byNamespace))

@@ -84,3 +84,44 @@ func TestCrossNodeViewFromNodesAndMachines(t *testing.T) {
 		t.Error("the moved guest's address is taken from itself")
 	}
 }
+
+func TestArrivalsAreAnnouncedTheirFormerNeighbours(t *testing.T) {
+	cluster := netip.MustParsePrefix("10.88.0.0/16")
+	machine := func(namespace, name, nodeName string, addresses ...string) kaironv1.Machine {
+		m := kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+		m.Spec.NodeName = nodeName
+		for _, a := range addresses {
+			m.Status.Addresses = append(m.Status.Addresses, kaironv1.MachineAddress{Type: "InternalIP", Address: a})
+		}
+		return m
+	}
+	before := []kaironv1.Machine{
+		machine("team-a", "mover", "b", "10.88.2.2"),
+		machine("team-a", "stays", "b", "10.88.2.3"),
+		machine("team-a", "elsewhere", "c", "10.88.3.2"),
+		machine("team-b", "other", "b", "10.88.2.4"),
+		machine("team-a", "pending", ""),
+	}
+	addrs, last := arrivals("a", nil, before, cluster)
+	if len(addrs) != 0 {
+		t.Errorf("first look: announced %v; nothing arrived yet", addrs)
+	}
+	if want := map[string]string{"team-a_mover": "b", "team-a_stays": "b", "team-a_elsewhere": "c", "team-b_other": "b"}; !reflect.DeepEqual(last, want) {
+		t.Errorf("nodes = %v, want %v", last, want)
+	}
+	after := []kaironv1.Machine{
+		machine("team-a", "mover", "a", "10.88.2.2"),
+		machine("team-a", "stays", "b", "10.88.2.3", "192.0.2.9"), // outside the range: not announced
+		machine("team-a", "elsewhere", "c", "10.88.3.2"),          // never its neighbour
+		machine("team-b", "other", "b", "10.88.2.4"),              // another namespace
+		machine("team-a", "pending", "a"),                         // new, not arrived
+	}
+	addrs, _ = arrivals("a", last, after, cluster)
+	if want := []netip.Addr{netip.MustParseAddr("10.88.2.3")}; !reflect.DeepEqual(addrs, want) {
+		t.Errorf("arrival from b: announced %v, want %v", addrs, want)
+	}
+	// Elsewhere, no arrival is this node's business.
+	if addrs, _ := arrivals("c", last, after, cluster); len(addrs) != 0 {
+		t.Errorf("on c: announced %v for a Machine that arrived on a", addrs)
+	}
+}

@@ -266,11 +266,32 @@ func (c *CrossNode) Sync(peers []Peer, moved []MovedGuest) error {
 // migrated guest's: Linux ignores an ARP that would change a neighbour
 // entry within a second of its last change (locktime), and an ARP can be
 // lost. A failure here is no news: the first announcement's was reported.
-func (c *CrossNode) announceAgain(addr netip.Addr) {
+func (c *CrossNode) announceAgain(addrs ...netip.Addr) {
 	for _, after := range []time.Duration{1500 * time.Millisecond, 3 * time.Second} {
 		time.Sleep(after)
-		_ = AnnounceGateway(c.NetNS, c.Bridge, addr)
+		for _, addr := range addrs {
+			_ = AnnounceGateway(c.NetNS, c.Bridge, addr)
+		}
 	}
+}
+
+// AnnounceElsewhere announces addrs, guests that are not on this node, at
+// the bridge's MAC, now and twice again. A guest that just arrived from
+// another node still has its former bridge neighbours' own MACs in its
+// ARP cache: its frames to them would find no such port here and be lost
+// until the entries expired, tens of seconds. The announcement turns the
+// entries to the node, which routes to the neighbours' node; a guest
+// without such an entry ignores it.
+func (c *CrossNode) AnnounceElsewhere(addrs []netip.Addr) error {
+	if c.Mode == CrossNodeNone || c.Mode == "" || len(addrs) == 0 {
+		return nil
+	}
+	var errs []error
+	for _, addr := range addrs {
+		errs = append(errs, AnnounceGateway(c.NetNS, c.Bridge, addr))
+	}
+	go c.announceAgain(addrs...)
+	return errors.Join(errs...)
 }
 
 // installedRoutes lists the destinations of the routes tagged RouteProtocol.
