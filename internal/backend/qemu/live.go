@@ -130,17 +130,17 @@ func (b *Backend) SendLive(ctx context.Context, id string, w io.Writer, opts bac
 }
 
 // stopsBeforeCopy says whether SendLive stops the guest before QEMU copies
-// its memory, rather than copying while it runs: under TCG. QEMU before
-// 9.0 (Debian 12 has 7.2) loses guest stores during a live migration under
-// TCG: its fast dirty-bitmap sync clears the migration's dirty bits without
-// resetting the vCPUs' TLB entries, so a store through an entry already
-// marked dirty dirties the page again without QEMU noticing, and the target
-// gets the page as it was when last sent (fixed upstream by "physmem: Fix
-// migration dirty bitmap coherency with TCG memory access"). The target's
-// guest then crashes (list_add corruption, page faults in the kernel) or
-// hangs with its console silent. With the vCPUs stopped every page is sent
-// as it is and none changes after: slower (the guest is stopped for the
-// whole copy) but right. KVM tracks dirty pages itself and is not affected.
+// its memory, rather than copying while it runs: under TCG. Under TCG, QEMU
+// 7.2 (Debian 12's) loses guest stores made during the copy of a running
+// guest: its fast dirty-bitmap sync clears the migration's dirty bits
+// without resetting the vCPUs' TLB entries, so a store through an entry
+// already marked dirty goes unrecorded and the target gets the page as it
+// was last sent (fixed upstream in 2024 by "physmem: Fix migration dirty
+// bitmap coherency with TCG memory access"; a version check could let a
+// fixed QEMU copy a running guest again). The target's guest then crashed
+// (list_add corruption, kernel page faults) within seconds, or hung. With
+// the vCPUs stopped no page changes after it is sent: the guest is stopped
+// for the whole copy, but arrives intact. KVM tracks dirty pages itself.
 func (b *Backend) stopsBeforeCopy() bool { return b.accel == "tcg" }
 
 // resumeStopped resumes a guest SendLive stopped (at stoppedAt; zero: it
