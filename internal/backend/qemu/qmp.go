@@ -17,6 +17,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -75,6 +76,13 @@ func dialQMP(ctx context.Context, path string) (*qmpConn, error) {
 	}
 	if err == nil {
 		_, err = q.execute("qmp_capabilities", nil)
+		if negotiatedAlready(err) {
+			// Seen once in a dozen restores on a loaded host: the monitor
+			// left negotiation mode before this client asked (a reconnect
+			// right after another client hung up). What negotiation is for
+			// is done; the connection takes commands.
+			err = nil
+		}
 	}
 	if err != nil {
 		raw.Close()
@@ -101,6 +109,13 @@ func dialUnix(path string, timeout time.Duration) (*net.UnixConn, error) {
 		return nil, err
 	}
 	return c.(*net.UnixConn), nil
+}
+
+// negotiatedAlready tells QEMU's answer to qmp_capabilities on a monitor
+// already in command mode.
+func negotiatedAlready(err error) bool {
+	var qe *qmpError
+	return errors.As(err, &qe) && qe.Class == "CommandNotFound" && strings.Contains(qe.Desc, "negotiation is already complete")
 }
 
 func (q *qmpConn) Close() error { return q.c.Close() }

@@ -91,3 +91,63 @@ func TestDialQMPWaitsForAFullBacklog(t *testing.T) {
 		t.Fatal("dialQMP did not return")
 	}
 }
+
+// A monitor that answers qmp_capabilities with "already complete" is in
+// command mode, which is all the negotiation was for: dialQMP goes on, and
+// the connection takes commands. Any other refusal still fails the dial.
+func TestDialQMPTakesAMonitorAlreadyInCommandMode(t *testing.T) {
+	for _, tt := range []struct {
+		name, answer string
+		wantErr      bool
+	}{
+		{"already negotiated", `{"error": {"class": "CommandNotFound", "desc": "Capabilities negotiation is already complete, command ignored"}}`, false},
+		{"refused", `{"error": {"class": "GenericError", "desc": "no"}}`, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir, err := os.MkdirTemp("", "qmpn")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			path := filepath.Join(dir, "qmp.sock")
+			ln, err := net.Listen("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ln.Close() })
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				rd := bufio.NewReader(c)
+				_, _ = c.Write([]byte(`{"QMP": {"version": {}, "capabilities": []}}` + "\n"))
+				if _, err := rd.ReadBytes('\n'); err != nil {
+					return
+				}
+				_, _ = c.Write([]byte(tt.answer + "\n"))
+				if _, err := rd.ReadBytes('\n'); err != nil {
+					return
+				}
+				_, _ = c.Write([]byte(`{"return": {"status": "running", "running": true}}` + "\n"))
+			}()
+			q, err := dialQMP(context.Background(), path)
+			if tt.wantErr {
+				if err == nil {
+					q.Close()
+					t.Fatal("dialQMP took a monitor that refused qmp_capabilities")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("dialQMP: %v", err)
+			}
+			defer q.Close()
+			st, err := q.status()
+			if err != nil || !st.Running {
+				t.Fatalf("query-status after the dial: %+v, %v", st, err)
+			}
+		})
+	}
+}
