@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/zyvor/kairon/internal/controlplane"
+	"github.com/zyvor/kairon/internal/localport"
 )
 
 // nodeOptions are the kairon-local flags every agent shares.
@@ -255,11 +256,4 @@ func uiURL(port int) string { return "http://" + net.JoinHostPort("127.0.0.1", s
 // node-2 the two after, and so on.
 const egressProxyBase = 10153
 
-func freeLoopbackAddress() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
+func freeLoopbackAddress() (string, error) { return localport.FreeAddress() }

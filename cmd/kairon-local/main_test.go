@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zyvor/kairon/internal/localport"
 	"github.com/zyvor/kairon/internal/testenv"
 	"github.com/zyvor/kairon/internal/testenv/host"
 )
@@ -191,12 +192,7 @@ func kubectl(t *testing.T, binDir, kubeconfig string, args ...string) string {
 func TestUpServesKaironAndKeepsStateAcrossRestarts(t *testing.T) {
 	binDir := host.BinDir(t)
 	exe := buildKaironLocal(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	l.Close()
+	port := freePort(t)
 	dataDir := t.TempDir()
 	kubeconfig := filepath.Join(dataDir, "kubeconfig")
 	args := []string{"--data-dir", dataDir, "--port", port, "--bin-dir", binDir, "--nodes", "0"}
@@ -249,12 +245,7 @@ func TestUpRunsControllerAndNodeAgents(t *testing.T) {
 	exe := buildKaironLocal(t)
 	dataDir := t.TempDir()
 	kubeconfig := filepath.Join(dataDir, "kubeconfig")
-	uiAddr, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	uiPort := strconv.Itoa(uiAddr.Addr().(*net.TCPAddr).Port)
-	uiAddr.Close()
+	uiPort := freePort(t)
 	up := startUp(t, exe, "--data-dir", dataDir, "--port", "0", "--bin-dir", binDir, "--nodes", "2", "--backend", "sim", "--ui-port", uiPort)
 
 	// kairon-ui runs with the rest, and up prints its URL.
@@ -314,13 +305,14 @@ func TestUpRunsControllerAndNodeAgents(t *testing.T) {
 	up.terminate(t, dataDir)
 }
 
-// freePort is a TCP port free on 127.0.0.1 a moment ago.
+// freePort is a TCP port free on 127.0.0.1 a moment ago, below the
+// ephemeral range: one from port 0 was once taken by an outgoing
+// connection before kairon-ui could listen on it.
 func freePort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := localport.Free(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	return strconv.Itoa(port)
 }

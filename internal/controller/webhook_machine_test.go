@@ -23,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/localport"
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
@@ -144,12 +145,11 @@ func writeServingCert(t *testing.T) (dir string, caPEM []byte) {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := localport.Free(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // An attacker in a namespace with a quota tries to get around it: by

@@ -7,10 +7,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/zyvor/kairon/internal/localport"
 )
 
 // ports are chosen once per data dir and recorded in config.json: etcd's
@@ -105,20 +106,9 @@ func portFree(port int) bool {
 	return true
 }
 
-func freePort(avoid []int) (int, error) {
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, fmt.Errorf("finding a free port on 127.0.0.1: %w", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if !slices.Contains(avoid, port) {
-			return port, nil
-		}
-	}
-	return 0, errors.New("finding a free port on 127.0.0.1: no distinct port after 20 tries")
-}
+// freePort is a port for one of the control plane's listeners, below the
+// ephemeral range (localport says why).
+func freePort(avoid []int) (int, error) { return localport.Free(avoid) }
 
 // dataDirLock is an flock on DataDir/lock. The kernel drops it when the
 // process dies, however it dies, so a crash never leaves a stale lock.

@@ -3,11 +3,11 @@ package node_test
 import (
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"testing"
 	"time"
 
+	"github.com/zyvor/kairon/internal/localport"
 	"github.com/zyvor/kairon/internal/node"
 	"github.com/zyvor/kairon/internal/testenv"
 )
@@ -16,12 +16,8 @@ import (
 // /readyz once its cache is synced and it wrote its Node.
 func TestAgentHealthProbes(t *testing.T) {
 	env := testenv.Get(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := localport.FreeAddress()
 	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	if err := ln.Close(); err != nil {
 		t.Fatal(err)
 	}
 	nodeName := "health-" + env.Namespace(t)

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zyvor/kairon/internal/localport"
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
@@ -42,14 +42,15 @@ func startBenchController(t testing.TB, env *testenv.Env) *benchController {
 	return bc
 }
 
+// freeLoopbackAddress is an address on 127.0.0.1 for a process the test
+// starts to listen on, below the ephemeral range (see localport).
 func freeLoopbackAddress(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := localport.FreeAddress()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 // cpuSeconds is the controller process's CPU time so far (user and

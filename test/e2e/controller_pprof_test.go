@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -17,12 +16,7 @@ import (
 // http://ADDRESS/debug/pprof/profile).
 func TestControllerServesProfilesWhenAsked(t *testing.T) {
 	env := testenv.Get(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := freeLoopbackAddress(t)
 	startControllerWith(t, env, "-pprof-bind-address", addr)
 	c := &http.Client{Timeout: 10 * time.Second}
 	testenv.Eventually(t, 2*time.Minute, "kairon-controller's /debug/pprof/cmdline", func() (bool, string) {
