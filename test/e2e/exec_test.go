@@ -141,10 +141,21 @@ func interactiveExecInTmux(t *testing.T, env *testenv.Env, ns, machine string) {
 		return strings.Contains(s, "/dev/pts/") && strings.Contains(s, "\n40 120"), s
 	})
 	tmux("resize-window", "-t", "s", "-x", "100", "-y", "30")
-	tmux("send-keys", "-t", "s", "stty size", "Enter")
+	// The new size travels on its own (SIGWINCH to kaironctl, a message to
+	// the guest agent, an ioctl on the guest's pty), so a `stty size` typed
+	// right after the resize may still print the old one: ask again until
+	// the new size shows.
+	var asked time.Time
 	testenv.Eventually(t, guestTimeout, "the size after a resize", func() (bool, string) {
 		s := screen()
-		return strings.Contains(s, "\n30 100"), s
+		if strings.Contains(s, "\n30 100") {
+			return true, s
+		}
+		if time.Since(asked) > time.Second {
+			tmux("send-keys", "-t", "s", "stty size", "Enter")
+			asked = time.Now()
+		}
+		return false, s
 	})
 	tmux("send-keys", "-t", "s", "exit 7", "Enter")
 	testenv.Eventually(t, guestTimeout, "the shell's exit code", func() (bool, string) {
