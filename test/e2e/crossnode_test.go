@@ -151,9 +151,7 @@ func (h *crossNodeHosts) addressOf(namespace, name string) string {
 // address, with its own nc (through the guest agent; the guest's busybox
 // wget is no use, as in egress_test.go).
 func (h *crossNodeHosts) fetchFrom(namespace, machine, address string) (string, error) {
-	out, err := exec.Command(filepath.Join(h.env.BinDir, "kaironctl"), "--kubeconfig", h.env.Kubeconfig, "-n", namespace,
-		"exec", machine, "--", "sh", "-c", `printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 `+address+" 8080").CombinedOutput()
-	return string(out), err
+	return h.execIn(namespace, machine, `printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 `+address+" 8080")
 }
 
 // mustFetch waits until the guest of namespace/machine gets the page of
