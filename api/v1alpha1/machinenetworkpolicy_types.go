@@ -84,7 +84,8 @@ type MachineNetworkPolicy struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec   MachineNetworkPolicySpec   `json:"spec,omitempty"`
+	Spec MachineNetworkPolicySpec `json:"spec,omitempty"`
+	// +kubebuilder:default={}
 	Status MachineNetworkPolicyStatus `json:"status,omitempty"`
 }
 

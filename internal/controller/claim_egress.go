@@ -157,11 +157,11 @@ func (r *PolicyMachinesReconciler) Reconcile(ctx context.Context, req reconcile.
 	for _, node := range p.Status.Nodes {
 		n += int32(len(node.Machines))
 	}
-	// A policy no node has reported on yet has no status at all, which reads
-	// back as machines 0: write the 0 anyway, so MACHINES says 0 rather than
-	// nothing. Once a status exists the API server defaults an absent count
-	// to 0, so an empty status is the only case where 0 may not be there.
-	if p.Status.Machines == n && !equality.Semantic.DeepEqual(p.Status, kaironv1.MachineNetworkPolicyStatus{}) {
+	// A policy no node has reported on yet needs no write: the API server
+	// defaults its status to {machines: 0} (the CRD's defaults), so
+	// MACHINES shows 0. That saves a write on the path of every egress
+	// bind, to the very object the node is about to report on.
+	if p.Status.Machines == n {
 		return reconcile.Result{}, nil
 	}
 	// A merge patch of this one field: the agents' entries are theirs.
