@@ -376,12 +376,17 @@ func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedN
 		pass.hash = templateHash(&pool.Spec.Template)
 	}
 
+	// The cache's own objects, read only: a pass runs on every claim and
+	// member event of the pool, and copying every claim and member each
+	// time (claimed ones included, which a pass only counts) was the
+	// binder's largest cost in a burst. Only the claims and members a bind
+	// may write are copied, below.
 	var claims kaironv1.MachineClaimList
-	if err := b.Client.List(ctx, &claims, client.InNamespace(key.Namespace), client.MatchingFields{claimPoolIndex: key.Name}); err != nil {
+	if err := b.Client.List(ctx, &claims, client.InNamespace(key.Namespace), client.MatchingFields{claimPoolIndex: key.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing claims: %w", err)
 	}
 	var machines kaironv1.MachineList
-	if err := b.Client.List(ctx, &machines, client.InNamespace(key.Namespace), client.MatchingLabels{kaironv1.LabelMachinePool: key.Name}); err != nil {
+	if err := b.Client.List(ctx, &machines, client.InNamespace(key.Namespace), client.MatchingLabels{kaironv1.LabelMachinePool: key.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing members: %w", err)
 	}
 
@@ -409,7 +414,7 @@ func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedN
 			// Its node's agent is unreachable: never handed out, and not
 			// on its way either (the pool boots its replacement).
 		case rules.WarmMemberReady(pass.pool, m):
-			pass.candidates = append(pass.candidates, m)
+			pass.candidates = append(pass.candidates, m.DeepCopy())
 		case machineWarming(m) || m.Status.Phase == kaironv1.MachineRunning:
 			// Running but not yet ready by the pool's spec.readiness (its
 			// guest agent not answering) counts as warming too.
@@ -419,7 +424,7 @@ func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedN
 	for i := range claims.Items {
 		c := &claims.Items[i]
 		if c.DeletionTimestamp == nil && claimPending(c) && !labelled[c.Name] && !b.tracker.claimInFlight(c) {
-			pass.pending = append(pass.pending, c)
+			pass.pending = append(pass.pending, c.DeepCopy())
 		}
 	}
 	sortOldestFirst(b.tracker, pass.pending)
