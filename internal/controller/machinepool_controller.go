@@ -148,7 +148,8 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	snap, snapCond, snapErr := r.reconcileSnapshot(ctx, &pool, hash)
 	// Claims first: a refill that the waiting claims do not need waits
 	// for their binds (pool_refill_hold.go), counted as on its way.
-	refillHeld := r.refillHolds().hold(pool.UID, claimsWaitingForMembers(ctx, r.Client, &pool), readyMembers(&pool, current))
+	waiting, binding := claimsAhead(ctx, r.Client, &pool, members.claimed)
+	refillHeld := r.refillHolds().hold(pool.UID, waiting, binding, readyMembers(&pool, current))
 	onTheirWay := createsInFlight + held
 	if refillHeld {
 		onTheirWay = max(onTheirWay, int(ptr.Deref(pool.Spec.Replicas, 1))-len(current))

@@ -16,10 +16,11 @@ import (
 // Binds before refills. Each bind leaves its pool one member short, and
 // the replacement costs the API server several writes (the Machine, its
 // node, its way through Booting to Running) while a burst of claims is
-// still being bound on the same API server. As long as the claims waiting
-// on a pool can all be served by its ready members, the pool's refill
-// waits for them: those binds go first. The wait is bounded, so claims
-// that stay Pending for another reason never starve the pool.
+// still being bound on the same API server. As long as the claims on a
+// pool are all served (their member taken, the bind being recorded) or can
+// be served by its ready members, the pool's refill waits for them: those
+// binds go first. The wait is bounded, so claims that stay Pending for
+// another reason never starve the pool.
 const (
 	// maxRefillHold is the longest a pool's refill waits for binds.
 	maxRefillHold = time.Second
@@ -38,13 +39,14 @@ func newRefillHolds() *refillHolds {
 	return &refillHolds{since: map[types.UID]time.Time{}, now: time.Now}
 }
 
-// hold says whether pool's refill waits now: waiting claims that its ready
-// members can all serve, and not held for maxRefillHold already. Unheld,
-// the pool's hold starts afresh the next time claims wait.
-func (h *refillHolds) hold(pool types.UID, waiting, ready int) bool {
+// hold says whether pool's refill waits now: claims being bound or
+// waiting, the waiting ones few enough for its ready members, and not held
+// for maxRefillHold already. Unheld, the pool's hold starts afresh the next
+// time claims come.
+func (h *refillHolds) hold(pool types.UID, waiting, binding, ready int) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if waiting == 0 || waiting > ready {
+	if waiting+binding == 0 || waiting > ready {
 		delete(h.since, pool)
 		return false
 	}
@@ -62,18 +64,27 @@ func (h *refillHolds) forget(pool types.UID) {
 	delete(h.since, pool)
 }
 
-// claimsWaitingForMembers counts the pool's claims that wait for a warm
-// member, as the binder would serve them. Without the claim index (the
+// claimsAhead counts the pool's claims that a refill would compete with:
+// waiting, those waiting for a warm member as the binder would serve them;
+// binding, those whose member is taken (labelled for the claim among
+// claimed) while the claim is not yet Bound. Without the claim index (the
 // binder is not running) it counts none: nothing is held.
-func claimsWaitingForMembers(ctx context.Context, c client.Reader, pool *kaironv1.MachinePool) int {
+func claimsAhead(ctx context.Context, c client.Reader, pool *kaironv1.MachinePool, claimed []*kaironv1.Machine) (waiting, binding int) {
 	var claims kaironv1.MachineClaimList
-	if err := c.List(ctx, &claims, client.InNamespace(pool.Namespace), client.MatchingFields{claimPoolIndex: pool.Name}); err != nil {
-		return 0
+	if err := c.List(ctx, &claims, client.InNamespace(pool.Namespace), client.MatchingFields{claimPoolIndex: pool.Name}, client.UnsafeDisableDeepCopy); err != nil {
+		return 0, 0
 	}
-	n := 0
+	taken := make(map[string]bool, len(claimed))
+	for _, m := range claimed {
+		taken[m.Labels[kaironv1.LabelMachineClaim]] = true
+	}
 	for i := range claims.Items {
 		cl := &claims.Items[i]
 		if cl.DeletionTimestamp != nil || !claimPending(cl) {
+			continue
+		}
+		if taken[cl.Name] {
+			binding++
 			continue
 		}
 		// A claim refused for what it asks (its labels, its egress) waits
@@ -81,9 +92,9 @@ func claimsWaitingForMembers(ctx context.Context, c client.Reader, pool *kaironv
 		if cond := meta.FindStatusCondition(cl.Status.Conditions, kaironv1.ConditionReady.String()); cond != nil && cond.Reason != kaironv1.ClaimReasonWaitingForWarmMachine {
 			continue
 		}
-		n++
+		waiting++
 	}
-	return n
+	return waiting, binding
 }
 
 // readyMembers counts the members a claim can be bound to now.

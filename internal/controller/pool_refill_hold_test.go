@@ -22,25 +22,29 @@ func TestRefillHold(t *testing.T) {
 	h := newRefillHolds()
 	h.now = func() time.Time { return now }
 	steps := []struct {
-		name           string
-		after          time.Duration
-		waiting, ready int
-		want           bool
+		name                    string
+		after                   time.Duration
+		waiting, binding, ready int
+		want                    bool
 	}{
-		{"no claim waits: refill", 0, 0, 3, false},
-		{"claims the ready members can serve: held", 0, 2, 3, true},
-		{"still, a moment later", maxRefillHold / 2, 3, 3, true},
-		{"more claims than ready members: refill at once", 0, 4, 3, false},
-		{"served again: a new hold", 0, 1, 3, true},
-		{"held for as long as a hold lasts: refill", maxRefillHold, 1, 3, false},
-		{"and it stays so while claims wait", time.Second, 1, 3, false},
-		{"none waits: the hold is reset", 0, 0, 3, false},
-		{"the next burst is held again", 0, 2, 2, true},
+		{"no claim: refill", 0, 0, 0, 3, false},
+		{"claims the ready members can serve: held", 0, 2, 0, 3, true},
+		{"still, a moment later", maxRefillHold / 2, 3, 0, 3, true},
+		{"more claims than ready members: refill at once", 0, 4, 0, 3, false},
+		{"served again: a new hold", 0, 1, 0, 3, true},
+		{"held for as long as a hold lasts: refill", maxRefillHold, 1, 0, 3, false},
+		{"and it stays so while claims wait", time.Second, 1, 0, 3, false},
+		{"none waits: the hold is reset", 0, 0, 0, 3, false},
+		{"the next burst is held again", 0, 2, 0, 2, true},
+		{"its members taken, its binds being recorded: still held", 0, 0, 2, 0, true},
+		{"all Bound: refill", 0, 0, 0, 0, false},
+		{"a bind being recorded, the pool empty: held", 0, 0, 1, 0, true},
+		{"a claim no ready member serves: refill at once", 0, 1, 1, 0, false},
 	}
 	for _, s := range steps {
 		now = now.Add(s.after)
-		if got := h.hold("pool", s.waiting, s.ready); got != s.want {
-			t.Errorf("%s: hold(%d waiting, %d ready) = %v, want %v", s.name, s.waiting, s.ready, got, s.want)
+		if got := h.hold("pool", s.waiting, s.binding, s.ready); got != s.want {
+			t.Errorf("%s: hold(%d waiting, %d binding, %d ready) = %v, want %v", s.name, s.waiting, s.binding, s.ready, got, s.want)
 		}
 	}
 }
@@ -117,5 +121,59 @@ func TestPoolHoldsItsRefillForWaitingClaims(t *testing.T) {
 	holds.forget(pool.UID)
 	if reconcilePool(); members() != 3 {
 		t.Errorf("only a refused claim waits: %d members, want the refill made at once (3)", members())
+	}
+}
+
+// A claim whose member is taken but whose bind is not yet recorded still
+// holds the refill, even though no ready member is left: the replacement
+// would compete with the bind's last write. Once the claim is Bound, the
+// pool refills.
+func TestPoolHoldsItsRefillWhileABindIsRecorded(t *testing.T) {
+	pool := &kaironv1.MachinePool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "agents", UID: "pool-uid"},
+		Spec:       kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](1), Template: poolTemplate()},
+	}
+	hash := templateHash(&pool.Spec.Template)
+	taken := newPoolMember(pool, hash)
+	taken.Name, taken.UID = "agents-1", "uid-1"
+	taken.Status.Phase = kaironv1.MachineRunning
+	taken.Labels[kaironv1.LabelPoolState] = kaironv1.PoolStateClaimed
+	taken.Labels[kaironv1.LabelMachineClaim] = "job"
+	claim := &kaironv1.MachineClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "job", UID: "claim-uid"},
+		Spec:       kaironv1.MachineClaimSpec{PoolName: "agents"},
+	}
+	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(pool, taken, claim).
+		WithStatusSubresource(&kaironv1.MachineClaim{}, &kaironv1.MachinePool{}, &kaironv1.Machine{}).
+		WithIndex(&kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName).Build()
+	r := &MachinePoolReconciler{Client: c, Recorder: events.NewFakeRecorder(20), Interval: time.Minute,
+		expectations: newReplicaExpectations(), failures: newFailureBackoff(), refills: newRefillHolds()}
+	ctx := context.Background()
+	members := func() int {
+		var ms kaironv1.MachineList
+		if err := c.List(ctx, &ms, client.InNamespace("team")); err != nil {
+			t.Fatal(err)
+		}
+		return len(ms.Items)
+	}
+	reconcilePool := func() reconcile.Result {
+		res, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "agents"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+
+	if res := reconcilePool(); members() != 1 || res.RequeueAfter != refillHoldRecheck {
+		t.Errorf("the only member taken by a claim not yet Bound: %d Machines, requeue after %v; want the refill held (1) and a look again after %v",
+			members(), res.RequeueAfter, refillHoldRecheck)
+	}
+	claim.Status.Phase = kaironv1.ClaimBound
+	claim.Status.MachineName = taken.Name
+	if err := c.Status().Update(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	if reconcilePool(); members() != 2 {
+		t.Errorf("the claim Bound: %d Machines, want the replacement made (2)", members())
 	}
 }
