@@ -49,51 +49,75 @@ func TestRefillHold(t *testing.T) {
 	}
 }
 
+// holdFixture is a pool "agents" of replicas in namespace team, with one
+// Running member and a claim "job" on it, for the pool reconciler alone
+// against a fake client.
+type holdFixture struct {
+	t      *testing.T
+	c      client.Client
+	r      *MachinePoolReconciler
+	now    time.Time
+	member *kaironv1.Machine
+	claim  *kaironv1.MachineClaim
+}
+
+func newHoldFixture(t *testing.T, replicas int32, memberTaken bool) *holdFixture {
+	pool := &kaironv1.MachinePool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "agents", UID: "pool-uid"},
+		Spec:       kaironv1.MachinePoolSpec{Replicas: ptr.To(replicas), Template: poolTemplate()},
+	}
+	f := &holdFixture{t: t, now: time.Now()}
+	f.member = newPoolMember(pool, templateHash(&pool.Spec.Template))
+	f.member.Name, f.member.UID = "agents-1", "uid-1"
+	f.member.Status.Phase = kaironv1.MachineRunning
+	if memberTaken {
+		f.member.Labels[kaironv1.LabelPoolState] = kaironv1.PoolStateClaimed
+		f.member.Labels[kaironv1.LabelMachineClaim] = "job"
+	}
+	f.claim = &kaironv1.MachineClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "job", UID: "claim-uid"},
+		Spec:       kaironv1.MachineClaimSpec{PoolName: "agents"},
+	}
+	f.c = fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(pool, f.member, f.claim).
+		WithStatusSubresource(&kaironv1.MachineClaim{}, &kaironv1.MachinePool{}, &kaironv1.Machine{}).
+		WithIndex(&kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName).Build()
+	holds := newRefillHolds()
+	holds.now = func() time.Time { return f.now }
+	f.r = &MachinePoolReconciler{Client: f.c, Recorder: events.NewFakeRecorder(20), Interval: time.Minute,
+		expectations: newReplicaExpectations(), failures: newFailureBackoff(), refills: holds}
+	return f
+}
+
+// machines counts the namespace's Machines.
+func (f *holdFixture) machines() int {
+	var ms kaironv1.MachineList
+	if err := f.c.List(context.Background(), &ms, client.InNamespace("team")); err != nil {
+		f.t.Fatal(err)
+	}
+	return len(ms.Items)
+}
+
+func (f *holdFixture) reconcilePool() reconcile.Result {
+	res, err := f.r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "agents"}})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return res
+}
+
 // A pool whose waiting claim a ready member can serve holds its refill
 // (the bind goes first) and looks again shortly; once the hold has lasted
 // maxRefillHold it refills all the same.
 func TestPoolHoldsItsRefillForWaitingClaims(t *testing.T) {
-	pool := &kaironv1.MachinePool{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "agents", UID: "pool-uid"},
-		Spec:       kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](2), Template: poolTemplate()},
-	}
-	hash := templateHash(&pool.Spec.Template)
-	member := newPoolMember(pool, hash)
-	member.Name, member.UID = "agents-1", "uid-1"
-	member.Status.Phase = kaironv1.MachineRunning
-	claim := &kaironv1.MachineClaim{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "job", UID: "claim-uid"},
-		Spec:       kaironv1.MachineClaimSpec{PoolName: "agents"},
-	}
-	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(pool, member, claim).
-		WithStatusSubresource(&kaironv1.MachineClaim{}, &kaironv1.MachinePool{}, &kaironv1.Machine{}).
-		WithIndex(&kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName).Build()
-	now := time.Now()
-	holds := newRefillHolds()
-	holds.now = func() time.Time { return now }
-	r := &MachinePoolReconciler{Client: c, Recorder: events.NewFakeRecorder(20), Interval: time.Minute,
-		expectations: newReplicaExpectations(), failures: newFailureBackoff(), refills: holds}
-	ctx := context.Background()
-	members := func() int {
-		var ms kaironv1.MachineList
-		if err := c.List(ctx, &ms, client.InNamespace("team")); err != nil {
-			t.Fatal(err)
-		}
-		return len(ms.Items)
-	}
-	reconcilePool := func() reconcile.Result {
-		res, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "agents"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res
-	}
+	f := newHoldFixture(t, 2, false)
+	c, ctx := f.c, context.Background()
+	reconcilePool, members := f.reconcilePool, f.machines
 
 	if res := reconcilePool(); members() != 1 || res.RequeueAfter != refillHoldRecheck {
 		t.Errorf("a claim waiting for the one ready member: %d members, requeue after %v; want the refill held (1 member) and a look again after %v",
 			members(), res.RequeueAfter, refillHoldRecheck)
 	}
-	now = now.Add(maxRefillHold)
+	f.now = f.now.Add(maxRefillHold)
 	if reconcilePool(); members() != 2 {
 		t.Errorf("held for %v: %d members, want the refill made (2)", maxRefillHold, members())
 	}
@@ -101,14 +125,14 @@ func TestPoolHoldsItsRefillForWaitingClaims(t *testing.T) {
 	// A claim refused for its labels does not wait for a member: nothing
 	// is held for it.
 	fresh := &kaironv1.MachinePool{}
-	if err := c.Get(ctx, client.ObjectKeyFromObject(pool), fresh); err != nil {
+	if err := c.Get(ctx, types.NamespacedName{Namespace: "team", Name: "agents"}, fresh); err != nil {
 		t.Fatal(err)
 	}
 	fresh.Spec.Replicas = ptr.To[int32](3)
 	if err := c.Update(ctx, fresh); err != nil {
 		t.Fatal(err)
 	}
-	claim = &kaironv1.MachineClaim{}
+	claim := &kaironv1.MachineClaim{}
 	if err := c.Get(ctx, types.NamespacedName{Namespace: "team", Name: "job"}, claim); err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +142,7 @@ func TestPoolHoldsItsRefillForWaitingClaims(t *testing.T) {
 	if err := c.Status().Update(ctx, claim); err != nil {
 		t.Fatal(err)
 	}
-	holds.forget(pool.UID)
+	f.r.refills.forget(fresh.UID)
 	if reconcilePool(); members() != 3 {
 		t.Errorf("only a refused claim waits: %d members, want the refill made at once (3)", members())
 	}
@@ -129,40 +153,9 @@ func TestPoolHoldsItsRefillForWaitingClaims(t *testing.T) {
 // would compete with the bind's last write. Once the claim is Bound, the
 // pool refills.
 func TestPoolHoldsItsRefillWhileABindIsRecorded(t *testing.T) {
-	pool := &kaironv1.MachinePool{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "agents", UID: "pool-uid"},
-		Spec:       kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](1), Template: poolTemplate()},
-	}
-	hash := templateHash(&pool.Spec.Template)
-	taken := newPoolMember(pool, hash)
-	taken.Name, taken.UID = "agents-1", "uid-1"
-	taken.Status.Phase = kaironv1.MachineRunning
-	taken.Labels[kaironv1.LabelPoolState] = kaironv1.PoolStateClaimed
-	taken.Labels[kaironv1.LabelMachineClaim] = "job"
-	claim := &kaironv1.MachineClaim{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "job", UID: "claim-uid"},
-		Spec:       kaironv1.MachineClaimSpec{PoolName: "agents"},
-	}
-	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(pool, taken, claim).
-		WithStatusSubresource(&kaironv1.MachineClaim{}, &kaironv1.MachinePool{}, &kaironv1.Machine{}).
-		WithIndex(&kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName).Build()
-	r := &MachinePoolReconciler{Client: c, Recorder: events.NewFakeRecorder(20), Interval: time.Minute,
-		expectations: newReplicaExpectations(), failures: newFailureBackoff(), refills: newRefillHolds()}
-	ctx := context.Background()
-	members := func() int {
-		var ms kaironv1.MachineList
-		if err := c.List(ctx, &ms, client.InNamespace("team")); err != nil {
-			t.Fatal(err)
-		}
-		return len(ms.Items)
-	}
-	reconcilePool := func() reconcile.Result {
-		res, err := r.Reconcile(ctx, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "agents"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res
-	}
+	f := newHoldFixture(t, 1, true)
+	c, ctx, claim, taken := f.c, context.Background(), f.claim, f.member
+	reconcilePool, members := f.reconcilePool, f.machines
 
 	if res := reconcilePool(); members() != 1 || res.RequeueAfter != refillHoldRecheck {
 		t.Errorf("the only member taken by a claim not yet Bound: %d Machines, requeue after %v; want the refill held (1) and a look again after %v",
