@@ -230,7 +230,13 @@ pkill -9 -f 'while /sbin/kairon-guest-agent'
 kill -9 $(pidof kairon-guest-agent)
 while pidof kairon-guest-agent >/dev/null; do usleep 10000; done
 yes 'this is no frame' | head -c 1000000 >$dev`
-		_, err := c.Exec(ctx, &wire.Exec{Args: []string{"setsid", "sh", "-c", script}}, nil, nil, nil)
+		// The script runs from a file: on a command line, its own text
+		// would match the pkill pattern. It runs as the exec's program
+		// itself, so the agent dies before it can report an exit (a
+		// wrapper that forks, like setsid, would exit first, and under
+		// load the agent reported that exit before the kill reached it).
+		guestExec(t, c, strings.NewReader(script), "sh", "-c", "cat > /tmp/garbage.sh")
+		_, err := c.Exec(ctx, &wire.Exec{Args: []string{"sh", "/tmp/garbage.sh"}}, nil, nil, nil)
 		if !errors.Is(err, client.ErrProtocol) {
 			t.Fatalf("exec ended with %v, want the channel closed for a protocol violation", err)
 		}
