@@ -78,6 +78,9 @@ type Agent struct {
 	// boots tracks start attempts for the boot timeout and the retries of
 	// transient start errors (boot.go).
 	boots bootAttempts
+	// savedTemplates remembers the template Machines this agent saved
+	// (snapshot.go), for the moments its cache is behind its own write.
+	savedTemplates savedTemplates
 	// snapshotting serializes the snapshots of one VM (instance ID to
 	// *sync.Mutex, machine_snapshot.go).
 	snapshotting sync.Map

@@ -7,10 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -50,13 +52,23 @@ func (a *Agent) snapshotPath(id string) string {
 // saved (status.snapshot): it stays stopped. It reports whether it
 // handled the Machine.
 func (a *Agent) reconcileSnapshotTemplate(ctx context.Context, machine *kaironv1.Machine, id string) (bool, error) {
+	if machine.Annotations[kaironv1.AnnotationSnapshotSave] == "" {
+		return false, nil
+	}
+	if machine.Status.Snapshot == nil {
+		// Saved by this agent a moment ago, and the cache does not show
+		// that status write yet: booting it again would run the template
+		// on after its save.
+		machine.Status.Snapshot = a.savedTemplates.get(id, machine.UID)
+	}
 	snap := machine.Status.Snapshot
-	if machine.Annotations[kaironv1.AnnotationSnapshotSave] == "" || snap == nil {
+	if snap == nil {
 		return false, nil
 	}
 	if _, err := os.Stat(snap.Path); err != nil || snap.Path != a.snapshotPath(id) {
 		// Not this node's (or lost with its state directory): saved anew.
 		machine.Status.Snapshot = nil
+		a.savedTemplates.forget(id)
 		return false, nil
 	}
 	if snap.SHA256 == "" {
@@ -108,6 +120,7 @@ func (a *Agent) saveTemplate(ctx context.Context, machine *kaironv1.Machine, id 
 	a.event(machine, corev1.EventTypeNormal, kaironv1.MachineReasonSnapshotSaved,
 		fmt.Sprintf("saved for its pool's clones in %dms (%d MiB); the VM is stopped", time.Since(began).Milliseconds(), size>>20))
 	machine.Status.Snapshot = &kaironv1.TemplateSnapshot{Path: path, SizeBytes: size, SHA256: digest, SavedAt: metav1.Now()}
+	a.savedTemplates.remember(id, machine.UID, machine.Status.Snapshot)
 	_, err = a.reconcileSnapshotTemplate(ctx, machine, id)
 	return err
 }
@@ -148,8 +161,33 @@ func (a *Agent) saveTemplateFile(ctx context.Context, id, path string) (int64, s
 	return size, digest, nil
 }
 
+// savedTemplates holds, per instance ID, what this agent saved a template
+// Machine to, and which Machine (UID) that was.
+type savedTemplates struct{ m sync.Map }
+
+type savedTemplate struct {
+	uid  types.UID
+	snap *kaironv1.TemplateSnapshot
+}
+
+func (s *savedTemplates) remember(id string, uid types.UID, snap *kaironv1.TemplateSnapshot) {
+	s.m.Store(id, savedTemplate{uid: uid, snap: snap.DeepCopy()})
+}
+
+// get returns a copy of what the Machine uid, instance id, was saved to, or
+// nil.
+func (s *savedTemplates) get(id string, uid types.UID) *kaironv1.TemplateSnapshot {
+	if v, ok := s.m.Load(id); ok && v.(savedTemplate).uid == uid {
+		return v.(savedTemplate).snap.DeepCopy()
+	}
+	return nil
+}
+
+func (s *savedTemplates) forget(id string) { s.m.Delete(id) }
+
 // removeSnapshot deletes the state a template Machine was saved to.
 func (a *Agent) removeSnapshot(id string) error {
+	a.savedTemplates.forget(id)
 	path := a.snapshotPath(id)
 	for _, p := range []string{path, path + ".partial"} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
