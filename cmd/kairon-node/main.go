@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -15,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -228,8 +230,11 @@ func newBackend(f flags) (backend.Backend, error) {
 	dir := filepath.Join(f.stateDir, "instances")
 	switch f.backend {
 	case "qemu":
+		// The backend's own log (guests reset, adopted VMs, watchers) goes
+		// where the agent's does.
+		logger := slog.New(logr.ToSlogHandler(ctrl.Log.WithName("qemu")))
 		return qemu.New(qemu.Options{StateDir: dir, GuestDir: f.guestDir, Acceleration: f.acceleration, NetNS: f.netns,
-			NoJail: f.qemuNoJail, CgroupParent: f.cgroupParent, HostScope: f.vmScope == "host"})
+			NoJail: f.qemuNoJail, CgroupParent: f.cgroupParent, HostScope: f.vmScope == "host", Log: logger})
 	case "sim":
 		return sim.New(sim.Options{StateDir: dir, BootDelay: f.simBootDelay})
 	default:
