@@ -162,9 +162,7 @@ func TestCapacityBookingPods(t *testing.T) {
 	waitBookedOn(t, env, second, a.Name)
 
 	// A deleted Machine's booking goes with it.
-	if err := env.Client.Delete(context.Background(), second); err != nil {
-		t.Fatalf("deleting second: %v", err)
-	}
+	deleteMachineAsItsAgentWould(t, env, second)
 	eventually(t, "second's booking released once it was deleted", func() (bool, string) {
 		pods, _ := bookingPods(t, env, ns, second)
 		return len(pods) == 0, describePods(pods)

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -109,6 +110,31 @@ func createNode(t testing.TB, env *testenv.Env, ns, name string, cpu int64, memo
 		t.Fatalf("setting node status: %v", err)
 	}
 	return node
+}
+
+// deleteMachineAsItsAgentWould deletes m and then lets it go as the node
+// agent does once the VM is stopped: these tests run no agent, and the
+// scheduler places every Machine with the agent's VM finalizer.
+func deleteMachineAsItsAgentWould(t *testing.T, env *testenv.Env, m *kaironv1.Machine) {
+	t.Helper()
+	ctx := context.Background()
+	if err := env.Client.Delete(ctx, m); err != nil {
+		t.Fatalf("deleting machine %s: %v", m.Name, err)
+	}
+	eventually(t, "machine "+m.Name+"'s VM finalizer removed as its agent would", func() (bool, string) {
+		cur := &kaironv1.Machine{}
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), cur)
+		if apierrors.IsNotFound(err) || (err == nil && cur.UID != m.UID) {
+			return true, ""
+		}
+		if err != nil {
+			return false, err.Error()
+		}
+		base := cur.DeepCopy()
+		controllerutil.RemoveFinalizer(cur, kaironv1.FinalizerMachineVM)
+		err = env.Client.Patch(ctx, cur, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+		return err == nil || apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
 }
 
 func createMachine(t *testing.T, env *testenv.Env, ns, name string, cpu int32, memory string, mutate ...func(*kaironv1.Machine)) *kaironv1.Machine {

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -434,9 +435,14 @@ func (r *SchedulerReconciler) bindAndMark(ctx context.Context, m *kaironv1.Machi
 
 // bind sets spec.nodeName, failing with a conflict if the Machine changed
 // since the cache saw it, so a Machine someone else placed is never moved.
+// The same write puts on the node agent's VM finalizer, which the agent
+// would otherwise add in a write of its own as it picks the Machine up:
+// one write fewer for every Machine a pool or set creates. The agent (or,
+// for a dead node, the fence controller) removes it as before.
 func (r *SchedulerReconciler) bind(ctx context.Context, m *kaironv1.Machine, node string) (*kaironv1.Machine, error) {
 	bound := m.DeepCopy()
 	bound.Spec.NodeName = node
+	controllerutil.AddFinalizer(bound, kaironv1.FinalizerMachineVM)
 	if err := r.Client.Patch(ctx, bound, client.MergeFromWithOptions(m, client.MergeFromWithOptimisticLock{})); err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/rules/rulestest"
@@ -55,9 +56,7 @@ func TestSchedulerFillsNodesThenExplains(t *testing.T) {
 			break
 		}
 	}
-	if err := env.Client.Delete(context.Background(), &placedOnA); err != nil {
-		t.Fatal(err)
-	}
+	deleteMachineAsItsAgentWould(t, env, &placedOnA)
 	// Either waiting Machine may be the one let in; exactly one is.
 	eventually(t, "the freed slot on node a to be reused", func() (bool, string) {
 		placed, saw := 0, ""
@@ -228,5 +227,21 @@ func TestSchedulerLeavesAgentFieldsAlone(t *testing.T) {
 	}
 	if q := m.Spec.Memory; q.Cmp(resource.MustParse("256Mi")) != 0 {
 		t.Errorf("memory changed to %s", q.String())
+	}
+}
+
+// The scheduler's placement carries the node agent's VM finalizer in the
+// same write as spec.nodeName: a Machine is never on a node without it, and
+// the agent need not write the Machine again to add it.
+func TestSchedulerPlacesWithTheVMFinalizer(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	createNode(t, env, ns, "a", 4, "4Gi")
+	startControllers(t, env, ns, Options{})
+
+	createMachine(t, env, ns, "m", 1, "256Mi")
+	m := waitScheduled(t, env, ns, "m")
+	if !controllerutil.ContainsFinalizer(m, kaironv1.FinalizerMachineVM) {
+		t.Fatalf("scheduled Machine has finalizers %q, want %s among them", m.Finalizers, kaironv1.FinalizerMachineVM)
 	}
 }
