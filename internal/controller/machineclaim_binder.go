@@ -268,7 +268,9 @@ func (b *MachineClaimBinder) bindPending(ctx context.Context, pass *bindingPass)
 		// cache showing it so still is no reason to try it again. Claims
 		// and taken members are spent for good ("").
 		spent = map[types.UID]string{}
-		errs  []error
+		// explained: waiting claims told so during the pass.
+		explained = map[types.UID]bool{}
+		errs      []error
 	)
 	for {
 		for running < bindWorkers && len(needy) > 0 && len(candidates) > 0 {
@@ -280,6 +282,24 @@ func (b *MachineClaimBinder) bindPending(ctx context.Context, pass *bindingPass)
 		}
 		if running == 0 {
 			break
+		}
+		if len(candidates) == 0 && len(needy) > 0 {
+			// Binds still run, but these claims have no member coming: say
+			// why they wait now rather than when the pass ends, which for a
+			// pass fed by the refill's members one at a time can be as
+			// late as the refill's end.
+			var unexplained []*kaironv1.MachineClaim
+			for _, c := range needy {
+				if !explained[c.UID] {
+					explained[c.UID] = true
+					unexplained = append(unexplained, c)
+				}
+			}
+			if len(unexplained) > 0 {
+				if _, err := b.explainWaiting(ctx, pass, unexplained); err != nil {
+					errs = append(errs, err)
+				}
+			}
 		}
 		f := <-done
 		running--
