@@ -40,20 +40,11 @@ func machineKey(instanceName string) (types.NamespacedName, bool) {
 	return types.NamespacedName{Namespace: ns, Name: name}, ok && ns != "" && name != ""
 }
 
-// machineWorkers is how many Machines the agent reconciles at once.
-const machineWorkers = 4
-
 func (a *Agent) setupMachineController() error {
 	return ctrl.NewControllerManagedBy(a.mgr).
 		Named("node-machine").
 		// Tests and kairon-local may run several agents in one process.
-		// Machines are reconciled machineWorkers at a time (never one
-		// Machine twice at once): a refill's VMs boot side by side rather
-		// than queue behind each other's start. What they share is locked
-		// where it lives: addresses (IPAM), the bridge's firewall
-		// (Baseline), the egress enforcer, the backend's per-VM operations
-		// and jail uid registry, template fetches (inFlight).
-		WithOptions(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: machineWorkers}).
+		WithOptions(controller.Options{SkipNameValidation: ptr.To(true)}).
 		For(&kaironv1.Machine{}).
 		WatchesRawSource(source.Channel(a.instanceEvents, &handler.TypedEnqueueRequestForObject[*kaironv1.Machine]{})).
 		Complete(a)
