@@ -25,8 +25,11 @@ import (
 // A claim that no member can serve says why it waits while the pass is
 // still busy with other binds, not once the pass ends: a pass fed by the
 // refill's members one at a time lasts as long as the refill. Here the
-// pool's only member is being taken for the older claim (its write held
-// until the test lets it go); the newer claim is told it waits meanwhile.
+// pool's only member is being taken for the oldest claim (its write held
+// until the test lets it go); the next claim, waiting for an hour, is told
+// it waits meanwhile. A claim that has not waited explainWaitingAfter yet
+// (by the binder's clock, which the test holds still) is told only when
+// the pass ends.
 func TestWaitingClaimIsToldWhileThePassStillBinds(t *testing.T) {
 	scheme := runtime.NewScheme()
 	if err := kaironv1.AddToScheme(scheme); err != nil {
@@ -64,7 +67,7 @@ func TestWaitingClaimIsToldWhileThePassStillBinds(t *testing.T) {
 	}
 	t.Cleanup(letGo)
 	c := fake.NewClientBuilder().WithScheme(scheme).
-		WithObjects(pool, only, claim("first", time.Minute), claim("second", 2*time.Minute)).
+		WithObjects(pool, only, claim("first", time.Minute), claim("second", 2*time.Minute), claim("fresh", 2*time.Hour)).
 		WithStatusSubresource(&kaironv1.MachineClaim{}, &kaironv1.MachinePool{}, &kaironv1.Machine{}).
 		WithIndex(&kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName).
 		WithInterceptorFuncs(interceptor.Funcs{Patch: func(ctx context.Context, cl client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
@@ -76,6 +79,7 @@ func TestWaitingClaimIsToldWhileThePassStillBinds(t *testing.T) {
 		Build()
 	b := &MachineClaimBinder{Client: c, APIReader: c, Recorder: events.NewFakeRecorder(100), Interval: time.Minute,
 		tracker: newBindTracker(), pendingRefreshed: map[types.NamespacedName]time.Time{}}
+	b.tracker.now = newTestClock(base.Add(2*time.Hour + explainWaitingAfter/2)).Now
 
 	ctx := context.Background()
 	passDone := make(chan error, 1)
@@ -91,6 +95,13 @@ func TestWaitingClaimIsToldWhileThePassStillBinds(t *testing.T) {
 		return got.Status.Phase == kaironv1.ClaimPending && strings.HasPrefix(got.Status.Message, `no Running warm machine in pool "agents"`),
 			fmt.Sprintf("%s %q", got.Status.Phase, got.Status.Message)
 	})
+	var fresh kaironv1.MachineClaim
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "team", Name: "fresh"}, &fresh); err != nil {
+		t.Fatal(err)
+	}
+	if fresh.Status.Phase != "" {
+		t.Errorf("a claim that had not waited %s was told during the pass: %s %q", explainWaitingAfter, fresh.Status.Phase, fresh.Status.Message)
+	}
 	select {
 	case err := <-passDone:
 		t.Fatalf("the pass ended (%v) before the first claim's bind was let go", err)
@@ -106,5 +117,11 @@ func TestWaitingClaimIsToldWhileThePassStillBinds(t *testing.T) {
 	}
 	if first.Status.Phase != kaironv1.ClaimBound || first.Status.MachineName != "only" {
 		t.Errorf("first claim: %s %q bound to %q, want Bound to only", first.Status.Phase, first.Status.Message, first.Status.MachineName)
+	}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "team", Name: "fresh"}, &fresh); err != nil {
+		t.Fatal(err)
+	}
+	if fresh.Status.Phase != kaironv1.ClaimPending {
+		t.Errorf("once the pass ended, the fresh claim is %s %q, want Pending saying why", fresh.Status.Phase, fresh.Status.Message)
 	}
 }
