@@ -293,8 +293,8 @@ func (b *MachineClaimBinder) bindPending(ctx context.Context, pass *bindingPass)
 			// pass fed by the refill's members one at a time can be as
 			// late as the refill's end. Only for claims that waited a
 			// while: the write would delay the binds of claims a member
-			// is about to serve (it cost egress binds, back to back, 20-30
-			// ms at p99).
+			// is about to serve (it cost egress binds, back to back, tens
+			// of milliseconds at p99; docs/benchmarks.md).
 			var unexplained []*kaironv1.MachineClaim
 			now := b.tracker.now()
 			for _, c := range needy {
