@@ -7,9 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
@@ -31,26 +29,12 @@ import (
 // (by the binder's clock, which the test holds still) is told only when
 // the pass ends.
 func TestWaitingClaimIsToldWhileThePassStillBinds(t *testing.T) {
-	scheme := runtime.NewScheme()
-	if err := kaironv1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
 	base := time.Now().Add(-time.Hour).Truncate(time.Second)
 	pool := &kaironv1.MachinePool{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "agents", UID: "pool-uid"},
 		Spec:       kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](1), Template: poolTemplate()},
 	}
-	only := &kaironv1.Machine{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: "team", Name: "only", UID: "uid-only", CreationTimestamp: metav1.NewTime(base),
-			Labels: map[string]string{
-				kaironv1.LabelMachinePool: "agents", kaironv1.LabelMachinePoolTemplateHash: templateHash(&pool.Spec.Template), kaironv1.LabelPoolState: kaironv1.PoolStateWarm,
-			},
-			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(pool, machinePoolKind)},
-		},
-		Spec:   kaironv1.MachineSpec{CPU: 1, Memory: resource.MustParse("64Mi")},
-		Status: kaironv1.MachineStatus{Phase: kaironv1.MachineRunning},
-	}
+	only := binderTestMember(pool, templateHash(&pool.Spec.Template), "only", base, kaironv1.MachineRunning)
 	claim := func(name string, age time.Duration) *kaironv1.MachineClaim {
 		return &kaironv1.MachineClaim{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: name, UID: types.UID("uid-" + name), CreationTimestamp: metav1.NewTime(base.Add(age))},
@@ -66,7 +50,7 @@ func TestWaitingClaimIsToldWhileThePassStillBinds(t *testing.T) {
 		}
 	}
 	t.Cleanup(letGo)
-	c := fake.NewClientBuilder().WithScheme(scheme).
+	c := fake.NewClientBuilder().WithScheme(testScheme(t)).
 		WithObjects(pool, only, claim("first", time.Minute), claim("second", 2*time.Minute), claim("fresh", 2*time.Hour)).
 		WithStatusSubresource(&kaironv1.MachineClaim{}, &kaironv1.MachinePool{}, &kaironv1.Machine{}).
 		WithIndex(&kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName).
