@@ -56,6 +56,40 @@ const (
 // binding others tells it why (bindPending).
 const explainWaitingAfter = time.Second
 
+// midPassTold picks the waiting claims a pass tells why while it still
+// binds others, rather than when it ends: a pass fed by the refill's
+// members one at a time can last as long as the refill. Only claims that
+// waited explainWaitingAfter: the write comes before the pass takes in the
+// next member, and for claims that member is about to serve it only
+// delayed their binds (tens of milliseconds at p99 for egress binds back
+// to back; docs/benchmarks.md). Each claim is told once a pass, and the
+// claims are looked at no more often than every explainScanEvery, since
+// the pass comes here after each bind it finishes.
+type midPassTold struct {
+	done     map[types.UID]bool
+	lastScan time.Time
+}
+
+// explainScanEvery bounds how often a pass looks for claims to tell.
+const explainScanEvery = explainWaitingAfter / 10
+
+// due returns the claims of needy to tell now, and counts them as told.
+func (m *midPassTold) due(needy []*kaironv1.MachineClaim, tracker *bindTracker) []*kaironv1.MachineClaim {
+	now := tracker.now()
+	if len(needy) == 0 || now.Sub(m.lastScan) < explainScanEvery {
+		return nil
+	}
+	m.lastScan = now
+	var due []*kaironv1.MachineClaim
+	for _, c := range needy {
+		if !m.done[c.UID] && now.Sub(tracker.createdAt(c)) >= explainWaitingAfter {
+			m.done[c.UID] = true
+			due = append(due, c)
+		}
+	}
+	return due
+}
+
 // pendingWriters bounds the concurrent status writes of one pass.
 const pendingWriters = 8
 
@@ -272,9 +306,8 @@ func (b *MachineClaimBinder) bindPending(ctx context.Context, pass *bindingPass)
 		// cache showing it so still is no reason to try it again. Claims
 		// and taken members are spent for good ("").
 		spent = map[types.UID]string{}
-		// explained: waiting claims told so during the pass.
-		explained = map[types.UID]bool{}
-		errs      []error
+		told  = midPassTold{done: map[types.UID]bool{}}
+		errs  []error
 	)
 	for {
 		for running < bindWorkers && len(needy) > 0 && len(candidates) > 0 {
@@ -287,24 +320,10 @@ func (b *MachineClaimBinder) bindPending(ctx context.Context, pass *bindingPass)
 		if running == 0 {
 			break
 		}
-		if len(candidates) == 0 && len(needy) > 0 {
-			// Binds still run, but these claims have no member coming: say
-			// why they wait now rather than when the pass ends, which for a
-			// pass fed by the refill's members one at a time can be as
-			// late as the refill's end. Only for claims that waited a
-			// while: the write would delay the binds of claims a member
-			// is about to serve (it cost egress binds, back to back, tens
-			// of milliseconds at p99; docs/benchmarks.md).
-			var unexplained []*kaironv1.MachineClaim
-			now := b.tracker.now()
-			for _, c := range needy {
-				if !explained[c.UID] && now.Sub(b.tracker.createdAt(c)) >= explainWaitingAfter {
-					explained[c.UID] = true
-					unexplained = append(unexplained, c)
-				}
-			}
-			if len(unexplained) > 0 {
-				if _, err := b.explainWaiting(ctx, pass, unexplained); err != nil {
+		if len(candidates) == 0 {
+			// Binds still run, but needy claims have no member coming.
+			if due := told.due(needy, b.tracker); len(due) > 0 {
+				if _, err := b.explainWaiting(ctx, pass, due); err != nil {
 					errs = append(errs, err)
 				}
 			}
