@@ -82,9 +82,7 @@ func (b *Backend) watchReady(id string, v *vmState, gen int, p *proc, m meta) {
 	})
 	defer cancel()
 	guardConsole(b.dir(id))
-	if m.RestoredFrom == "" {
-		go b.guardTimer(ctx, id) // timer_guard.go
-	}
+	go b.guardTimer(ctx, id, m) // timer_guard.go
 	if m.AgentPort {
 		if at, ok := b.awaitAgentReady(ctx, id, m.BootNonce); ok {
 			record(at)
@@ -116,9 +114,7 @@ func (b *Backend) watchAdopted(id string, m meta) {
 		}
 		ctx, cancel := whileRunning(func() bool { return same() && processAlive(m.PID, dir) })
 		defer cancel()
-		if m.RestoredFrom == "" {
-			go b.guardTimer(ctx, id)
-		}
+		go b.guardTimer(ctx, id, m)
 		if m.Clone {
 			// The Backend that restored it may have stopped before its
 			// guest took the clone's identity; once more does no harm.

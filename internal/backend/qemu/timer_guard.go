@@ -43,8 +43,12 @@ const maxTimerResets = 3
 // (gaveUp false) and its giving up (gaveUp true).
 var timerGuardSeen atomic.Pointer[func(id string, gaveUp bool)]
 
-// guardTimer runs the guard for the VM id until ctx ends.
-func (b *Backend) guardTimer(ctx context.Context, id string) {
+// guardTimer runs the guard for the VM id, described by m, until ctx ends.
+// A restored VM is not guarded: its timer was measured before its save.
+func (b *Backend) guardTimer(ctx context.Context, id string, m meta) {
+	if m.RestoredFrom != "" {
+		return
+	}
 	v := b.vm(id)
 	sock := filepath.Join(b.dir(id), qmpSock)
 	seen, resets := 0, 0
