@@ -176,6 +176,56 @@ func (b *browser) waitFor(t *testing.T, what, expr string) {
 	}
 }
 
+// actionStarted is true once an action's form was submitted: its handler
+// shows #action-result before it posts.
+const actionStarted = `document.getElementById("action-result")?.hidden === false`
+
+// press clicks sel with the mouse until done (a JavaScript expression) is
+// true, running before ahead of each click. A live update replaces the
+// whole #live region, so the node a click found may be gone by the time
+// the mouse reaches it ("Could not find node with given id"), or the press
+// and the release may land on two different nodes and click nothing:
+// either way the click is tried again on the fresh node. done must turn
+// true as soon as the click is handled (an action's form sets
+// #action-result at once), so a click that worked is never repeated.
+func (b *browser) press(t *testing.T, what, sel, done string, before ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	var lastErr error
+	for {
+		if ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](done)); err == nil && ok {
+			return
+		} else if err != nil {
+			lastErr = err
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s: %s never became true; last error: %v", what, done, lastErr)
+		}
+		actions := append(append([]chromedp.Action[chromedp.Void]{}, before...), chromedp.Click(chromedp.CSS(sel), chromedp.NodeVisible))
+		if err := chromedp.Do(ctx, actions...); err != nil {
+			lastErr = err
+			continue
+		}
+		// The click was delivered: give the page a moment to handle it
+		// before looking again, so a slow handler is not clicked twice.
+		pollCtx, cancelPoll := context.WithTimeout(ctx, 2*time.Second)
+		_, err := chromedp.Run(pollCtx, chromedp.Poll[bool](done))
+		cancelPoll()
+		if err == nil {
+			return
+		}
+		lastErr = err
+	}
+}
+
+// openPanel opens the action panel details (a <details> element) by
+// clicking its summary, again if a live update swallowed the click.
+func (b *browser) openPanel(t *testing.T, details string) {
+	t.Helper()
+	b.press(t, "opening "+details, details+" summary", fmt.Sprintf(`document.querySelector(%q)?.open === true`, details))
+}
+
 // open loads a page, waits for its live updates to connect, and saves a
 // screenshot of it.
 func (b *browser) open(t *testing.T, url, shot string) {
@@ -273,7 +323,7 @@ func TestBrowser(t *testing.T) {
 	if !b.eval(t, `window.kaironNoReload === true`) {
 		t.Fatal("the Machines page was reloaded")
 	}
-	b.do(t, "opening late-1's page", chromedp.Click(chromedp.CSS(`tr[data-name="late-1"] a`)), chromedp.WaitVisible(chromedp.CSS("#phase")))
+	b.press(t, "opening late-1's page", `tr[data-name="late-1"] a`, `document.getElementById("phase") !== null`)
 
 	// Every page renders without a console error; first prove an error
 	// would be seen.
@@ -338,10 +388,8 @@ func TestBrowserEvacuate(t *testing.T) {
 
 	// Evacuate: open the panel, press the button.
 	panel := "#evacuate-" + node
-	b.do(t, "evacuating "+node,
-		chromedp.Click(chromedp.CSS(panel+" summary")),
-		chromedp.WaitVisible(chromedp.CSS(panel+` button[type="submit"]`)),
-		chromedp.Click(chromedp.CSS(panel+` button[type="submit"]`)))
+	b.openPanel(t, panel)
+	b.press(t, "evacuating "+node, panel+` button[type="submit"]`, actionStarted)
 	b.waitFor(t, "the evacuation's result", `document.getElementById("action-result").className === "done"`)
 	b.screenshot(t, "nodes-evacuated")
 
@@ -388,10 +436,8 @@ func TestBrowserEvacuate(t *testing.T) {
 		}
 	}
 	b.open(t, url+"/machines/"+ns+"/"+held, "machine-migrate")
-	b.do(t, "migrating "+held,
-		chromedp.Click(chromedp.CSS("#migrate summary")),
-		chromedp.WaitVisible(chromedp.CSS(`#migrate-form button[type="submit"]`)),
-		chromedp.Click(chromedp.CSS(`#migrate-form button[type="submit"]`)))
+	b.openPanel(t, "#migrate")
+	b.press(t, "migrating "+held, `#migrate-form button[type="submit"]`, actionStarted)
 	b.waitFor(t, "the migration's refusal", `document.getElementById("action-result").className === "refused"`)
 	if got := b.text(t, "#action-result"); !strings.Contains(got, "HTTP 409") || !strings.Contains(got, "machine "+ns+"/"+held+" not migrated: budget "+ns+"/web allows no more disruptions") {
 		t.Errorf("migrating %s shows %q, want the budget's refusal", held, got)
@@ -443,7 +489,7 @@ func TestBrowserShowsRefusal(t *testing.T) {
 		return apierrors.IsForbidden(err), refusal
 	})
 
-	b.do(t, "scaling warm to 5", chromedp.SetValue(chromedp.CSS(form+" input[name=replicas]"), "5"), chromedp.Click(chromedp.CSS(form+" button")))
+	b.press(t, "scaling warm to 5", form+" button", actionStarted, chromedp.SetValue(chromedp.CSS(form+" input[name=replicas]"), "5"))
 	b.waitFor(t, "the refusal", `document.getElementById("action-result").className === "refused"`)
 	b.screenshot(t, "pools-refused")
 	if got := b.text(t, "#action-result .message"); got != refusal {
