@@ -141,6 +141,33 @@ func sortOldestFirst[T client.Object](t *bindTracker, objs []T) {
 	})
 }
 
+// bindSteps is where a bind's time went, for its log line: from the
+// claim's creation to the watch delivering it (seen), from there to its
+// bind starting (started), and from there to its Machine being taken
+// (take). A step this process did not see is 0.
+type bindSteps struct {
+	seen, started, take time.Duration
+}
+
+// steps splits the span from created to took for claim.
+func (t *bindTracker) steps(claim types.UID, created, took time.Time) bindSteps {
+	t.mu.Lock()
+	arrival, seen := t.arrivals[claim]
+	start, started := t.claims[claim]
+	t.mu.Unlock()
+	var s bindSteps
+	if seen {
+		s.seen = arrival.Sub(created)
+	}
+	if started && seen {
+		s.started = start.Sub(arrival)
+	}
+	if started {
+		s.take = took.Sub(start)
+	}
+	return s
+}
+
 // startBind marks a claim as being bound by this process.
 func (t *bindTracker) startBind(claim types.UID) {
 	t.mu.Lock()

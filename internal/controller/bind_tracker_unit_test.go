@@ -56,3 +56,37 @@ func TestBindStartAcrossASecondBoundary(t *testing.T) {
 		t.Errorf("bind of the late claim measured %d ms, want 50", ms)
 	}
 }
+
+// A bind's log line splits its time into the create and its delivery, the
+// wait for a pass and the take; a step this process did not see is 0.
+func TestBindSteps(t *testing.T) {
+	created := time.Date(2026, 12, 4, 4, 0, 0, 0, time.UTC)
+	clock := created
+	tracker := newBindTracker()
+	tracker.now = func() time.Time { return clock }
+	at := func(ms int) time.Time { return created.Add(time.Duration(ms) * time.Millisecond) }
+
+	clock = at(6)
+	tracker.arrived("seen-and-bound")
+	clock = at(7)
+	tracker.startBind("seen-and-bound")
+	clock = at(3)
+	tracker.startBind("never-seen") // a claim the watch had not delivered
+
+	tests := []struct {
+		uid                         types.UID
+		wantSeen, wantStarted, take time.Duration
+	}{
+		{"seen-and-bound", 6 * time.Millisecond, time.Millisecond, 10 * time.Millisecond},
+		{"never-seen", 0, 0, 14 * time.Millisecond},
+		{"unknown", 0, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.uid), func(t *testing.T) {
+			s := tracker.steps(tt.uid, created, at(17))
+			if want := (bindSteps{seen: tt.wantSeen, started: tt.wantStarted, take: tt.take}); s != want {
+				t.Errorf("steps = %+v, want %+v", s, want)
+			}
+		})
+	}
+}

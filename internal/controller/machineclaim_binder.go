@@ -691,14 +691,19 @@ func (b *MachineClaimBinder) recordBind(ctx context.Context, pass *bindingPass, 
 	}
 
 	boundAt := b.tracker.now()
-	bindTime := boundAt.Sub(b.tracker.createdAt(claim))
+	created := b.tracker.createdAt(claim)
+	bindTime := boundAt.Sub(created)
+	steps := b.tracker.steps(claim.UID, created, boundAt)
 	desired := boundStatus(claim, m.Name, policy, boundAt, bindTime)
 	withEgressEnforced(desired, enforced, claim.Generation)
 	for range 3 {
 		err := patchClaimStatus(ctx, b.Client, claim, desired)
 		if err == nil {
 			claimBindDuration.Observe(bindTime.Seconds())
-			logger.Info("Bound claim", "bindMillis", desired.BindMillis)
+			// Where the time went: the create and its watch delivery,
+			// the wait for a pass, the take (and egress), the status.
+			logger.Info("Bound claim", "bindMillis", desired.BindMillis, "seenMillis", millis(steps.seen),
+				"startedMillis", millis(steps.started), "takeMillis", millis(steps.take), "statusMillis", millis(b.tracker.now().Sub(boundAt)))
 			b.Recorder.Eventf(claim, m, corev1.EventTypeNormal, kaironv1.ClaimReasonBound, "Bind",
 				"Bound to machine %s in %dms", m.Name, desired.BindMillis)
 			return bindResult{outcome: bindDone}
@@ -736,6 +741,11 @@ func (b *MachineClaimBinder) recordBind(ctx context.Context, pass *bindingPass, 
 		return bindResult{outcome: bindRetry, memberUsed: true}
 	}
 	return bindResult{outcome: bindRetry, memberUsed: true}
+}
+
+// millis is d in fractional milliseconds, for log lines.
+func millis(d time.Duration) float64 {
+	return float64(d.Microseconds()) / 1000
 }
 
 // handBack returns a Machine this binder took for nothing to the pool.

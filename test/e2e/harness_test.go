@@ -114,7 +114,13 @@ func startController(t testing.TB, env *testenv.Env) {
 // flags override the defaults.
 func startControllerWith(t testing.TB, env *testenv.Env, flags ...string) {
 	t.Helper()
-	log, err := os.Create(filepath.Join(t.TempDir(), "controller.log"))
+	// KAIRON_E2E_LOGS=DIR keeps the controller's log there, for reading a
+	// benchmark's bind steps after the run.
+	dir := os.Getenv("KAIRON_E2E_LOGS")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	log, err := os.CreateTemp(dir, "controller-*.log")
 	if err != nil {
 		t.Fatal(err)
 	}
