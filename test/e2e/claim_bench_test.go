@@ -186,8 +186,9 @@ func (cb *claimBench) env() *testenv.Env {
 		BinDir: cb.local.binDir, DataDir: cb.local.dataDir}
 }
 
-// writeRate measures the API server alone: 400 ConfigMap writes (200
-// creates, 200 patches) from 16 clients, then 100 from one client in turn.
+// writeRate measures the API server alone, writeRateRounds times: 400
+// ConfigMap writes (200 creates, 200 patches) from 16 clients, then 100
+// from one client in turn. It keeps the fastest of each.
 func (cb *claimBench) writeRate() {
 	t := cb.t
 	ctx := context.Background()
@@ -221,16 +222,31 @@ func (cb *claimBench) writeRate() {
 		wg.Wait()
 		return time.Since(start)
 	}
-	took := run("rate", n, clients)
-	cb.writesPerSec = float64(2*n) / took.Seconds()
-	one := run("seq", 50, 1)
-	cb.writeLatency = one / 100
-	t.Logf("API server writes (ConfigMap create+patch): %.0f writes/s from %d clients (%d writes in %s); one client: %.2f ms per write",
-		cb.writesPerSec, clients, 2*n, took.Round(time.Millisecond), ms(cb.writeLatency))
-	if err := cb.c.DeleteAllOf(ctx, &corev1.ConfigMap{}, client.InNamespace(cb.ns), client.MatchingLabels{"kairon-bench": "write-rate"}); err != nil {
-		t.Logf("deleting the ConfigMaps: %v", err)
+	// A round lasts well under a second, so one garbage collection or
+	// one busy moment of the machine can halve it. The fastest of three
+	// rounds is the nearest to what the API server can do: the lowest
+	// floor, which makes the ratio against it the strictest.
+	var rounds, singles []string
+	for round := range writeRateRounds {
+		took := run(fmt.Sprintf("rate%d", round), n, clients)
+		rate := float64(2*n) / took.Seconds()
+		cb.writesPerSec = max(cb.writesPerSec, rate)
+		rounds = append(rounds, fmt.Sprintf("%.0f", rate))
+		one := run(fmt.Sprintf("seq%d", round), 50, 1) / 100
+		if cb.writeLatency == 0 || one < cb.writeLatency {
+			cb.writeLatency = one
+		}
+		singles = append(singles, fmt.Sprintf("%.2f", ms(one)))
+		if err := cb.c.DeleteAllOf(ctx, &corev1.ConfigMap{}, client.InNamespace(cb.ns), client.MatchingLabels{"kairon-bench": "write-rate"}); err != nil {
+			t.Logf("deleting the ConfigMaps: %v", err)
+		}
 	}
+	t.Logf("API server writes (ConfigMap create+patch): %.0f writes/s from %d clients, the fastest of %d rounds of %d writes (%s/s); one client: %.2f ms per write, the fastest of %s ms",
+		cb.writesPerSec, clients, writeRateRounds, 2*n, strings.Join(rounds, ", "), ms(cb.writeLatency), strings.Join(singles, ", "))
 }
+
+// writeRateRounds is how many times writeRate measures.
+const writeRateRounds = 3
 
 // pool creates pool name with replicas warm members and waits until they
 // are all Running.
