@@ -55,6 +55,7 @@ type SchedulerReconciler struct {
 	Interval time.Duration
 
 	assumed *assumedBindings
+	pickups *nodePickups
 }
 
 // SetupWithManager registers the scheduler with mgr.
@@ -64,6 +65,9 @@ func (r *SchedulerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	if r.assumed == nil {
 		r.assumed = newAssumedBindings()
+	}
+	if r.pickups == nil {
+		r.pickups = newNodePickups()
 	}
 	enqueuePass := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{schedulingPassKey}
@@ -261,10 +265,14 @@ func (r *SchedulerReconciler) Reconcile(ctx context.Context, _ reconcile.Request
 	if err := errors.Join(errs...); err != nil {
 		return reconcile.Result{}, err
 	}
-	if retrySoon && conflictRetryDelay < r.Interval {
-		return reconcile.Result{RequeueAfter: conflictRetryDelay}, nil
+	next := r.Interval
+	if retrySoon && conflictRetryDelay < next {
+		next = conflictRetryDelay
 	}
-	return reconcile.Result{RequeueAfter: r.Interval}, nil
+	if pass.markIn > 0 && pass.markIn < next {
+		next = pass.markIn
+	}
+	return reconcile.Result{RequeueAfter: next}, nil
 }
 
 // schedulingPass is the cluster as one pass sees it, updated as the pass
@@ -275,8 +283,12 @@ type schedulingPass struct {
 	quotas      map[string][]*quotaState // by namespace
 	unscheduled []*kaironv1.Machine      // oldest first
 	// placedNotMarked have a node but a status that still says Pending:
-	// placed by hand, or bound by a pass whose status write failed.
+	// placed by hand, or placed by this scheduler more than
+	// nodePickupGrace ago and not picked up by their node agent.
 	placedNotMarked []*kaironv1.Machine
+	// markIn is when the next Machine placed by this scheduler is due to
+	// be marked by it, unless its agent does first; 0 for none.
+	markIn time.Duration
 	// snapshots are those restored Machines name (snapshot_placement.go).
 	snapshots map[types.NamespacedName]*kaironv1.MachineSnapshot
 }
@@ -306,15 +318,24 @@ func (r *SchedulerReconciler) snapshot(ctx context.Context) (*schedulingPass, er
 
 	pass := &schedulingPass{nodesByName: map[string]*rules.NodeInfo{}, quotas: map[string][]*quotaState{}}
 	machines := make([]*kaironv1.Machine, len(machineList.Items))
+	unmarked := map[types.UID]bool{}
 	for i := range machineList.Items {
 		m := &machineList.Items[i]
 		machines[i] = m
 		// Judged before the assumed bindings are overlaid: a binding the
-		// cache has not shown yet was marked when it was made.
+		// cache has not shown yet is the node agent's to mark.
 		if m.Spec.NodeName != "" && m.DeletionTimestamp == nil && (m.Status.Phase == "" || m.Status.Phase == kaironv1.MachinePending) {
+			unmarked[m.UID] = true
+			if due, wait := r.pickups.due(m); !due {
+				if pass.markIn == 0 || wait < pass.markIn {
+					pass.markIn = wait
+				}
+				continue
+			}
 			pass.placedNotMarked = append(pass.placedNotMarked, m)
 		}
 	}
+	r.pickups.keepOnly(unmarked)
 	machines = r.assumed.apply(machines)
 
 	for i := range nodes.Items {
@@ -427,10 +448,13 @@ func (r *SchedulerReconciler) bindAndMark(ctx context.Context, m *kaironv1.Machi
 		return err
 	}
 	r.assumed.assume(bound, node.Node.Name)
+	// The node agent records the placement in its first status write; the
+	// scheduler does only if the agent does not (nodePickups).
+	r.pickups.placedNow(bound)
 	log := ctrl.LoggerFrom(ctx).WithValues("machine", klog.KObj(m), "node", klog.KObj(node.Node))
 	log.Info("Bound machine to node", "cpu", rules.MachineCPU(m), "memory", rules.FormatMemory(rules.MachineMemory(m)))
 	r.Recorder.Eventf(bound, nil, corev1.EventTypeNormal, kaironv1.MachineReasonScheduled, "Binding", "Bound to node %s", node.Node.Name)
-	return r.markScheduled(ctx, bound)
+	return nil
 }
 
 // bind sets spec.nodeName, failing with a conflict if the Machine changed
@@ -449,25 +473,16 @@ func (r *SchedulerReconciler) bind(ctx context.Context, m *kaironv1.Machine, nod
 	return bound, nil
 }
 
-// markScheduled records the binding in status. The node agent may already
-// have picked the Machine up, so a conflict is retried on a fresh read.
+// markScheduled records a placement in status that the node agent has not
+// recorded. The agent may pick the Machine up meanwhile, so a conflict is
+// retried on a fresh read.
 func (r *SchedulerReconciler) markScheduled(ctx context.Context, m *kaironv1.Machine) error {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if m.Spec.NodeName == "" || m.DeletionTimestamp != nil {
-			return nil // unbound or going away meanwhile
+		if m.Spec.NodeName == "" || m.DeletionTimestamp != nil || rules.MarkedScheduled(m) {
+			return nil // unbound, going away, or marked meanwhile
 		}
 		desired := m.DeepCopy()
-		if schedulerOwnsPhase(desired.Status.Phase) {
-			desired.Status.Phase = kaironv1.MachineScheduled
-			desired.Status.Message = ""
-		}
-		meta.SetStatusCondition(&desired.Status.Conditions, metav1.Condition{
-			Type:               kaironv1.ConditionScheduled.String(),
-			Status:             metav1.ConditionTrue,
-			Reason:             kaironv1.MachineReasonScheduled,
-			Message:            "Bound to node " + m.Spec.NodeName,
-			ObservedGeneration: desired.Generation,
-		})
+		rules.MarkScheduled(desired)
 		err := r.patchStatus(ctx, m, desired)
 		if apierrors.IsConflict(err) {
 			if getErr := r.APIReader.Get(ctx, client.ObjectKeyFromObject(m), m); getErr != nil {

@@ -17,8 +17,9 @@ import (
 
 // BenchmarkSchedulerBurst times the scheduler alone placing a burst of 300
 // new Machines on 4 nodes (no node agent: nothing else writes), from the
-// first create to the last Machine with a node and a Scheduled status, as a
-// watching client sees it.
+// first create to the last Machine with a node, as a polling client sees
+// it. (With no agent to record the placement, the Scheduled status follows
+// nodePickupGrace later, which is not the scheduler's speed.)
 //
 //	go test -run '^$' -bench SchedulerBurst -benchtime 3x ./internal/controller/
 func BenchmarkSchedulerBurst(b *testing.B) {
@@ -52,7 +53,7 @@ func BenchmarkSchedulerBurst(b *testing.B) {
 			}
 			n := 0
 			for _, m := range list.Items {
-				if m.Spec.NodeName != "" && m.Status.Phase == kaironv1.MachineScheduled {
+				if m.Spec.NodeName != "" {
 					n++
 				}
 			}

@@ -106,7 +106,9 @@ func TestSchedulerAssumesItsBindingsUntilTheCacheCatchesUp(t *testing.T) {
 	if err := api.Get(ctx, client.ObjectKeyFromObject(first), &got); err != nil {
 		t.Fatal(err)
 	}
-	if got.Spec.NodeName != node.Name || got.Status.Phase != kaironv1.MachineScheduled {
+	// Placed; its status is its node agent's to write (or the scheduler's
+	// once the cache shows it placed and unmarked).
+	if got.Spec.NodeName != node.Name {
 		t.Errorf("first Machine: %s", describeMachine(&got))
 	}
 }
@@ -195,8 +197,12 @@ func TestSchedulerAdmitsOldestFirst(t *testing.T) {
 				Build()
 			recorder := events.NewFakeRecorder(10)
 			r := &SchedulerReconciler{Client: api, APIReader: api, Recorder: recorder, Interval: time.Minute, assumed: newAssumedBindings()}
-			if _, err := r.Reconcile(context.Background(), schedulingPassKey); err != nil {
-				t.Fatal(err)
+			// The first pass places; with no node agent to record that,
+			// the next records it (this reconciler has no pickup grace).
+			for range 2 {
+				if _, err := r.Reconcile(context.Background(), schedulingPassKey); err != nil {
+					t.Fatal(err)
+				}
 			}
 			for name, want := range tt.want {
 				var m kaironv1.Machine

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -123,7 +124,13 @@ func TestAgentRunsAMachineThroughItsLife(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := client.ObjectKeyFromObject(m)
-	waitPhase(t, env, key, kaironv1.MachineBooting)
+	booting := waitPhase(t, env, key, kaironv1.MachineBooting)
+	// No scheduler runs here: the agent records the placement itself, with
+	// its first status.
+	if c := meta.FindStatusCondition(booting.Status.Conditions, kaironv1.ConditionScheduled.String()); c == nil ||
+		c.Status != metav1.ConditionTrue || c.Reason != kaironv1.MachineReasonScheduled || c.Message != "Bound to node sim-life" {
+		t.Errorf("the Booting Machine's Scheduled condition is %+v, want True, bound to node sim-life", c)
+	}
 	m = waitPhase(t, env, key, kaironv1.MachineRunning)
 	if m.Status.Acceleration != "sim" || len(m.Status.Addresses) != 1 || m.Status.StartedAt == nil {
 		t.Errorf("running status incomplete: %+v", m.Status)

@@ -29,6 +29,7 @@ import (
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/node/network"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/rules"
 )
 
 // instanceID names a Machine's VM on this node; it is also a safe file name.
@@ -88,6 +89,11 @@ func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 	}
 
 	base := machine.DeepCopy()
+	if !rules.MarkedScheduled(machine) {
+		// The scheduler leaves recording the placement to the agent that
+		// picks the Machine up, in the same write as its first status.
+		rules.MarkScheduled(machine)
+	}
 	requeue, err := a.reconcileVM(ctx, machine, id)
 	if patchErr := a.patchStatus(ctx, base, machine); patchErr != nil {
 		if apierrors.IsConflict(patchErr) && err == nil {
