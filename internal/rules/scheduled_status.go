@@ -26,12 +26,20 @@ func MarkScheduled(m *kaironv1.Machine) {
 		Type:               kaironv1.ConditionScheduled.String(),
 		Status:             metav1.ConditionTrue,
 		Reason:             kaironv1.MachineReasonScheduled,
-		Message:            "Bound to node " + m.Spec.NodeName,
+		Message:            scheduledMessage(m.Spec.NodeName),
 		ObservedGeneration: m.Generation,
 	})
 }
 
-// MarkedScheduled says whether m's status already says it is placed.
+// MarkedScheduled says whether m's status already says it is placed on
+// the node it is placed on now. A Machine placed again (after its node
+// failed, or moved by a migration) still carries the condition of its
+// last placement, which names the old node.
 func MarkedScheduled(m *kaironv1.Machine) bool {
-	return meta.IsStatusConditionTrue(m.Status.Conditions, kaironv1.ConditionScheduled.String())
+	c := meta.FindStatusCondition(m.Status.Conditions, kaironv1.ConditionScheduled.String())
+	return c != nil && c.Status == metav1.ConditionTrue && c.Message == scheduledMessage(m.Spec.NodeName)
+}
+
+func scheduledMessage(node string) string {
+	return "Bound to node " + node
 }
