@@ -433,7 +433,7 @@ func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedN
 		return nil, fmt.Errorf("listing claims: %w", err)
 	}
 	var machines kaironv1.MachineList
-	if err := b.Client.List(ctx, &machines, client.InNamespace(key.Namespace), client.MatchingLabels{kaironv1.LabelMachinePool: key.Name}, client.UnsafeDisableDeepCopy); err != nil {
+	if err := b.Client.List(ctx, &machines, client.InNamespace(key.Namespace), client.MatchingFields{poolMachineIndex: key.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing members: %w", err)
 	}
 

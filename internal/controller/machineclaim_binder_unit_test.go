@@ -355,7 +355,7 @@ func TestMachineClaimBinderBranches(t *testing.T) {
 			objs = append(objs, claim)
 			builder := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(objs...).
 				WithStatusSubresource(&kaironv1.MachineClaim{}, &kaironv1.MachinePool{}, &kaironv1.Machine{}).
-				WithIndex(&kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName)
+				WithIndex(&kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName).WithIndex(&kaironv1.Machine{}, poolMachineIndex, poolOfMember).WithIndex(&kaironv1.Machine{}, claimedMachineIndex, claimOfClaimedMachine)
 			if tt.faults != nil {
 				builder = builder.WithInterceptorFuncs(tt.faults(t))
 			}
@@ -464,7 +464,7 @@ func TestMachineClaimBinderTakesInClaimsArrivingDuringAPass(t *testing.T) {
 	arrived := false
 	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(objs...).
 		WithStatusSubresource(&kaironv1.MachineClaim{}, &kaironv1.MachinePool{}, &kaironv1.Machine{}).
-		WithIndex(&kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName).
+		WithIndex(&kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName).WithIndex(&kaironv1.Machine{}, poolMachineIndex, poolOfMember).WithIndex(&kaironv1.Machine{}, claimedMachineIndex, claimOfClaimedMachine).
 		WithInterceptorFuncs(interceptor.Funcs{Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
 			if _, ok := obj.(*kaironv1.Machine); ok && !arrived {
 				// The second claim arrives, and the watch says so, while

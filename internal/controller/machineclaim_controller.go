@@ -87,7 +87,7 @@ func (r *MachineClaimReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	if claim.DeletionTimestamp != nil {
 		return r.release(ctx, &claim)
 	}
-	labelled, err := r.labelledMachines(ctx, r.Client, &claim)
+	labelled, err := r.labelledMachines(ctx, &claim)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -108,13 +108,22 @@ func (r *MachineClaimReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	return result, err
 }
 
-// labelledMachines lists the Machines labelled as claimed by this claim.
-// Normally there is one, the bound Machine; more are strays of a bind that
-// lost a race, to be handed back.
-func (r *MachineClaimReconciler) labelledMachines(ctx context.Context, reader client.Reader, claim *kaironv1.MachineClaim) ([]*kaironv1.Machine, error) {
+// labelledMachines lists the Machines labelled as claimed by this claim,
+// from the cache. Normally there is one, the bound Machine; more are strays
+// of a bind that lost a race, to be handed back.
+func (r *MachineClaimReconciler) labelledMachines(ctx context.Context, claim *kaironv1.MachineClaim) ([]*kaironv1.Machine, error) {
+	return listLabelled(ctx, r.Client, claim, client.MatchingFields{claimedMachineIndex: claim.Name})
+}
+
+// labelledMachinesLive is labelledMachines read from the API server.
+func (r *MachineClaimReconciler) labelledMachinesLive(ctx context.Context, claim *kaironv1.MachineClaim) ([]*kaironv1.Machine, error) {
+	return listLabelled(ctx, r.APIReader, claim,
+		client.MatchingLabels{kaironv1.LabelMachineClaim: claim.Name, kaironv1.LabelPoolState: kaironv1.PoolStateClaimed})
+}
+
+func listLabelled(ctx context.Context, reader client.Reader, claim *kaironv1.MachineClaim, selector client.ListOption) ([]*kaironv1.Machine, error) {
 	var list kaironv1.MachineList
-	if err := reader.List(ctx, &list, client.InNamespace(claim.Namespace),
-		client.MatchingLabels{kaironv1.LabelMachineClaim: claim.Name, kaironv1.LabelPoolState: kaironv1.PoolStateClaimed}); err != nil {
+	if err := reader.List(ctx, &list, client.InNamespace(claim.Namespace), selector); err != nil {
 		return nil, fmt.Errorf("listing the claim's machines: %w", err)
 	}
 	var out []*kaironv1.Machine
@@ -367,7 +376,7 @@ func (r *MachineClaimReconciler) release(ctx context.Context, claim *kaironv1.Ma
 
 	// Read from the API server: a Machine the cache has not yet seen
 	// labelled for the claim would otherwise outlive it, claimed by nobody.
-	labelled, err := r.labelledMachines(ctx, r.APIReader, claim)
+	labelled, err := r.labelledMachinesLive(ctx, claim)
 	if err != nil {
 		return reconcile.Result{}, err
 	}

@@ -195,7 +195,7 @@ func (r *MachinePoolReconciler) refillHolds() *refillHolds {
 func (r *MachinePoolReconciler) listMembers(ctx context.Context, pool *kaironv1.MachinePool) ([]*kaironv1.Machine, error) {
 	var list kaironv1.MachineList
 	if err := r.Client.List(ctx, &list, client.InNamespace(pool.Namespace),
-		client.MatchingLabels{kaironv1.LabelMachinePool: pool.Name}); err != nil {
+		client.MatchingFields{poolMachineIndex: pool.Name}); err != nil {
 		return nil, fmt.Errorf("listing members: %w", err)
 	}
 	var tracked []*kaironv1.Machine

@@ -87,6 +87,9 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 	if opts.CordonEvacuate && err != nil {
 		return err
 	}
+	if err := indexMachines(mgr); err != nil {
+		return err
+	}
 	// The binder and the claim reconciler share what this process knows of
 	// binds its cache has yet to show.
 	binds := opts.binds
