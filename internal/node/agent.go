@@ -81,6 +81,9 @@ type Agent struct {
 	// savedTemplates remembers the template Machines this agent saved
 	// (snapshot.go), for the moments its cache is behind its own write.
 	savedTemplates savedTemplates
+	// ownWrites is what the Machine reconciler last wrote of each Machine,
+	// for the moments its cache is behind its own write (own_writes.go).
+	ownWrites ownWrites
 	// snapshotting serializes the snapshots of one VM (instance ID to
 	// *sync.Mutex, machine_snapshot.go).
 	snapshotting sync.Map

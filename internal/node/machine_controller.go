@@ -65,7 +65,11 @@ func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
 	}
+	if err == nil {
+		machine = a.ownWrites.latest(machine)
+	}
 	if apierrors.IsNotFound(err) || machine.Spec.NodeName != a.opts.NodeName {
+		a.ownWrites.forget(req.NamespacedName)
 		// Gone, or moved to another node: nothing of it may stay here,
 		// unless a migration through this node still needs it (the
 		// source's paused copy, the target's restored one before the switch).
@@ -86,6 +90,7 @@ func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 		if err := a.client.Patch(ctx, machine, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
 			return ctrl.Result{}, err
 		}
+		a.ownWrites.wrote(base.ResourceVersion, machine)
 	}
 
 	base := machine.DeepCopy()
@@ -103,6 +108,7 @@ func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 		}
 		return ctrl.Result{}, errors.Join(err, patchErr)
 	}
+	a.ownWrites.wrote(base.ResourceVersion, machine)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -372,6 +378,7 @@ func (a *Agent) reconcileDelete(ctx context.Context, machine *kaironv1.Machine, 
 		if err := a.patchStatus(ctx, base, machine); err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
+		a.ownWrites.wrote(base.ResourceVersion, machine)
 	}
 	if err := errors.Join(a.teardown(ctx, id), a.removeSnapshot(id)); err != nil {
 		return err
@@ -381,6 +388,7 @@ func (a *Agent) reconcileDelete(ctx context.Context, machine *kaironv1.Machine, 
 	if err := a.client.Patch(ctx, machine, client.MergeFrom(base)); err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
+	a.ownWrites.forget(client.ObjectKeyFromObject(machine))
 	a.event(machine, corev1.EventTypeNormal, kaironv1.EventReasonStopped, "VM stopped and its network removed")
 	return nil
 }
