@@ -140,8 +140,12 @@ func listLabelled(ctx context.Context, reader client.Reader, claim *kaironv1.Mac
 // never landed. Left alone, the claim would be bound a second time.
 func (r *MachineClaimReconciler) reconcilePending(ctx context.Context, claim *kaironv1.MachineClaim, labelled []*kaironv1.Machine) (reconcile.Result, error) {
 	if len(labelled) == 0 {
+		// Binding is the binder's. Looked at again each interval all the
+		// same: should the event of a bind whose status write was lost
+		// never reach this reconciler, the claim would wait forever, the
+		// binder leaving a claim with a Machine labelled for it alone.
 		r.tracker.forgetOrphan(claim.UID)
-		return reconcile.Result{}, nil // binding is the binder's
+		return reconcile.Result{RequeueAfter: r.Interval}, nil
 	}
 	if r.tracker.claimInFlight(claim) {
 		return reconcile.Result{RequeueAfter: adoptGrace}, nil
@@ -167,7 +171,8 @@ func (r *MachineClaimReconciler) reconcilePending(ctx context.Context, claim *ka
 		}
 	}
 	if adopted == nil {
-		return reconcile.Result{RequeueAfter: time.Second}, nil // the cache was behind
+		log.FromContext(ctx).V(1).Info("The cache showed a Machine labelled for the claim that the API server does not", "machines", len(labelled))
+		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
 	claim, err := ensureClaimFinalizer(ctx, r.Client, claim)
 	if err != nil {

@@ -61,10 +61,11 @@ func TestScaleBench(t *testing.T) {
 	// Room for every member and every replacement, so that capacity never
 	// decides anything; a /16 per node, so that addresses do not either.
 	began := time.Now()
+	var agents []int
 	for i := range nodes {
 		// kairon-node's default tick (5 s), not the tests' 2 s: every agent
 		// re-checks each of its Machines every tick.
-		startSimAgent(t, env, fmt.Sprintf("scale-%02d", i), fmt.Sprintf("10.%d.0.0/16", 100+i), 4000, "4000Gi", "--interval", "5s")
+		agents = append(agents, startSimAgent(t, env, fmt.Sprintf("scale-%02d", i), fmt.Sprintf("10.%d.0.0/16", 100+i), 4000, "4000Gi", "--interval", "5s").cmd.Process.Pid)
 	}
 	for i := range nodes {
 		waitNodeReady(t, env, fmt.Sprintf("scale-%02d", i))
@@ -72,9 +73,10 @@ func TestScaleBench(t *testing.T) {
 	t.Logf("%d hollow nodes Ready in %s", nodes, time.Since(began).Round(time.Millisecond))
 	ctrl := startScaleController(t, env)
 	api := apiServerPID(t, cb.local.dataDir)
+	others := map[string][]int{"kairon-node agents": agents, "etcd": {controlPlanePID(t, "etcd", cb.local.dataDir)}}
 
 	// Phase 1: the pools warm up.
-	phase := newScalePhase(t, cb, ctrl, api, "warm-up")
+	phase := newScalePhase(t, cb, ctrl, api, others, "warm-up")
 	for p := range pools {
 		n := machines / pools
 		if p < machines%pools {
@@ -106,7 +108,7 @@ func TestScaleBench(t *testing.T) {
 	// Phase 2: the claim storm, with a controller restart a third of the
 	// way through.
 	history := watchScaleBinds(t, cb)
-	phase = newScalePhase(t, cb, ctrl, api, "claim storm")
+	phase = newScalePhase(t, cb, ctrl, api, others, "claim storm")
 	stormStart := time.Now()
 	var wg sync.WaitGroup
 	for w := range 16 {
@@ -218,6 +220,13 @@ func usageOf(pid int) procUsage {
 // apiServerPID finds the kube-apiserver kairon-local started for dataDir.
 func apiServerPID(t *testing.T, dataDir string) int {
 	t.Helper()
+	return controlPlanePID(t, "kube-apiserver", dataDir)
+}
+
+// controlPlanePID finds the process named name that kairon-local started
+// for dataDir.
+func controlPlanePID(t *testing.T, name, dataDir string) int {
+	t.Helper()
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -226,11 +235,11 @@ func apiServerPID(t *testing.T, dataDir string) int {
 		}
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		args := strings.Split(string(cmdline), "\x00")
-		if len(args) > 0 && filepath.Base(args[0]) == "kube-apiserver" && strings.Contains(string(cmdline), dataDir) {
+		if len(args) > 0 && filepath.Base(args[0]) == name && strings.Contains(string(cmdline), dataDir) {
 			return pid
 		}
 	}
-	t.Fatalf("no kube-apiserver of %s found", dataDir)
+	t.Fatalf("no %s of %s found", name, dataDir)
 	return 0
 }
 
@@ -248,11 +257,29 @@ type scalePhase struct {
 	// ctrlCPU is what controllers killed during the phase used.
 	ctrlCPU  float64
 	ctrlPeak float64
+	// others are the rest of the machine's work, by what it is: the
+	// hollow node agents and etcd, whose CPU takes from the two above.
+	others    map[string][]int
+	othersCPU map[string]float64
 }
 
-func newScalePhase(t *testing.T, cb *claimBench, ctrl *scaleController, api int, name string) *scalePhase {
-	return &scalePhase{t: t, cb: cb, name: name, ctrl: ctrl, api: api, start: time.Now(),
-		requests: apiRequests(cb), apiCPU: usageOf(api).cpu, ctrlCPU: -usageOf(ctrl.cmd.Process.Pid).cpu}
+func newScalePhase(t *testing.T, cb *claimBench, ctrl *scaleController, api int, others map[string][]int, name string) *scalePhase {
+	p := &scalePhase{t: t, cb: cb, name: name, ctrl: ctrl, api: api, start: time.Now(),
+		requests: apiRequests(cb), apiCPU: usageOf(api).cpu, ctrlCPU: -usageOf(ctrl.cmd.Process.Pid).cpu,
+		others: others, othersCPU: map[string]float64{}}
+	for what, pids := range others {
+		p.othersCPU[what] = cpuOf(pids)
+	}
+	return p
+}
+
+// cpuOf is the CPU seconds pids used together.
+func cpuOf(pids []int) float64 {
+	var total float64
+	for _, pid := range pids {
+		total += usageOf(pid).cpu
+	}
+	return total
 }
 
 // stopController kills the phase's controller (SIGKILL) and books what it
@@ -277,6 +304,13 @@ func (p *scalePhase) end(items int, what string) {
 		ctrlCPU, 100*ctrlCPU/took.Seconds(), u.rssMiB, max(p.ctrlPeak, u.peakMiB),
 		api.cpu-p.apiCPU, api.rssMiB, requests, requests/took.Seconds(), requests/float64(items), loadAvg())
 	p.t.Logf("phase %s: API requests per item, largest kinds: %s", p.name, kinds)
+	var rest []string
+	for what, pids := range p.others {
+		cpu := cpuOf(pids) - p.othersCPU[what]
+		rest = append(rest, fmt.Sprintf("%s %.1f s (%.0f%% of a core)", what, cpu, 100*cpu/took.Seconds()))
+	}
+	sort.Strings(rest)
+	p.t.Logf("phase %s: CPU of the rest: %s", p.name, strings.Join(rest, ", "))
 }
 
 // apiRequests is the API server's apiserver_request_total, every verb, by
