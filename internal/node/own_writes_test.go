@@ -70,9 +70,9 @@ func TestOwnWritesLatest(t *testing.T) {
 	}
 }
 
-// laggingReader serves Gets of one Machine from a copy frozen at the
-// moment freeze was called, as an informer cache behind its watch does;
-// writes go to the client underneath.
+// laggingReader serves Gets of the Machine in frozen from that copy, as an
+// informer cache behind its watch does; everything else, writes included,
+// goes to the client underneath.
 type laggingReader struct {
 	client.Client
 	frozen *kaironv1.Machine
