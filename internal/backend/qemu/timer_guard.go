@@ -105,18 +105,22 @@ func (b *Backend) timerDisabled(ctx context.Context, sock string) (bool, error) 
 		if err != nil || !st.Running {
 			return err
 		}
-		raw, err := q.execute("human-monitor-command", map[string]string{"command-line": "info lapic"})
-		if err != nil {
-			return err
-		}
-		var text string
-		if err := json.Unmarshal(raw, &text); err != nil {
-			return err
-		}
-		disabled = apicTimerLeftMeasuring(text)
-		return nil
+		text, err := q.infoLapic()
+		disabled = err == nil && apicTimerLeftMeasuring(text)
+		return err
 	})
 	return disabled, err
+}
+
+// infoLapic is HMP's "info lapic" of the guest's CPU 0.
+func (q *qmpConn) infoLapic() (string, error) {
+	raw, err := q.execute("human-monitor-command", map[string]string{"command-line": "info lapic"})
+	if err != nil {
+		return "", err
+	}
+	var text string
+	err = json.Unmarshal(raw, &text)
+	return text, err
 }
 
 // resetGuest resets the guest in place: QEMU's reboot action is reset while
@@ -142,6 +146,19 @@ var (
 	timerInitialLine = regexp.MustCompile(`(?m)^Timer\s.*initial_count = (\d+)`)
 )
 
+// The APIC timer's LVT entry: masked (bit 16), mode (bits 17-18).
+const lvtMasked, lvtModeMask, lvtPeriodic = 1 << 16, 3 << 17, 1 << 17
+
+// apicTimerLVT reads the timer's LVT entry out of "info lapic".
+func apicTimerLVT(infoLapic string) (uint64, bool) {
+	m := lvttLine.FindStringSubmatch(infoLapic)
+	if m == nil {
+		return 0, false
+	}
+	lvt, err := strconv.ParseUint(m[1], 16, 32)
+	return lvt, err == nil
+}
+
 // apicMeasuringInitialCount is the initial count Linux gives the APIC
 // timer while it measures it: the largest count, 0xffffffff, over its
 // divisor 16.
@@ -153,16 +170,8 @@ const apicMeasuringInitialCount = 0xffffffff / 16
 // counts as not.
 func apicTimerLeftMeasuring(infoLapic string) bool {
 	infoLapic = strings.ReplaceAll(infoLapic, "\r\n", "\n")
-	m := lvttLine.FindStringSubmatch(infoLapic)
-	if m == nil {
-		return false
-	}
-	lvt, err := strconv.ParseUint(m[1], 16, 32)
-	if err != nil {
-		return false
-	}
-	const masked, modeMask, periodic = 1 << 16, 3 << 17, 1 << 17
-	if lvt&masked == 0 || lvt&modeMask != periodic {
+	lvt, ok := apicTimerLVT(infoLapic)
+	if !ok || lvt&lvtMasked == 0 || lvt&lvtModeMask != lvtPeriodic {
 		return false
 	}
 	t := timerInitialLine.FindStringSubmatch(infoLapic)
