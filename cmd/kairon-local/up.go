@@ -34,7 +34,9 @@ type upFlags struct {
 	// controllerPprof is kairon-controller's -pprof-bind-address; empty
 	// leaves profiling off.
 	controllerPprof string
-	verbose         bool
+	// apiServerProfiling is kube-apiserver's --profiling.
+	apiServerProfiling bool
+	verbose            bool
 	// kairon-ui, with the agents: on 127.0.0.1:uiPort as the admin.
 	ui           bool
 	uiPort       int
@@ -58,6 +60,7 @@ func up(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.node.dnsUpstream, "egress-dns-upstream", "auto", "resolver (host:port) the nodes' egress DNS proxies forward the allowed queries of confined guests to; auto: the first nameserver of /etc/resolv.conf")
 	fs.DurationVar(&f.nodeGrace, "node-grace-period", rules.DefaultNodeGracePeriod, "how long an agent may go without renewing its Lease before its node is Unknown (kairon-controller's -node-grace-period; docs/guides/node-failure.md)")
 	fs.StringVar(&f.controllerPprof, "controller-pprof-address", "", "serve kairon-controller's Go profiles (/debug/pprof/) on this loopback address, for example 127.0.0.1:6060 (off by default; unauthenticated, so loopback only)")
+	fs.BoolVar(&f.apiServerProfiling, "apiserver-profiling", false, "serve kube-apiserver's Go profiles at /debug/pprof/ on the API server's port, to the admin kubeconfig (for benchmarks)")
 	fs.DurationVar(&f.node.leaseRenew, "lease-renew-interval", rules.DefaultLeaseRenewInterval, "how often each agent renews its Lease; well under --node-grace-period")
 	fs.BoolVar(&f.ui, "ui", true, "run kairon-ui, the web dashboard, with the agents (as the admin kubeconfig, on 127.0.0.1 only)")
 	fs.IntVar(&f.uiPort, "ui-port", 8090, "kairon-ui's port on 127.0.0.1")
@@ -129,8 +132,9 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 		ControllerManager:      true,
 		CRDs:                   crd.Bases,
 		// Each component as itself, confined like the chart's.
-		KaironAccess: true,
-		Log:          log,
+		KaironAccess:       true,
+		APIServerProfiling: f.apiServerProfiling,
+		Log:                log,
 	})
 	if err != nil {
 		if ctx.Err() != nil {

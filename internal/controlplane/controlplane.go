@@ -101,6 +101,10 @@ type Options struct {
 	// EtcdUnsafeNoFsync makes etcd skip fsync: much faster on slow disks,
 	// but a machine crash can corrupt the data. For throwaway test data.
 	EtcdUnsafeNoFsync bool
+	// APIServerProfiling serves kube-apiserver's Go profiles at
+	// /debug/pprof/, to clients allowed that path (the admin kubeconfig):
+	// for finding where the API server's time goes under a benchmark.
+	APIServerProfiling bool
 	// Log receives progress messages; nil discards them.
 	Log *slog.Logger
 	// StopTimeout is how long each child gets between SIGTERM and SIGKILL;
@@ -504,7 +508,7 @@ func (cp *ControlPlane) apiServerArgs() []string {
 		// loopback; there are no in-cluster pods that would dial it anyway.
 		"--endpoint-reconciler-type=none",
 		"--allow-privileged=true",
-		"--profiling=false",
+		"--profiling=" + strconv.FormatBool(cp.opts.APIServerProfiling),
 	}
 }
 

@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"context"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -80,6 +81,19 @@ func assertNoProcesses(t *testing.T, dataDir string) {
 	}
 }
 
+// pprofStatus is the HTTP status of one of kube-apiserver's profiling
+// endpoints, asked as the admin.
+func pprofStatus(t *testing.T, cp *controlplane.ControlPlane) int {
+	t.Helper()
+	var code int
+	err := kubernetes.NewForConfigOrDie(cp.RESTConfig()).Discovery().RESTClient().Get().
+		AbsPath("/debug/pprof/").Do(context.Background()).StatusCode(&code).Error()
+	if err != nil && code == 0 {
+		t.Fatal(err)
+	}
+	return code
+}
+
 func TestRestartKeepsStateAndReappliesCRDs(t *testing.T) {
 	bin := host.BinDir(t)
 	dir := t.TempDir()
@@ -107,10 +121,22 @@ func TestRestartKeepsStateAndReappliesCRDs(t *testing.T) {
 		}
 	})
 
+	t.Run("the API server's profiles are off by default", func(t *testing.T) {
+		if code := pprofStatus(t, first); code != http.StatusNotFound {
+			t.Errorf("GET /debug/pprof/: HTTP %d, want 404 without APIServerProfiling", code)
+		}
+	})
+
 	stop(t, first)
 
 	opts.CRDs = widgetCRD("[wd]")
+	opts.APIServerProfiling = true
 	second := start(t, opts)
+	t.Run("APIServerProfiling serves the API server's profiles", func(t *testing.T) {
+		if code := pprofStatus(t, second); code != http.StatusOK {
+			t.Errorf("GET /debug/pprof/: HTTP %d, want 200 with APIServerProfiling", code)
+		}
+	})
 	if got, want := second.RESTConfig().Host, first.RESTConfig().Host; got != want {
 		t.Errorf("API server moved from %s to %s across a restart; the kubeconfig would go stale", want, got)
 	}
