@@ -67,6 +67,7 @@ func TestTenantCannotPlaceMachines(t *testing.T) {
 	}
 	refused(t, "start a placed Stopped Machine", mergePatch(ctx, tenant, stopped, map[string]any{"spec": map[string]any{"powerState": kaironv1.PowerStateRunning}}, false), "starting it again is admitting it anew")
 	allowed(t, "start it through the scheduler", mergePatch(ctx, tenant, stopped, map[string]any{"spec": map[string]any{"powerState": kaironv1.PowerStateRunning, "nodeName": nil}}, false))
+	refused(t, "move a placed Machine to another node", mergePatch(ctx, tenant, makeMachine(t, adm, ns, "moved", node), map[string]any{"spec": map[string]any{"nodeName": node + "-other"}}, false), "only the scheduler places Machines")
 	allowed(t, "edit a placed Machine otherwise", mergePatch(ctx, tenant, makeMachine(t, adm, ns, "placed", node), map[string]any{"metadata": map[string]any{"labels": map[string]any{"app": "x"}}}, false))
 
 	// The verb place is what the scheduler has; granted, the same requests pass.
