@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,14 +14,17 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/rest"
+
 	"github.com/zyvor/kairon/internal/localport"
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
-// claimBenchProfileEnv names a directory: TestClaimBench then saves a CPU
-// profile of kairon-controller taken during each burst of more than one
-// claim there (controller-C<size>.pprof; read with go tool pprof
-// bin/kairon-controller FILE).
+// claimBenchProfileEnv names a directory: TestClaimBench then saves CPU
+// profiles of kairon-controller and of kube-apiserver (kairon-local runs
+// it with --apiserver-profiling) taken during each burst of more than one
+// claim there: controller-C<size>.pprof and apiserver-C<size>.pprof, read
+// with go tool pprof bin/kairon-controller FILE (bin/kube-apiserver).
 const claimBenchProfileEnv = "KAIRON_CLAIM_BENCH_PROFILE"
 
 // benchController is the kairon-controller a benchmark runs, with its
@@ -29,6 +34,9 @@ type benchController struct {
 	t       testing.TB
 	metrics string
 	pprof   string
+	// apiServer, when set, is profiled beside the controller: the admin's
+	// client of a kube-apiserver that serves /debug/pprof/.
+	apiServer rest.Interface
 }
 
 func startBenchController(t testing.TB, env *testenv.Env) *benchController {
@@ -95,31 +103,61 @@ func (bc *benchController) profileBurst(c int) (wait func()) {
 		return func() {}
 	}
 	seconds := min(max(2, 3*c/100), 30)
-	file := filepath.Join(dir, fmt.Sprintf("controller-C%d.pprof", c))
-	done := make(chan error, 1)
-	go func() {
-		done <- bc.saveProfile(file, seconds)
-	}()
+	type profile struct {
+		process, file string
+		done          chan error
+	}
+	var profiles []profile
+	take := func(process string, get func(seconds int) (io.ReadCloser, error)) {
+		p := profile{process: process, file: filepath.Join(dir, fmt.Sprintf("%s-C%d.pprof", process, c)), done: make(chan error, 1)}
+		go func() { p.done <- saveProfile(p.file, seconds, get) }()
+		profiles = append(profiles, p)
+	}
+	take("controller", bc.controllerProfile)
+	if bc.apiServer != nil {
+		take("apiserver", bc.apiServerProfile)
+	}
 	return func() {
-		if err := <-done; err != nil {
-			bc.t.Errorf("profiling kairon-controller: %v", err)
-			return
+		for _, p := range profiles {
+			if err := <-p.done; err != nil {
+				bc.t.Errorf("profiling %s: %v", p.process, err)
+				continue
+			}
+			bc.t.Logf("  %s CPU profile of the burst's first %d s: %s", p.process, seconds, p.file)
 		}
-		bc.t.Logf("  kairon-controller CPU profile of the burst's first %d s: %s", seconds, file)
 	}
 }
 
-func (bc *benchController) saveProfile(file string, seconds int) error {
+func (bc *benchController) controllerProfile(seconds int) (io.ReadCloser, error) {
 	c := &http.Client{Timeout: time.Duration(seconds+30) * time.Second}
 	resp, err := c.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", bc.pprof, seconds))
 	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return nil, fmt.Errorf("%s: %s", resp.Status, body)
+	}
+	return resp.Body, nil
+}
+
+func (bc *benchController) apiServerProfile(seconds int) (io.ReadCloser, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(seconds+30)*time.Second)
+	defer cancel()
+	body, err := bc.apiServer.Get().AbsPath("/debug/pprof/profile").Param("seconds", strconv.Itoa(seconds)).DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return io.NopCloser(bytes.NewReader(body)), nil
+}
+
+func saveProfile(file string, seconds int, get func(seconds int) (io.ReadCloser, error)) error {
+	body, err := get(seconds)
+	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		body, _ := io.ReadAll(resp.Body)
-		return fmt.Errorf("%s: %s", resp.Status, body)
-	}
+	defer body.Close()
 	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
 		return err
 	}
@@ -127,7 +165,7 @@ func (bc *benchController) saveProfile(file string, seconds int) error {
 	if err != nil {
 		return err
 	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
+	if _, err := io.Copy(f, body); err != nil {
 		f.Close()
 		return err
 	}

@@ -84,10 +84,14 @@ func TestClaimBench(t *testing.T) {
 		}
 		cb := newClaimBench(t)
 		cb.writeRate()
+		cb.bindFloor = cb.bindWriteFloor()
 		agentEnv := cb.env()
 		startSimAgent(t, agentEnv, "bench-sim", "10.80.0.0/16", 2400, "640Gi", "--sim-boot-delay", "2s")
 		waitNodeReady(t, agentEnv, "bench-sim")
 		cb.controller = startBenchController(t, agentEnv)
+		if os.Getenv(claimBenchProfileEnv) != "" {
+			cb.controller.apiServer = cb.cs.Discovery().RESTClient()
+		}
 		cb.warmUp()
 		sizes := []int{1, 100, 1000}
 		if s := os.Getenv(claimBenchSizesEnv); s != "" {
@@ -139,12 +143,19 @@ type claimBench struct {
 	// from 16 clients and one client's time per write.
 	writesPerSec float64
 	writeLatency time.Duration
+	// bindFloor: the same, measured on the bind's own kinds of write.
+	bindFloor bindWriteFloor
 	// controller, in the sim half: the controller's CPU time per bind.
 	controller *benchController
 }
 
 func newClaimBench(t *testing.T) *claimBench {
-	local := startKaironLocal(t, 0)
+	var local *localCluster
+	if os.Getenv(claimBenchProfileEnv) != "" {
+		local = startKaironLocalWith(t, 0, "--apiserver-profiling")
+	} else {
+		local = startKaironLocal(t, 0)
+	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", local.kubeconfig)
 	if err != nil {
 		t.Fatal(err)
@@ -668,6 +679,11 @@ func (cb *claimBench) burst(c int) {
 			t.Logf("  floor at %.2f writes per bind + the create, %.0f writes/s: %s for the burst (one claim alone: %s)",
 				wpb, cb.writesPerSec, floor.Round(time.Millisecond), time.Duration((1+wpb)*float64(cb.writeLatency)).Round(100*time.Microsecond))
 		}
+	}
+	if bf := cb.bindFloor; bf.writesPerSec > 0 {
+		floor := time.Duration(float64(c) * 3 / bf.writesPerSec * float64(time.Second))
+		t.Logf("  floor at the bind's own 3 writes (claim create, take, status), %.0f writes/s: %s for the burst (one claim alone: %s)",
+			bf.writesPerSec, floor.Round(time.Millisecond), (3 * bf.writeLatency).Round(100*time.Microsecond))
 	}
 	cb.clearOut()
 }
