@@ -22,6 +22,10 @@ const (
 	// poolMachineIndex: Machines by the pool their labels name, warm and
 	// claimed alike.
 	poolMachineIndex = "kairon.pool"
+	// poolUnclaimedMachineIndex: the same without the claimed ones, which
+	// pile up as a pool serves claims and which the binder, looking for a
+	// member to hand out, has no use for.
+	poolUnclaimedMachineIndex = "kairon.poolUnclaimed"
 )
 
 func indexMachines(mgr manager.Manager) error {
@@ -31,6 +35,9 @@ func indexMachines(mgr manager.Manager) error {
 	}
 	if err := indexer.IndexField(context.Background(), &kaironv1.Machine{}, poolMachineIndex, poolOfMember); err != nil {
 		return fmt.Errorf("indexing machines by pool: %w", err)
+	}
+	if err := indexer.IndexField(context.Background(), &kaironv1.Machine{}, poolUnclaimedMachineIndex, poolOfUnclaimedMember); err != nil {
+		return fmt.Errorf("indexing unclaimed machines by pool: %w", err)
 	}
 	return nil
 }
@@ -48,4 +55,11 @@ func poolOfMember(o client.Object) []string {
 		return []string{pool}
 	}
 	return nil
+}
+
+func poolOfUnclaimedMember(o client.Object) []string {
+	if o.GetLabels()[kaironv1.LabelPoolState] == kaironv1.PoolStateClaimed {
+		return nil
+	}
+	return poolOfMember(o)
 }

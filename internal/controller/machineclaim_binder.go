@@ -37,8 +37,11 @@ import (
 	"github.com/zyvor/kairon/internal/rules"
 )
 
-// claimPoolIndex indexes MachineClaims by spec.poolName in the cache.
-const claimPoolIndex = "spec.poolName"
+// pendingClaimPoolIndex indexes the MachineClaims not yet bound by
+// spec.poolName in the cache. Bound claims, which pile up as a pool serves
+// claims, are in no pool's entry: the binder and the refill hold look only
+// at those still waiting.
+const pendingClaimPoolIndex = "kairon.pendingClaimsOfPool"
 
 // pendingRefreshInterval limits how often the waiting claims of a pool with
 // more than pendingRefreshBurst of them are rewritten only because the number
@@ -152,7 +155,7 @@ func (b *MachineClaimBinder) SetupWithManager(mgr manager.Manager) error {
 	}
 	b.pendingRefreshed = map[types.NamespacedName]time.Time{}
 	b.policies = &policyWaiters{}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName); err != nil {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &kaironv1.MachineClaim{}, pendingClaimPoolIndex, pendingClaimPool); err != nil {
 		return fmt.Errorf("indexing machine claims by pool: %w", err)
 	}
 	return builder.ControllerManagedBy(mgr).
@@ -169,8 +172,11 @@ func (b *MachineClaimBinder) SetupWithManager(mgr manager.Manager) error {
 		Complete(b)
 }
 
-func claimPoolName(o client.Object) []string {
-	return []string{o.(*kaironv1.MachineClaim).Spec.PoolName}
+func pendingClaimPool(o client.Object) []string {
+	if c := o.(*kaironv1.MachineClaim); claimPending(c) {
+		return []string{c.Spec.PoolName}
+	}
+	return nil
 }
 
 // claimEvents asks for a pass over the claim's pool when a claim arrives,
@@ -425,30 +431,21 @@ func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedN
 
 	// The cache's own objects, read only: a pass runs on every claim and
 	// member event of the pool, and copying every claim and member each
-	// time (claimed ones included, which a pass only counts) was the
-	// binder's largest cost in a burst. Only the claims and members a bind
-	// may write are copied, below.
+	// time was the binder's largest cost in a burst. Only the claims a
+	// bind may write are copied, below. Bound claims and claimed
+	// members are not even listed (the indexes leave them out): they pile
+	// up as the pool serves claims, and every pass read them all.
 	var claims kaironv1.MachineClaimList
-	if err := b.Client.List(ctx, &claims, client.InNamespace(key.Namespace), client.MatchingFields{claimPoolIndex: key.Name}, client.UnsafeDisableDeepCopy); err != nil {
+	if err := b.Client.List(ctx, &claims, client.InNamespace(key.Namespace), client.MatchingFields{pendingClaimPoolIndex: key.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing claims: %w", err)
 	}
 	var machines kaironv1.MachineList
-	if err := b.Client.List(ctx, &machines, client.InNamespace(key.Namespace), client.MatchingFields{poolMachineIndex: key.Name}, client.UnsafeDisableDeepCopy); err != nil {
+	if err := b.Client.List(ctx, &machines, client.InNamespace(key.Namespace), client.MatchingFields{poolUnclaimedMachineIndex: key.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing members: %w", err)
 	}
 
-	// A claim that already has a Machine labelled for it is being, or was,
-	// bound (its status write is in flight or failed); the claim reconciler
-	// settles it, and binding it again would take a second Machine.
-	labelled := map[string]bool{}
 	for i := range machines.Items {
 		m := &machines.Items[i]
-		if isClaimedMember(m) {
-			if m.DeletionTimestamp == nil {
-				labelled[m.Labels[kaironv1.LabelMachineClaim]] = true
-			}
-			continue
-		}
 		if pass.pool == nil || pass.pool.DeletionTimestamp != nil || m.DeletionTimestamp != nil ||
 			!isWarmMemberOf(pass.pool, m) || m.Labels[kaironv1.LabelMachinePoolTemplateHash] != pass.hash {
 			// Members from an older template are about to be replaced: a
@@ -461,7 +458,9 @@ func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedN
 			// Its node's agent is unreachable: never handed out, and not
 			// on its way either (the pool boots its replacement).
 		case rules.WarmMemberReady(pass.pool, m):
-			pass.candidates = append(pass.candidates, m.DeepCopy())
+			// Not copied: a pool may hold hundreds of them and a pass
+			// takes a few; the take copies the one it writes.
+			pass.candidates = append(pass.candidates, m)
 		case machineWarming(m) || m.Status.Phase == kaironv1.MachineRunning:
 			// Running but not yet ready by the pool's spec.readiness (its
 			// guest agent not answering) counts as warming too.
@@ -470,13 +469,38 @@ func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedN
 	}
 	for i := range claims.Items {
 		c := &claims.Items[i]
-		if c.DeletionTimestamp == nil && claimPending(c) && !labelled[c.Name] && !b.tracker.claimInFlight(c) {
+		if c.DeletionTimestamp != nil || !claimPending(c) || b.tracker.claimInFlight(c) {
+			continue
+		}
+		// A claim that already has a Machine labelled for it is being, or
+		// was, bound (its status write is in flight or failed); the claim
+		// reconciler settles it, and binding it again would take a second
+		// Machine.
+		switch labelled, err := b.hasLabelledMember(ctx, key, c.Name); {
+		case err != nil:
+			return nil, err
+		case !labelled:
 			pass.pending = append(pass.pending, c.DeepCopy())
 		}
 	}
 	sortOldestFirst(b.tracker, pass.pending)
 	sortOldestFirst(b.tracker, pass.candidates)
 	return pass, nil
+}
+
+// hasLabelledMember: a live member of the pool is labelled as claimed by
+// the claim named claim.
+func (b *MachineClaimBinder) hasLabelledMember(ctx context.Context, pool types.NamespacedName, claim string) (bool, error) {
+	var labelled kaironv1.MachineList
+	if err := b.Client.List(ctx, &labelled, client.InNamespace(pool.Namespace), client.MatchingFields{claimedMachineIndex: claim}, client.UnsafeDisableDeepCopy); err != nil {
+		return false, fmt.Errorf("listing the machines of claim %s: %w", claim, err)
+	}
+	for i := range labelled.Items {
+		if m := &labelled.Items[i]; m.DeletionTimestamp == nil && m.Labels[kaironv1.LabelMachinePool] == pool.Name {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // machineWarming: on its way to Running.

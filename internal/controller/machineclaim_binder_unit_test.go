@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -355,7 +356,7 @@ func TestMachineClaimBinderBranches(t *testing.T) {
 			objs = append(objs, claim)
 			builder := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(objs...).
 				WithStatusSubresource(&kaironv1.MachineClaim{}, &kaironv1.MachinePool{}, &kaironv1.Machine{}).
-				WithIndex(&kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName).WithIndex(&kaironv1.Machine{}, poolMachineIndex, poolOfMember).WithIndex(&kaironv1.Machine{}, claimedMachineIndex, claimOfClaimedMachine)
+				WithIndex(&kaironv1.MachineClaim{}, pendingClaimPoolIndex, pendingClaimPool).WithIndex(&kaironv1.Machine{}, poolMachineIndex, poolOfMember).WithIndex(&kaironv1.Machine{}, poolUnclaimedMachineIndex, poolOfUnclaimedMember).WithIndex(&kaironv1.Machine{}, claimedMachineIndex, claimOfClaimedMachine)
 			if tt.faults != nil {
 				builder = builder.WithInterceptorFuncs(tt.faults(t))
 			}
@@ -464,7 +465,7 @@ func TestMachineClaimBinderTakesInClaimsArrivingDuringAPass(t *testing.T) {
 	arrived := false
 	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(objs...).
 		WithStatusSubresource(&kaironv1.MachineClaim{}, &kaironv1.MachinePool{}, &kaironv1.Machine{}).
-		WithIndex(&kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName).WithIndex(&kaironv1.Machine{}, poolMachineIndex, poolOfMember).WithIndex(&kaironv1.Machine{}, claimedMachineIndex, claimOfClaimedMachine).
+		WithIndex(&kaironv1.MachineClaim{}, pendingClaimPoolIndex, pendingClaimPool).WithIndex(&kaironv1.Machine{}, poolMachineIndex, poolOfMember).WithIndex(&kaironv1.Machine{}, poolUnclaimedMachineIndex, poolOfUnclaimedMember).WithIndex(&kaironv1.Machine{}, claimedMachineIndex, claimOfClaimedMachine).
 		WithInterceptorFuncs(interceptor.Funcs{Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
 			if _, ok := obj.(*kaironv1.Machine); ok && !arrived {
 				// The second claim arrives, and the watch says so, while
@@ -517,5 +518,74 @@ func binderTestMember(pool *kaironv1.MachinePool, hash, name string, created tim
 		},
 		Spec:   kaironv1.MachineSpec{CPU: 1, Memory: resource.MustParse("64Mi")},
 		Status: kaironv1.MachineStatus{Phase: phase},
+	}
+}
+
+// A pass hands out warm members to claims still waiting, and to no other:
+// not to a Bound claim, nor to a Pending one whose Machine is already
+// labelled for it (its status write is in flight or failed), and a claimed
+// member is never a candidate. The indexes leave Bound claims and claimed
+// members out of the pass's lists; this checks the pass still sees the
+// rest right.
+func TestMachineClaimBinderSnapshot(t *testing.T) {
+	pool := &kaironv1.MachinePool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "agents", UID: "pool-uid"},
+		Spec:       kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](1), Template: poolTemplate()},
+	}
+	hash := templateHash(&pool.Spec.Template)
+	base := time.Now().Add(-time.Hour).Truncate(time.Second)
+	claim := func(name string, phase kaironv1.MachineClaimPhase) *kaironv1.MachineClaim {
+		return &kaironv1.MachineClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: name, UID: types.UID("uid-" + name), CreationTimestamp: metav1.NewTime(base)},
+			Spec:       kaironv1.MachineClaimSpec{PoolName: "agents"},
+			Status:     kaironv1.MachineClaimStatus{Phase: phase},
+		}
+	}
+	claimedBy := func(m *kaironv1.Machine, claim string) *kaironv1.Machine {
+		m.Labels[kaironv1.LabelPoolState] = kaironv1.PoolStateClaimed
+		m.Labels[kaironv1.LabelMachineClaim] = claim
+		return m
+	}
+	otherPool := claimedBy(binderTestMember(pool, hash, "other-pool", base, kaironv1.MachineRunning), "waiting")
+	otherPool.Labels[kaironv1.LabelMachinePool] = "builders"
+	objs := []client.Object{
+		pool,
+		binderTestMember(pool, hash, "warm", base, kaironv1.MachineRunning),
+		binderTestMember(pool, hash, "booting", base, kaironv1.MachineBooting),
+		claimedBy(binderTestMember(pool, hash, "taken-for-bound", base, kaironv1.MachineRunning), "bound"),
+		claimedBy(binderTestMember(pool, hash, "taken-unrecorded", base, kaironv1.MachineRunning), "unrecorded"),
+		// A Machine of another pool labelled for a claim of the same name
+		// does not make this pool's claim look bound.
+		otherPool,
+		claim("bound", kaironv1.ClaimBound),
+		claim("unrecorded", kaironv1.ClaimPending),
+		claim("waiting", kaironv1.ClaimPending),
+		claim("new", ""),
+	}
+	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(objs...).
+		WithIndex(&kaironv1.MachineClaim{}, pendingClaimPoolIndex, pendingClaimPool).WithIndex(&kaironv1.Machine{}, poolMachineIndex, poolOfMember).
+		WithIndex(&kaironv1.Machine{}, poolUnclaimedMachineIndex, poolOfUnclaimedMember).WithIndex(&kaironv1.Machine{}, claimedMachineIndex, claimOfClaimedMachine).Build()
+	b := &MachineClaimBinder{Client: c, APIReader: c, Recorder: events.NewFakeRecorder(20), Interval: time.Minute, tracker: newBindTracker()}
+
+	pass, err := b.snapshot(context.Background(), types.NamespacedName{Namespace: "team", Name: "agents"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pending, candidates []string
+	for _, cl := range pass.pending {
+		pending = append(pending, cl.Name)
+	}
+	for _, m := range pass.candidates {
+		candidates = append(candidates, m.Name)
+	}
+	slices.Sort(pending)
+	if want := []string{"new", "waiting"}; !slices.Equal(pending, want) {
+		t.Errorf("claims to bind %v, want %v", pending, want)
+	}
+	if want := []string{"warm"}; !slices.Equal(candidates, want) {
+		t.Errorf("candidate members %v, want %v", candidates, want)
+	}
+	if pass.warming != 1 {
+		t.Errorf("warming %d, want 1 (the booting member)", pass.warming)
 	}
 }

@@ -75,7 +75,7 @@ func (h *refillHolds) forget(pool types.UID) {
 // binder is not running) it counts none: nothing is held.
 func claimsAhead(ctx context.Context, c client.Reader, pool *kaironv1.MachinePool, claimed []*kaironv1.Machine) (waiting, binding int) {
 	var claims kaironv1.MachineClaimList
-	if err := c.List(ctx, &claims, client.InNamespace(pool.Namespace), client.MatchingFields{claimPoolIndex: pool.Name}, client.UnsafeDisableDeepCopy); err != nil {
+	if err := c.List(ctx, &claims, client.InNamespace(pool.Namespace), client.MatchingFields{pendingClaimPoolIndex: pool.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return 0, 0
 	}
 	taken := make(map[string]bool, len(claimed))

@@ -80,7 +80,7 @@ func newHoldFixture(t *testing.T, replicas int32, memberTaken bool) *holdFixture
 	}
 	f.c = fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(pool, f.member, f.claim).
 		WithStatusSubresource(&kaironv1.MachineClaim{}, &kaironv1.MachinePool{}, &kaironv1.Machine{}).
-		WithIndex(&kaironv1.MachineClaim{}, claimPoolIndex, claimPoolName).WithIndex(&kaironv1.Machine{}, poolMachineIndex, poolOfMember).WithIndex(&kaironv1.Machine{}, claimedMachineIndex, claimOfClaimedMachine).Build()
+		WithIndex(&kaironv1.MachineClaim{}, pendingClaimPoolIndex, pendingClaimPool).WithIndex(&kaironv1.Machine{}, poolMachineIndex, poolOfMember).WithIndex(&kaironv1.Machine{}, poolUnclaimedMachineIndex, poolOfUnclaimedMember).WithIndex(&kaironv1.Machine{}, claimedMachineIndex, claimOfClaimedMachine).Build()
 	holds := newRefillHolds()
 	holds.now = func() time.Time { return f.now }
 	f.r = &MachinePoolReconciler{Client: f.c, Recorder: events.NewFakeRecorder(20), Interval: time.Minute,

@@ -303,8 +303,11 @@ func (r *SchedulerReconciler) snapshot(ctx context.Context) (*schedulingPass, er
 	if err := r.Client.List(ctx, &nodes, client.HasLabels{kaironv1.LabelNode}); err != nil {
 		return nil, fmt.Errorf("listing nodes: %w", err)
 	}
+	// Read-only views of the cache (every Machine of the cluster, on every
+	// pass): whatever a pass writes, it writes to a copy (bind,
+	// markScheduled, markPending).
 	var machineList kaironv1.MachineList
-	if err := r.Client.List(ctx, &machineList); err != nil {
+	if err := r.Client.List(ctx, &machineList, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing machines: %w", err)
 	}
 	var quotas kaironv1.MachineQuotaList
@@ -477,6 +480,7 @@ func (r *SchedulerReconciler) bind(ctx context.Context, m *kaironv1.Machine, nod
 // recorded. The agent may pick the Machine up meanwhile, so a conflict is
 // retried on a fresh read.
 func (r *SchedulerReconciler) markScheduled(ctx context.Context, m *kaironv1.Machine) error {
+	m = m.DeepCopy() // the cache's own object; a conflict reads over it
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if m.Spec.NodeName == "" || m.DeletionTimestamp != nil || rules.MarkedScheduled(m) {
 			return nil // unbound, going away, or marked meanwhile
