@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -60,40 +59,11 @@ func (cb *claimBench) bindWriteFloor() bindWriteFloor {
 			t.Error(err)
 		}
 	}
-	run := func(prefix string, count, workers int) time.Duration {
-		start := time.Now()
-		var wg sync.WaitGroup
-		next := make(chan int)
-		for range workers {
-			wg.Go(func() {
-				for i := range next {
-					unit(prefix, i)
-				}
-			})
-		}
-		for i := range count {
-			next <- i
-		}
-		close(next)
-		wg.Wait()
-		return time.Since(start)
-	}
-	var floor bindWriteFloor
-	var rounds, singles []string
-	for round := range writeRateRounds {
-		// Each worker takes its own Machines (i%units differs across the
-		// round's units), so the takes do not conflict.
-		took := run(fmt.Sprintf("floor%d", round), units, clients)
-		rate := float64(3*units) / took.Seconds()
-		floor.writesPerSec = max(floor.writesPerSec, rate)
-		rounds = append(rounds, fmt.Sprintf("%.0f", rate))
-		one := run(fmt.Sprintf("floorseq%d", round), 25, 1) / 75
-		if floor.writeLatency == 0 || one < floor.writeLatency {
-			floor.writeLatency = one
-		}
-		singles = append(singles, fmt.Sprintf("%.2f", ms(one)))
-		cb.dropFloorClaims()
-	}
+	// Each unit of a round takes its own Machine (i%units), so the takes
+	// do not conflict.
+	m := measureWrites("floor", 3, units, 25, clients, unit, cb.dropFloorClaims)
+	floor := bindWriteFloor{writesPerSec: m.rate, writeLatency: m.latency}
+	rounds, singles := m.rates, m.latencies
 	if err := cb.c.DeleteAllOf(ctx, &kaironv1.Machine{}, client.InNamespace(cb.ns), client.MatchingLabels{"kairon-bench": "bind-floor"}); err != nil {
 		t.Fatalf("deleting the bind-shaped floor's Machines: %v", err)
 	}
