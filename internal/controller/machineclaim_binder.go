@@ -476,7 +476,7 @@ func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedN
 		// was, bound (its status write is in flight or failed); the claim
 		// reconciler settles it, and binding it again would take a second
 		// Machine.
-		switch labelled, err := b.hasLabelledMember(ctx, key, c.Name); {
+		switch labelled, err := b.hasLabelledMember(ctx, key, c); {
 		case err != nil:
 			return nil, err
 		case !labelled:
@@ -489,18 +489,13 @@ func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedN
 }
 
 // hasLabelledMember: a live member of the pool is labelled as claimed by
-// the claim named claim.
-func (b *MachineClaimBinder) hasLabelledMember(ctx context.Context, pool types.NamespacedName, claim string) (bool, error) {
-	var labelled kaironv1.MachineList
-	if err := b.Client.List(ctx, &labelled, client.InNamespace(pool.Namespace), client.MatchingFields{claimedMachineIndex: claim}, client.UnsafeDisableDeepCopy); err != nil {
-		return false, fmt.Errorf("listing the machines of claim %s: %w", claim, err)
+// claim (the claim reconciler's listLabelled, on the same index).
+func (b *MachineClaimBinder) hasLabelledMember(ctx context.Context, pool types.NamespacedName, claim *kaironv1.MachineClaim) (bool, error) {
+	labelled, err := listLabelled(ctx, b.Client, claim, client.MatchingFields{claimedMachineIndex: claim.Name})
+	if err != nil {
+		return false, err
 	}
-	for i := range labelled.Items {
-		if m := &labelled.Items[i]; m.DeletionTimestamp == nil && m.Labels[kaironv1.LabelMachinePool] == pool.Name {
-			return true, nil
-		}
-	}
-	return false, nil
+	return slices.ContainsFunc(labelled, func(m *kaironv1.Machine) bool { return m.Labels[kaironv1.LabelMachinePool] == pool.Name }), nil
 }
 
 // machineWarming: on its way to Running.
