@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -55,6 +56,11 @@ type Agent struct {
 	// egressReported is what this agent last wrote in each policy's
 	// status.nodes, for the moments its cache is behind its own write.
 	egressReported egressReports
+	// egressApplied is what the agent applied to each Machine, per policy
+	// and generation (egress_applied.go); egressQueue is the egress
+	// controller's queue, set when it starts.
+	egressApplied egressApplied
+	egressQueue   atomic.Pointer[workqueue.TypedRateLimitingInterface[egressKey]]
 	// egressDenials counts the refusals the agent makes itself (DNS
 	// queries, TLS server names) per Machine, and paces its egress events
 	// (egress_metrics.go).

@@ -122,6 +122,53 @@ func waitEnforcement(t *testing.T, env *testenv.Env, key client.ObjectKey, nodeN
 	return p
 }
 
+// entryHistory collects, from a watch, the status entry of one node in
+// every version of one policy, to check that it never lost a Machine.
+type entryHistory struct {
+	mu      sync.Mutex
+	entries []string // each version's machines, "none" without an entry
+}
+
+func watchEntry(t *testing.T, env *testenv.Env, key client.ObjectKey, nodeName string) *entryHistory {
+	t.Helper()
+	h := &entryHistory{}
+	watchList(t, env, key.Namespace, &kaironv1.MachineNetworkPolicyList{}, func(o client.Object) {
+		p := o.(*kaironv1.MachineNetworkPolicy)
+		if p.Name != key.Name {
+			return
+		}
+		entry := "none"
+		for _, n := range p.Status.Nodes {
+			if n.Node == nodeName {
+				entry = fmt.Sprintf("%v", n.Machines)
+			}
+		}
+		h.mu.Lock()
+		h.entries = append(h.entries, entry)
+		h.mu.Unlock()
+	})
+	return h
+}
+
+// mark returns a check that every version seen from now on had the entry
+// listing exactly machines.
+func (h *entryHistory) mark(machines ...string) func(t *testing.T) {
+	h.mu.Lock()
+	from := len(h.entries)
+	h.mu.Unlock()
+	want := fmt.Sprintf("%v", machines)
+	return func(t *testing.T) {
+		t.Helper()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for _, e := range h.entries[from:] {
+			if e != want {
+				t.Fatalf("the node's entry went through %s; every version since should list %s: %v", e, want, h.entries[from:])
+			}
+		}
+	}
+}
+
 func TestAgentEnforcesAndReportsMachineNetworkPolicies(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
@@ -177,6 +224,22 @@ func TestAgentEnforcesAndReportsMachineNetworkPolicies(t *testing.T) {
 		}) {
 			t.Fatalf("vm-a confined to %+v after the edit", p)
 		}
+	})
+
+	t.Run("an edit moves the entry with all its Machines at once", func(t *testing.T) {
+		// Each Machine's rules are applied on their own: the entry must
+		// not list the new generation with one of them only, nor drop
+		// them while they are applied.
+		history := watchEntry(t, env, client.ObjectKeyFromObject(bySelector), "sim-egress")
+		waitEnforcement(t, env, client.ObjectKeyFromObject(bySelector), "sim-egress", "vm-a", "vm-b")
+		check := history.mark("vm-a", "vm-b")
+		for _, port := range []kaironv1.PortRange{"8443", "9443", "10443"} {
+			editPolicy(t, env, client.ObjectKeyFromObject(bySelector), func(p *kaironv1.MachineNetworkPolicy) {
+				p.Spec.Egress.AllowPorts = []kaironv1.PortRange{port}
+			})
+			waitEnforcement(t, env, client.ObjectKeyFromObject(bySelector), "sim-egress", "vm-a", "vm-b")
+		}
+		check(t)
 	})
 
 	t.Run("a failing node reports an error, not enforcement", func(t *testing.T) {

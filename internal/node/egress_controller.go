@@ -2,27 +2,27 @@ package node
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
-	"sort"
 	"strings"
-	"sync"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/node/egress"
@@ -44,24 +44,261 @@ type simEnforcer struct{}
 func (simEnforcer) Apply(egress.Machine, *egress.Policy) error { return nil }
 func (simEnforcer) Remove(string) error                        { return nil }
 
-// setupEgressController reconciles one namespace at a time: the node's
-// Machines in it against the MachineNetworkPolicies in it, because a
-// policy's status entry lists every Machine of this node it confines.
-func (a *Agent) setupEgressController() error {
-	toNamespace := func(_ context.Context, o client.Object) []reconcile.Request {
-		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.GetNamespace()}}}
+// egressKey is one item of the egress controller's queue: a Machine of
+// this node, whose rules it brings to the policies that select it, or a
+// policy, whose status entry of this node it writes.
+type egressKey struct {
+	types.NamespacedName
+	policy bool
+}
+
+// egressWorkers lets a policy's status write go while another Machine's
+// rules are applied (nftables transactions themselves go one at a time).
+// A key is never reconciled by two workers at once.
+const egressWorkers = 4
+
+// egressPolicyMachineIndex indexes MachineNetworkPolicies by the Machine
+// they name, or by selectorPolicies when they select by labels.
+const (
+	egressPolicyMachineIndex = "kairon.node.egressMachine"
+	selectorPolicies         = "*" // never a Machine's name
+)
+
+func policyIndexValue(o client.Object) []string {
+	p := o.(*kaironv1.MachineNetworkPolicy)
+	switch {
+	case p.Spec.MachineName != "":
+		return []string{p.Spec.MachineName}
+	case p.Spec.MachineSelector != nil:
+		return []string{selectorPolicies}
 	}
-	return ctrl.NewControllerManagedBy(a.mgr).
-		Named("node-egress").
-		WithOptions(controller.Options{SkipNameValidation: ptr.To(true)}).
-		Watches(&kaironv1.MachineNetworkPolicy{}, handler.EnqueueRequestsFromMapFunc(toNamespace)).
-		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(toNamespace)).
-		Complete(reconcile.Func(a.reconcileEgress))
+	return nil
+}
+
+// setupEgressController reconciles each Machine and each policy on its
+// own: a change costs what it touches, however many Machines and policies
+// share the namespace (egress_applied.go says how a policy's entry stays
+// whole).
+func (a *Agent) setupEgressController() error {
+	if err := a.mgr.GetFieldIndexer().IndexField(context.Background(), &kaironv1.MachineNetworkPolicy{}, egressPolicyMachineIndex, policyIndexValue); err != nil {
+		return err
+	}
+	c, err := controller.NewTyped[egressKey]("node-egress", a.mgr, controller.TypedOptions[egressKey]{
+		SkipNameValidation:      ptr.To(true),
+		MaxConcurrentReconciles: egressWorkers,
+		Reconciler:              reconcile.TypedFunc[egressKey](a.reconcileEgress),
+		NewQueue: func(name string, limiter workqueue.TypedRateLimiter[egressKey]) workqueue.TypedRateLimitingInterface[egressKey] {
+			// controller-runtime's default queue, kept for the
+			// reconciles that queue the entries of the policies they
+			// touched.
+			var q workqueue.TypedRateLimitingInterface[egressKey] = priorityqueue.New(name, func(o *priorityqueue.Opts[egressKey]) {
+				o.Log = a.mgr.GetLogger().WithValues("controller", name)
+				o.RateLimiter = limiter
+			})
+			a.egressQueue.Store(&q)
+			return q
+		},
+	})
+	if err != nil {
+		return err
+	}
+	cache := a.mgr.GetCache()
+	if err := c.Watch(source.TypedKind(cache, &kaironv1.Machine{}, handler.TypedFuncs[*kaironv1.Machine, egressKey]{
+		CreateFunc: func(_ context.Context, e event.TypedCreateEvent[*kaironv1.Machine], q workqueue.TypedRateLimitingInterface[egressKey]) {
+			q.Add(egressMachineKey(e.Object))
+		},
+		UpdateFunc: func(_ context.Context, e event.TypedUpdateEvent[*kaironv1.Machine], q workqueue.TypedRateLimitingInterface[egressKey]) {
+			q.Add(egressMachineKey(e.ObjectNew))
+		},
+		DeleteFunc: func(_ context.Context, e event.TypedDeleteEvent[*kaironv1.Machine], q workqueue.TypedRateLimitingInterface[egressKey]) {
+			q.Add(egressMachineKey(e.Object))
+		},
+	})); err != nil {
+		return err
+	}
+	return c.Watch(source.TypedKind(cache, &kaironv1.MachineNetworkPolicy{}, handler.TypedFuncs[*kaironv1.MachineNetworkPolicy, egressKey]{
+		CreateFunc: func(ctx context.Context, e event.TypedCreateEvent[*kaironv1.MachineNetworkPolicy], q workqueue.TypedRateLimitingInterface[egressKey]) {
+			a.policyChanged(ctx, q, e.Object)
+		},
+		UpdateFunc: func(ctx context.Context, e event.TypedUpdateEvent[*kaironv1.MachineNetworkPolicy], q workqueue.TypedRateLimitingInterface[egressKey]) {
+			if e.ObjectOld.Generation != e.ObjectNew.Generation || e.ObjectOld.UID != e.ObjectNew.UID {
+				a.policyChanged(ctx, q, e.ObjectOld)
+				a.policyChanged(ctx, q, e.ObjectNew)
+				return
+			}
+			// Status only (this node's report, or another node's): the
+			// entry is checked again, in case it was overwritten.
+			q.Add(egressPolicyKey(e.ObjectNew))
+		},
+		DeleteFunc: func(ctx context.Context, e event.TypedDeleteEvent[*kaironv1.MachineNetworkPolicy], q workqueue.TypedRateLimitingInterface[egressKey]) {
+			a.policyChanged(ctx, q, e.Object)
+		},
+	}))
+}
+
+func egressMachineKey(m client.Object) egressKey {
+	return egressKey{NamespacedName: client.ObjectKeyFromObject(m)}
+}
+
+func egressPolicyKey(p client.Object) egressKey {
+	return egressKey{NamespacedName: client.ObjectKeyFromObject(p), policy: true}
+}
+
+// policyChanged queues what a policy's creation, deletion or new
+// generation touches: its entry, the Machines it selects and those whose
+// rules hold it.
+func (a *Agent) policyChanged(ctx context.Context, q workqueue.TypedRateLimitingInterface[egressKey], p *kaironv1.MachineNetworkPolicy) {
+	q.Add(egressPolicyKey(p))
+	for _, name := range a.egressApplied.policyChanged(client.ObjectKeyFromObject(p)) {
+		q.Add(egressKey{NamespacedName: types.NamespacedName{Namespace: p.Namespace, Name: name}})
+	}
+	for _, m := range a.machinesOf(ctx, p) {
+		q.Add(egressMachineKey(m))
+	}
+}
+
+// queueEgress adds keys to the egress controller's queue from a reconcile.
+func (a *Agent) queueEgress(keys ...egressKey) {
+	q := a.egressQueue.Load()
+	if q == nil {
+		return
+	}
+	for _, k := range keys {
+		(*q).Add(k)
+	}
+}
+
+func (a *Agent) reconcileEgress(ctx context.Context, key egressKey) (reconcile.Result, error) {
+	if key.policy {
+		return reconcile.Result{}, a.reconcilePolicyReport(ctx, key.NamespacedName)
+	}
+	return reconcile.Result{}, a.reconcileMachineEgress(ctx, key.NamespacedName)
+}
+
+// reconcileMachineEgress confines one Machine to the union of the policies
+// that select it now, records that (egressApplied) and queues the entries
+// of the policies it gained or lost.
+func (a *Agent) reconcileMachineEgress(ctx context.Context, key types.NamespacedName) error {
+	epoch := a.egressApplied.epoch(key.Namespace)
+	m := &kaironv1.Machine{}
+	if err := a.client.Get(ctx, key, m); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return err
+		}
+		m = nil
+	}
+	target, ok := egress.Machine{}, false
+	if m != nil {
+		target, ok = a.egressTarget(m)
+	}
+	if !ok {
+		// Gone, or not attached here: the tap's teardown lifts the rules
+		// (removeEgress); the entries stop listing it now.
+		a.queuePolicyReports(key.Namespace, a.egressApplied.drop(key))
+		return nil
+	}
+	policies, err := a.policiesSelecting(ctx, m)
+	if err != nil {
+		return err
+	}
+	rec := appliedEgress{policies: make([]appliedPolicy, len(policies))}
+	for i, p := range policies {
+		rec.policies[i] = appliedPolicyOf(p)
+	}
+	slices.SortFunc(rec.policies, func(x, y appliedPolicy) int { return strings.Compare(x.name, y.name) })
+	compiled, err := compilePolicies(policies)
+	if err != nil {
+		// Closed, not open: a policy the agent cannot read confines the
+		// Machine to nothing.
+		log.FromContext(ctx).Error(err, "confining the machine to nothing", "machine", key.String())
+		rec.err = err.Error()
+		compiled = &egress.Policy{}
+	}
+	applyErr := a.egress.Apply(target, compiled)
+	if applyErr != nil {
+		rec.err = applyErr.Error()
+	}
+	changed, stale := a.egressApplied.set(key, rec, epoch)
+	a.queuePolicyReports(key.Namespace, changed)
+	if stale {
+		// A policy changed while this ran: what was read may be older
+		// than what the policy's handler saw in this Machine's record.
+		a.queueEgress(egressKey{NamespacedName: key})
+	}
+	return applyErr
+}
+
+func (a *Agent) queuePolicyReports(namespace string, names []string) {
+	for _, name := range names {
+		a.queueEgress(egressKey{NamespacedName: types.NamespacedName{Namespace: namespace, Name: name}, policy: true})
+	}
+}
+
+// policiesSelecting lists, from the cache, the policies that confine m:
+// those naming it and those whose selector matches its labels.
+func (a *Agent) policiesSelecting(ctx context.Context, m *kaironv1.Machine) ([]*kaironv1.MachineNetworkPolicy, error) {
+	var out []*kaironv1.MachineNetworkPolicy
+	for _, value := range []string{m.Name, selectorPolicies} {
+		var list kaironv1.MachineNetworkPolicyList
+		if err := a.client.List(ctx, &list, client.InNamespace(m.Namespace), client.MatchingFields{egressPolicyMachineIndex: value}); err != nil {
+			return nil, fmt.Errorf("reading the Machine's egress policies: %w", err)
+		}
+		for i := range list.Items {
+			if p := &list.Items[i]; selects(p, m) {
+				out = append(out, p)
+			}
+		}
+	}
+	return out, nil
+}
+
+// compilePolicies is the union of policies, for the enforcer.
+func compilePolicies(policies []*kaironv1.MachineNetworkPolicy) (*egress.Policy, error) {
+	named := make([]egress.NamedPolicy, len(policies))
+	for i, p := range policies {
+		named[i] = egress.NamedPolicy{Name: p.Name, Egress: p.Spec.Egress}
+	}
+	return egress.Compile(named)
+}
+
+// machinesOf returns the Machines of this node that p selects, from the
+// cache (read-only).
+func (a *Agent) machinesOf(ctx context.Context, p *kaironv1.MachineNetworkPolicy) []*kaironv1.Machine {
+	if p.Spec.MachineName != "" {
+		m := &kaironv1.Machine{}
+		if err := a.client.Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: p.Spec.MachineName}, m); err != nil {
+			return nil // not this node's (the cache holds only those)
+		}
+		return []*kaironv1.Machine{m}
+	}
+	sel := policySelector(p)
+	if sel == nil {
+		return nil
+	}
+	var list kaironv1.MachineList
+	if err := a.client.List(ctx, &list, client.InNamespace(p.Namespace), client.MatchingLabelsSelector{Selector: sel}, client.UnsafeDisableDeepCopy); err != nil {
+		log.FromContext(ctx).Error(err, "listing the Machines a policy selects", "policy", client.ObjectKeyFromObject(p).String())
+		return nil
+	}
+	out := make([]*kaironv1.Machine, 0, len(list.Items))
+	for i := range list.Items {
+		if m := &list.Items[i]; selects(p, m) {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // selects tells whether policy p confines Machine m.
 func selects(p *kaironv1.MachineNetworkPolicy, m *kaironv1.Machine) bool {
-	return selectsWith(p, policySelector(p), m)
+	if p.Namespace != m.Namespace {
+		return false
+	}
+	if p.Spec.MachineName != "" {
+		return p.Spec.MachineName == m.Name
+	}
+	sel := policySelector(p)
+	return sel != nil && sel.Matches(labels.Set(m.Labels))
 }
 
 // policySelector is p's Machine selector, parsed; nil when p names its
@@ -77,17 +314,6 @@ func policySelector(p *kaironv1.MachineNetworkPolicy) labels.Selector {
 	return sel
 }
 
-// selectsWith is selects with p's selector parsed once by the caller.
-func selectsWith(p *kaironv1.MachineNetworkPolicy, sel labels.Selector, m *kaironv1.Machine) bool {
-	if p.Namespace != m.Namespace {
-		return false
-	}
-	if p.Spec.MachineName != "" {
-		return p.Spec.MachineName == m.Name
-	}
-	return sel != nil && sel.Matches(labels.Set(m.Labels))
-}
-
 // egressTarget is where a Machine's rules go: its tap and address on this
 // node, once it has them.
 func (a *Agent) egressTarget(m *kaironv1.Machine) (egress.Machine, bool) {
@@ -100,172 +326,6 @@ func (a *Agent) egressTarget(m *kaironv1.Machine) (egress.Machine, bool) {
 		return egress.Machine{}, false // not attached (yet)
 	}
 	return egress.Machine{Namespace: m.Namespace, Name: m.Name, Tap: network.TapName(a.opts.NodeName, id), IP: address}, true
-}
-
-func (a *Agent) reconcileEgress(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	namespace := req.Name
-	logger := log.FromContext(ctx).WithValues("namespace", namespace)
-	// Read-only views of the cache: this runs on every change of any of
-	// the node's Machines, and copying them all each time was the agent's
-	// largest cost while a pool refilled during binds.
-	var policies kaironv1.MachineNetworkPolicyList
-	if err := a.client.List(ctx, &policies, client.InNamespace(namespace), client.UnsafeDisableDeepCopy); err != nil {
-		return reconcile.Result{}, err
-	}
-	var machines kaironv1.MachineList
-	if err := a.client.List(ctx, &machines, client.InNamespace(namespace), client.UnsafeDisableDeepCopy); err != nil {
-		return reconcile.Result{}, err
-	}
-	selectors := make([]labels.Selector, len(policies.Items))
-	for j := range policies.Items {
-		selectors[j] = policySelector(&policies.Items[j])
-	}
-	a.egressReported.keepOnly(namespace, policies.Items)
-	enforced := map[string][]string{} // policy name → Machines
-	failed := map[string][]string{}
-	var retry error
-	for i := range machines.Items {
-		m := &machines.Items[i]
-		target, ok := a.egressTarget(m)
-		if !ok {
-			continue
-		}
-		var selected []egress.NamedPolicy
-		var names []string
-		for j := range policies.Items {
-			if p := &policies.Items[j]; selectsWith(p, selectors[j], m) {
-				selected = append(selected, egress.NamedPolicy{Name: p.Name, Egress: p.Spec.Egress})
-				names = append(names, p.Name)
-			}
-		}
-		compiled, err := egress.Compile(selected)
-		if err != nil {
-			// Closed, not open: a policy the agent cannot read confines the
-			// Machine to nothing.
-			logger.Error(err, "confining the machine to nothing", "machine", m.Name)
-			for _, n := range names {
-				failed[n] = append(failed[n], fmt.Sprintf("%s: %v", m.Name, err))
-			}
-			compiled = &egress.Policy{}
-		}
-		if err := a.egress.Apply(target, compiled); err != nil {
-			retry = err
-			for _, n := range names {
-				failed[n] = append(failed[n], fmt.Sprintf("%s: %v", m.Name, err))
-			}
-			continue
-		}
-		for _, n := range names {
-			enforced[n] = append(enforced[n], m.Name)
-		}
-	}
-	for i := range policies.Items {
-		p := &policies.Items[i]
-		if err := a.reportEgress(ctx, p, enforced[p.Name], failed[p.Name]); err != nil {
-			retry = err
-		}
-	}
-	return reconcile.Result{}, retry
-}
-
-// reportEgress writes this node's entry of the policy's status.nodes with
-// server-side apply under a field manager of its own, so that the agents of
-// several nodes never overwrite each other's entries. A node with nothing
-// to report removes its entry.
-func (a *Agent) reportEgress(ctx context.Context, p *kaironv1.MachineNetworkPolicy, machines, errs []string) error {
-	sort.Strings(machines)
-	sort.Strings(errs)
-	var current *kaironv1.PolicyEnforcement
-	for i := range p.Status.Nodes {
-		if p.Status.Nodes[i].Node == a.opts.NodeName {
-			current = &p.Status.Nodes[i]
-		}
-	}
-	want := kaironv1.PolicyEnforcement{Node: a.opts.NodeName, Machines: machines, ObservedGeneration: p.Generation, Error: strings.Join(errs, "; ")}
-	none := len(machines) == 0 && len(errs) == 0
-	switch {
-	case none && current == nil:
-		return nil
-	case !none && current != nil && sameEnforcement(*current, want):
-		return nil
-	case a.egressReported.wrote(p.UID, want, none):
-		// The cache has yet to show this agent's last write, which
-		// already says this: writing it again is a write for nothing on
-		// the path of every egress bind.
-		return nil
-	}
-	status := map[string]any{}
-	if len(machines) > 0 || len(errs) > 0 {
-		status["nodes"] = []kaironv1.PolicyEnforcement{want}
-	} else {
-		status["nodes"] = []any{}
-	}
-	body, err := json.Marshal(map[string]any{
-		"apiVersion": kaironv1.GroupVersion.String(),
-		"kind":       "MachineNetworkPolicy",
-		"metadata":   map[string]any{"name": p.Name, "namespace": p.Namespace},
-		"status":     status,
-	})
-	if err != nil {
-		return err
-	}
-	err = a.client.Status().Patch(ctx, p.DeepCopy(), client.RawPatch(types.ApplyPatchType, body),
-		client.FieldOwner("kairon-node/"+a.opts.NodeName), client.ForceOwnership)
-	if err != nil {
-		a.egressReported.forget(p.UID)
-		return client.IgnoreNotFound(err)
-	}
-	a.egressReported.record(p, want, none)
-	return nil
-}
-
-func sameEnforcement(a, b kaironv1.PolicyEnforcement) bool {
-	return slices.Equal(a.Machines, b.Machines) && a.ObservedGeneration == b.ObservedGeneration && a.Error == b.Error
-}
-
-// egressReports remembers this agent's last status.nodes entry per policy.
-type egressReports struct {
-	mu      sync.Mutex
-	entries map[types.UID]egressReport
-}
-
-type egressReport struct {
-	namespace string
-	entry     kaironv1.PolicyEnforcement
-	none      bool // the entry was removed
-}
-
-func (r *egressReports) wrote(uid types.UID, want kaironv1.PolicyEnforcement, none bool) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	last, ok := r.entries[uid]
-	return ok && last.none == none && (none || sameEnforcement(last.entry, want))
-}
-
-func (r *egressReports) record(p *kaironv1.MachineNetworkPolicy, entry kaironv1.PolicyEnforcement, none bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.entries == nil {
-		r.entries = map[types.UID]egressReport{}
-	}
-	r.entries[p.UID] = egressReport{namespace: p.Namespace, entry: entry, none: none}
-}
-
-func (r *egressReports) forget(uid types.UID) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.entries, uid)
-}
-
-// keepOnly forgets the policies of namespace that no longer exist.
-func (r *egressReports) keepOnly(namespace string, policies []kaironv1.MachineNetworkPolicy) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for uid, e := range r.entries {
-		if e.namespace == namespace && !slices.ContainsFunc(policies, func(p kaironv1.MachineNetworkPolicy) bool { return p.UID == uid }) {
-			delete(r.entries, uid)
-		}
-	}
 }
 
 // removeEgress lifts a Machine's confinement as its tap goes.
@@ -376,17 +436,11 @@ func (a *Agent) confineBeforeStart(machine *kaironv1.Machine, id string, address
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var policies kaironv1.MachineNetworkPolicyList
-	if err := a.client.List(ctx, &policies, client.InNamespace(machine.Namespace)); err != nil {
-		return fmt.Errorf("reading the Machine's egress policies: %w", err)
+	policies, err := a.policiesSelecting(ctx, machine)
+	if err != nil {
+		return err
 	}
-	var selected []egress.NamedPolicy
-	for i := range policies.Items {
-		if p := &policies.Items[i]; selects(p, machine) {
-			selected = append(selected, egress.NamedPolicy{Name: p.Name, Egress: p.Spec.Egress})
-		}
-	}
-	compiled, err := egress.Compile(selected)
+	compiled, err := compilePolicies(policies)
 	if err != nil {
 		compiled = &egress.Policy{} // closed, as the reconciler does
 	}

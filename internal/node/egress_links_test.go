@@ -128,7 +128,12 @@ func TestAgentConfinesBeforeTheVMStarts(t *testing.T) {
 		t.Fatalf("the VM started before its egress rules were in place; the table then:\n%s", atStart)
 	}
 
-	// The agent goes; the rules stay. The next one converges on them.
+	// The agent goes; the rules stay. The next one converges on them,
+	// and its status entry says so throughout: a restarted agent does not
+	// report the Machine unconfined while it reads its Machines again.
+	history := watchEntry(t, env, client.ObjectKeyFromObject(policy), nodeName)
+	waitEnforcement(t, env, client.ObjectKeyFromObject(policy), nodeName, "vm")
+	check := history.mark("vm")
 	stop()
 	if table := nft(t, netns, "list", "table", "inet", egress.Table); !strings.Contains(table, "chain e_"+tap+" {") {
 		t.Fatalf("the rules went with the agent:\n%s", table)
@@ -139,6 +144,7 @@ func TestAgentConfinesBeforeTheVMStarts(t *testing.T) {
 		p.Spec.Egress.AllowPorts = []kaironv1.PortRange{"8443"}
 	})
 	waitEnforcement(t, env, client.ObjectKeyFromObject(policy), nodeName, "vm")
+	check(t)
 	if table := nft(t, netns, "list", "table", "inet", egress.Table); !strings.Contains(table, "th dport 8443 accept") || strings.Contains(table, "th dport 443 accept") {
 		t.Fatalf("the restarted agent did not apply the edit:\n%s", table)
 	}

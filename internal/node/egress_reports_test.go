@@ -5,6 +5,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
@@ -12,18 +13,18 @@ import (
 // The agent skips a status write its cache does not show yet only when its
 // own last write already said the same; anything else is written.
 func TestEgressReportsRemembersOwnWrites(t *testing.T) {
-	policy := func(ns, name string, uid types.UID) kaironv1.MachineNetworkPolicy {
-		return kaironv1.MachineNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: uid}}
+	policy := func(ns, name string, uid types.UID) *kaironv1.MachineNetworkPolicy {
+		return &kaironv1.MachineNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: uid}}
 	}
 	p := policy("team", "claim-egress-a", "uid-a")
 	entry := kaironv1.PolicyEnforcement{Node: "n1", Machines: []string{"m1"}, ObservedGeneration: 1}
 	var r egressReports
 
-	if r.wrote(p.UID, entry, false) {
+	if r.wrote(p, entry, false) {
 		t.Fatal("nothing written yet, but wrote says so")
 	}
-	r.record(&p, entry, false)
-	if !r.wrote(p.UID, entry, false) {
+	r.record(p, entry, false)
+	if !r.wrote(p, entry, false) {
 		t.Error("the entry just written is not remembered")
 	}
 	for name, other := range map[string]kaironv1.PolicyEnforcement{
@@ -31,35 +32,32 @@ func TestEgressReportsRemembersOwnWrites(t *testing.T) {
 		"another machine":    {Node: "n1", Machines: []string{"m1", "m2"}, ObservedGeneration: 1},
 		"an error":           {Node: "n1", Machines: []string{"m1"}, ObservedGeneration: 1, Error: "m2: nft failed"},
 	} {
-		if r.wrote(p.UID, other, false) {
+		if r.wrote(p, other, false) {
 			t.Errorf("%s: counted as written", name)
 		}
 	}
-	if r.wrote(p.UID, kaironv1.PolicyEnforcement{}, true) {
+	if r.wrote(p, kaironv1.PolicyEnforcement{}, true) {
 		t.Error("removing the entry counted as written while the last write set it")
 	}
+	// A policy deleted and created again under the same name is another
+	// policy: what was written to the first says nothing of it.
+	if r.wrote(policy("team", "claim-egress-a", "uid-a2"), entry, false) {
+		t.Error("a write to an earlier policy of the same name counted as written")
+	}
 
-	r.record(&p, kaironv1.PolicyEnforcement{}, true)
-	if !r.wrote(p.UID, kaironv1.PolicyEnforcement{}, true) || r.wrote(p.UID, entry, false) {
+	r.record(p, kaironv1.PolicyEnforcement{}, true)
+	if !r.wrote(p, kaironv1.PolicyEnforcement{}, true) || r.wrote(p, entry, false) {
 		t.Error("a removed entry is not remembered as removed")
 	}
 
-	r.forget(p.UID)
-	if r.wrote(p.UID, kaironv1.PolicyEnforcement{}, true) {
-		t.Error("a failed write is still remembered")
-	}
-
-	// A policy gone from its namespace is forgotten; others stay.
+	// A failed write, or a deleted policy, is forgotten; others stay.
 	q := policy("team", "claim-egress-b", "uid-b")
-	elsewhere := policy("other", "claim-egress-c", "uid-c")
-	r.record(&p, entry, false)
-	r.record(&q, entry, false)
-	r.record(&elsewhere, entry, false)
-	r.keepOnly("team", []kaironv1.MachineNetworkPolicy{q})
-	if r.wrote(p.UID, entry, false) {
-		t.Error("a deleted policy's write is still remembered")
+	r.record(q, entry, false)
+	r.forget(client.ObjectKeyFromObject(p))
+	if r.wrote(p, kaironv1.PolicyEnforcement{}, true) {
+		t.Error("a forgotten write is still remembered")
 	}
-	if !r.wrote(q.UID, entry, false) || !r.wrote(elsewhere.UID, entry, false) {
-		t.Error("keepOnly forgot a policy that still exists, or one of another namespace")
+	if !r.wrote(q, entry, false) {
+		t.Error("forget dropped another policy's write")
 	}
 }
