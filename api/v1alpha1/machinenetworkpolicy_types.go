@@ -28,7 +28,9 @@ type MachineNetworkPolicySpec struct {
 // MachineNetworkPolicyStatus reports enforcement.
 type MachineNetworkPolicyStatus struct {
 	// Machines is how many Machines the nodes report the policy enforced
-	// for: the sum over status.nodes, kept by kairon-controller.
+	// for: the sum over status.nodes. Each node's agent writes it with its
+	// own entry; kairon-controller corrects it when several nodes report
+	// at once.
 	// +optional
 	// +kubebuilder:default=0
 	Machines int32 `json:"machines"`

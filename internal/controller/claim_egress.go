@@ -135,7 +135,11 @@ func deleteEgressPolicy(ctx context.Context, c client.Client, reader client.Read
 
 // PolicyMachinesReconciler keeps a MachineNetworkPolicy's status.machines
 // (the MACHINES column) at the number of Machines the nodes report it
-// enforced for, summed over status.nodes, which the agents write.
+// enforced for, summed over status.nodes, which the agents write. Each
+// agent writes the count with its own entry, as it sees the others' (the
+// node confinement policy takes no other value), so this writes only when
+// that view was behind: several nodes reporting at once, or an entry
+// removed by someone else.
 type PolicyMachinesReconciler struct {
 	Client client.Client
 }

@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -240,6 +242,32 @@ func TestAgentEnforcesAndReportsMachineNetworkPolicies(t *testing.T) {
 			waitEnforcement(t, env, client.ObjectKeyFromObject(bySelector), "sim-egress", "vm-a", "vm-b")
 		}
 		check(t)
+	})
+
+	t.Run("the agent writes the MACHINES count with its entry", func(t *testing.T) {
+		// No kairon-controller runs here: the count is the agent's,
+		// written in the same write as its entry, and it counts the other
+		// nodes' entries as well.
+		other := map[string]any{"apiVersion": kaironv1.GroupVersion.String(), "kind": "MachineNetworkPolicy",
+			"metadata": map[string]any{"namespace": ns, "name": bySelector.Name},
+			"status":   map[string]any{"nodes": []any{map[string]any{"node": "sim-other", "machines": []string{"vm-x", "vm-y", "vm-z"}, "observedGeneration": 1}}}}
+		body, _ := json.Marshal(other)
+		if err := env.Client.Status().Patch(ctx, bySelector.DeepCopy(), client.RawPatch(types.ApplyPatchType, body), client.FieldOwner("kairon-node/sim-other"), client.ForceOwnership); err != nil {
+			t.Fatal(err)
+		}
+		editPolicy(t, env, client.ObjectKeyFromObject(bySelector), func(p *kaironv1.MachineNetworkPolicy) {
+			p.Spec.Egress.AllowPorts = []kaironv1.PortRange{"7443"}
+		})
+		p := waitEnforcement(t, env, client.ObjectKeyFromObject(bySelector), "sim-egress", "vm-a", "vm-b")
+		if p.Status.Machines != 5 {
+			t.Fatalf("status.machines %d with the entries %+v, want 5 (2 here, 3 on sim-other)", p.Status.Machines, p.Status.Nodes)
+		}
+		// Gone again, as that node would remove its entry.
+		other["status"] = map[string]any{"nodes": []any{}}
+		body, _ = json.Marshal(other)
+		if err := env.Client.Status().Patch(ctx, bySelector.DeepCopy(), client.RawPatch(types.ApplyPatchType, body), client.FieldOwner("kairon-node/sim-other"), client.ForceOwnership); err != nil {
+			t.Fatal(err)
+		}
 	})
 
 	t.Run("a failing node reports an error, not enforcement", func(t *testing.T) {

@@ -74,12 +74,48 @@ func (a *Agent) reportEgress(ctx context.Context, p *kaironv1.MachineNetworkPoli
 		// the path of every egress bind.
 		return nil
 	}
-	status := map[string]any{}
-	if len(machines) > 0 || len(errs) > 0 {
-		status["nodes"] = []kaironv1.PolicyEnforcement{want}
-	} else {
-		status["nodes"] = []any{}
+	key := client.ObjectKeyFromObject(p)
+	err := a.applyEgressEntry(ctx, p, want, none)
+	for range 2 {
+		if !apierrors.IsForbidden(err) {
+			break
+		}
+		// Most likely the count: this agent's view of the other nodes'
+		// entries was behind, and the confinement policy takes only
+		// their true sum. Read them as they are.
+		fresh := &kaironv1.MachineNetworkPolicy{}
+		if err = a.mgr.GetAPIReader().Get(ctx, key, fresh); err != nil {
+			break
+		}
+		err = a.applyEgressEntry(ctx, fresh, want, none)
 	}
+	if err != nil {
+		a.egressReported.forget(key)
+		return client.IgnoreNotFound(err)
+	}
+	a.egressReported.record(p, want, none)
+	return nil
+}
+
+// applyEgressEntry writes want as this node's entry (none: removes it),
+// and with it status.machines, the number of Machines all entries list,
+// counting the other nodes' entries as p shows them: for the usual policy,
+// which only this node reports on, the count needs no second write.
+func (a *Agent) applyEgressEntry(ctx context.Context, p *kaironv1.MachineNetworkPolicy, want kaironv1.PolicyEnforcement, none bool) error {
+	count := 0
+	for _, n := range p.Status.Nodes {
+		if n.Node != a.opts.NodeName {
+			count += len(n.Machines)
+		}
+	}
+	status := map[string]any{}
+	if none {
+		status["nodes"] = []any{}
+	} else {
+		status["nodes"] = []kaironv1.PolicyEnforcement{want}
+		count += len(want.Machines)
+	}
+	status["machines"] = count
 	body, err := json.Marshal(map[string]any{
 		"apiVersion": kaironv1.GroupVersion.String(),
 		"kind":       "MachineNetworkPolicy",
@@ -89,15 +125,8 @@ func (a *Agent) reportEgress(ctx context.Context, p *kaironv1.MachineNetworkPoli
 	if err != nil {
 		return err
 	}
-	err = a.client.Status().Patch(ctx, p, client.RawPatch(types.ApplyPatchType, body),
+	return a.client.Status().Patch(ctx, p.DeepCopy(), client.RawPatch(types.ApplyPatchType, body),
 		client.FieldOwner("kairon-node/"+a.opts.NodeName), client.ForceOwnership)
-	key := client.ObjectKeyFromObject(p)
-	if err != nil {
-		a.egressReported.forget(key)
-		return client.IgnoreNotFound(err)
-	}
-	a.egressReported.record(p, want, none)
-	return nil
 }
 
 func sameEnforcement(a, b kaironv1.PolicyEnforcement) bool {

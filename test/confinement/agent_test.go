@@ -147,8 +147,21 @@ func TestAgentCertificateConfinedToItsNode(t *testing.T) {
 			return apierrors.IsForbidden(err) && strings.Contains(err.Error(), "only its own entry of status.nodes"), fmt.Sprint(err)
 		})
 		refused(t, "drop node B's report", mergePatch(ctx, agentA, p, nodes(entry(a, "vm-a")), true), "only its own entry of status.nodes")
-		refused(t, "set the MACHINES count", mergePatch(ctx, agentA, p, map[string]any{"status": map[string]any{"machines": 9}}, true), "may write only status.nodes")
+		refused(t, "set the MACHINES count to anything but the entries' sum", mergePatch(ctx, agentA, p, map[string]any{"status": map[string]any{"machines": 9}}, true),
+			"only to the number of Machines its status.nodes entries list")
+		refused(t, "set the observed generation", mergePatch(ctx, agentA, p, map[string]any{"status": map[string]any{"observedGeneration": 7}}, true),
+			"may write only status.nodes and status.machines")
 		allowed(t, "add its own report", mergePatch(ctx, agentA, p, nodes(entry(b, "vm-b"), entry(a, "vm-a")), true))
+		// The count with the report, as the agent writes it: only the
+		// true sum of every node's entries.
+		withCount := func(count int, entries ...map[string]any) map[string]any {
+			body := nodes(entries...)
+			body["status"].(map[string]any)["machines"] = count
+			return body
+		}
+		refused(t, "count only its own Machines", mergePatch(ctx, agentA, p, withCount(2, entry(b, "vm-b"), entry(a, "vm-a", "vm-a3")), true),
+			"only to the number of Machines its status.nodes entries list")
+		allowed(t, "change its report with the entries' count", mergePatch(ctx, agentA, p, withCount(3, entry(b, "vm-b"), entry(a, "vm-a", "vm-a3")), true))
 		fresh := &kaironv1.MachineNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fresh"}, Spec: kaironv1.MachineNetworkPolicySpec{MachineName: "vm-a"}}
 		if err := adm.Create(ctx, fresh); err != nil {
 			t.Fatal(err)
