@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -186,6 +187,7 @@ func TestEgressBindLatency(t *testing.T) {
 		policySeen, reported time.Duration
 	}
 	results := map[bool][]result{}
+	writesBefore := apiWrites(t, env)
 	for i := range 2 * perKind {
 		if idle {
 			waitWarm()
@@ -233,6 +235,10 @@ func TestEgressBindLatency(t *testing.T) {
 		}
 		results[withEgress] = append(results[withEgress], r)
 	}
+
+	// What the API server wrote for them, refills included.
+	total, kinds := testenv.RequestsSince(writesBefore, apiWrites(t, env), 2*perKind, 8)
+	t.Logf("API writes per claim over the %d claims (their refills included): %.2f; %s", 2*perKind, total/float64(2*perKind), kinds)
 
 	// The rules were in the kernel: one chain per bound egress claim.
 	out, err := exec.Command("ip", "netns", "exec", netns, "nft", "list", "table", "bridge", "kairon_egress").CombinedOutput()
@@ -347,4 +353,18 @@ func stripFinalizers(env *testenv.Env, ns string) {
 			_ = env.Client.Patch(ctx, o, client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`)))
 		}
 	}
+}
+
+// apiWrites is the API server's write requests so far.
+func apiWrites(t *testing.T, env *testenv.Env) map[string]float64 {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := testenv.APIRequests(context.Background(), cs.Discovery().RESTClient(), testenv.IsWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
 }

@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -823,16 +821,12 @@ func (cb *claimBench) coldMachines(n int) {
 // refused by an optimistic lock: it costs the API server a request too).
 type writeKey struct{ verb, resource, subresource, code string }
 
-var requestTotalLine = regexp.MustCompile(`^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$`)
-var labelPair = regexp.MustCompile(`(\w+)="([^"]*)"`)
 
 // apiWrites reads the API server's write requests so far from /metrics.
 func (cb *claimBench) apiWrites() map[writeKey]float64 {
 	out := map[writeKey]float64{}
 	cb.eachRequestCounter(func(labels map[string]string, v float64) {
-		switch labels["verb"] {
-		case "POST", "CREATE", "PUT", "UPDATE", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION":
-		default:
+		if !testenv.IsWrite(labels["verb"]) {
 			return
 		}
 		code := labels["code"]
@@ -844,26 +838,11 @@ func (cb *claimBench) apiWrites() map[writeKey]float64 {
 	return out
 }
 
-// eachRequestCounter reads the API server's /metrics and calls fn with the
-// labels and value of every apiserver_request_total series.
+// eachRequestCounter calls fn with the labels and value of every
+// apiserver_request_total series.
 func (cb *claimBench) eachRequestCounter(fn func(labels map[string]string, v float64)) {
-	raw, err := cb.cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
-	if err != nil {
-		cb.t.Fatalf("reading the API server's /metrics: %v", err)
-	}
-	sc := bufio.NewScanner(bytes.NewReader(raw))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		m := requestTotalLine.FindStringSubmatch(sc.Text())
-		if m == nil {
-			continue
-		}
-		labels := map[string]string{}
-		for _, p := range labelPair.FindAllStringSubmatch(m[1], -1) {
-			labels[p[1]] = p[2]
-		}
-		v, _ := strconv.ParseFloat(m[2], 64)
-		fn(labels, v)
+	if err := testenv.EachAPIRequestCounter(context.Background(), cb.cs.Discovery().RESTClient(), fn); err != nil {
+		cb.t.Fatal(err)
 	}
 }
 

@@ -297,7 +297,7 @@ func (p *scalePhase) end(items int, what string) {
 	u := usageOf(p.ctrl.cmd.Process.Pid)
 	ctrlCPU := p.ctrlCPU + u.cpu
 	api := usageOf(p.api)
-	requests, kinds := requestsSince(p.requests, apiRequests(p.cb), items)
+	requests, kinds := testenv.RequestsSince(p.requests, apiRequests(p.cb), items, 10)
 	p.t.Logf("phase %s: %d %s in %s (%.1f/s); kairon-controller %.1f s CPU (%.0f%% of a core), RSS %.0f MiB now, peak %.0f MiB; "+
 		"kube-apiserver %.1f s CPU, RSS %.0f MiB; %.0f API requests (%.0f/s, %.1f per item); load %s",
 		p.name, items, what, took.Round(time.Millisecond), float64(items)/took.Seconds(),
@@ -316,41 +316,11 @@ func (p *scalePhase) end(items int, what string) {
 // apiRequests is the API server's apiserver_request_total, every verb, by
 // verb and resource (subresource after a slash).
 func apiRequests(cb *claimBench) map[string]float64 {
-	out := map[string]float64{}
-	cb.eachRequestCounter(func(labels map[string]string, v float64) {
-		key := labels["verb"] + " " + labels["resource"]
-		if labels["subresource"] != "" {
-			key += "/" + labels["subresource"]
-		}
-		if code := labels["code"]; code != "" && !strings.HasPrefix(code, "2") {
-			key += " (" + code + ")"
-		}
-		out[key] += v
-	})
+	out, err := testenv.APIRequests(context.Background(), cb.cs.Discovery().RESTClient(), nil)
+	if err != nil {
+		cb.t.Fatal(err)
+	}
 	return out
-}
-
-// requestsSince is how many requests were served since before, in total
-// and the largest kinds, per item.
-func requestsSince(before, after map[string]float64, items int) (float64, string) {
-	type kind struct {
-		key string
-		n   float64
-	}
-	var kinds []kind
-	total := 0.0
-	for k, v := range after {
-		if d := v - before[k]; d > 0 {
-			kinds = append(kinds, kind{k, d})
-			total += d
-		}
-	}
-	sort.Slice(kinds, func(i, j int) bool { return kinds[i].n > kinds[j].n })
-	var parts []string
-	for _, k := range kinds[:min(10, len(kinds))] {
-		parts = append(parts, fmt.Sprintf("%s %.2f", k.key, k.n/float64(items)))
-	}
-	return total, strings.Join(parts, ", ")
 }
 
 // scaleBinds follows every claim's status.machineName over the storm.

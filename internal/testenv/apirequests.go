@@ -1,0 +1,103 @@
+package testenv
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"k8s.io/client-go/rest"
+)
+
+var (
+	requestTotalLine = regexp.MustCompile(`^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$`)
+	labelPair        = regexp.MustCompile(`(\w+)="([^"]*)"`)
+)
+
+// EachAPIRequestCounter reads the API server's /metrics through c (which
+// must be allowed that path) and calls fn with the labels and value of
+// every apiserver_request_total series: what benchmarks count writes by.
+func EachAPIRequestCounter(ctx context.Context, c rest.Interface, fn func(labels map[string]string, v float64)) error {
+	raw, err := c.Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the API server's /metrics: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		m := requestTotalLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		labels := map[string]string{}
+		for _, p := range labelPair.FindAllStringSubmatch(m[1], -1) {
+			labels[p[1]] = p[2]
+		}
+		v, _ := strconv.ParseFloat(m[2], 64)
+		fn(labels, v)
+	}
+	return sc.Err()
+}
+
+// APIRequests is apiserver_request_total summed by "VERB resource" (with
+// "/subresource", and " (code)" when the code is not 2xx), for the verbs
+// keep accepts (nil: every verb).
+func APIRequests(ctx context.Context, c rest.Interface, keep func(verb string) bool) (map[string]float64, error) {
+	out := map[string]float64{}
+	err := EachAPIRequestCounter(ctx, c, func(labels map[string]string, v float64) {
+		if keep != nil && !keep(labels["verb"]) {
+			return
+		}
+		key := labels["verb"] + " " + labels["resource"]
+		if labels["subresource"] != "" {
+			key += "/" + labels["subresource"]
+		}
+		if code := labels["code"]; code != "" && !strings.HasPrefix(code, "2") {
+			key += " (" + code + ")"
+		}
+		out[key] += v
+	})
+	return out, err
+}
+
+// IsWrite tells whether an apiserver_request_total verb changes state.
+func IsWrite(verb string) bool {
+	switch verb {
+	case "POST", "CREATE", "PUT", "UPDATE", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION":
+		return true
+	}
+	return false
+}
+
+// RequestsSince is how many requests APIRequests counted since before, in
+// total, and per item for the top most frequent kinds.
+func RequestsSince(before, after map[string]float64, items, top int) (float64, string) {
+	type kind struct {
+		key string
+		n   float64
+	}
+	var kinds []kind
+	total := 0.0
+	for k, v := range after {
+		if d := v - before[k]; d > 0 {
+			kinds = append(kinds, kind{k, d})
+			total += d
+		}
+	}
+	slices.SortFunc(kinds, func(a, b kind) int {
+		if c := cmp.Compare(b.n, a.n); c != 0 {
+			return c
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	var parts []string
+	for _, k := range kinds[:min(top, len(kinds))] {
+		parts = append(parts, fmt.Sprintf("%s %.2f", k.key, k.n/float64(items)))
+	}
+	return total, strings.Join(parts, ", ")
+}
