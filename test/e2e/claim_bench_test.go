@@ -821,7 +821,6 @@ func (cb *claimBench) coldMachines(n int) {
 // refused by an optimistic lock: it costs the API server a request too).
 type writeKey struct{ verb, resource, subresource, code string }
 
-
 // apiWrites reads the API server's write requests so far from /metrics.
 func (cb *claimBench) apiWrites() map[writeKey]float64 {
 	out := map[writeKey]float64{}
