@@ -27,11 +27,7 @@ func (a *Agent) reconcilePolicyReport(ctx context.Context, key types.NamespacedN
 		}
 		return err
 	}
-	selected, err := a.attachedMachinesOf(ctx, p)
-	if err != nil {
-		return err
-	}
-	machines, errs, ready := a.egressApplied.entry(p, selected)
+	machines, errs, ready := a.egressApplied.entry(p, a.attachedMachinesOf(ctx, p))
 	if !ready {
 		return nil
 	}
@@ -40,14 +36,14 @@ func (a *Agent) reconcilePolicyReport(ctx context.Context, key types.NamespacedN
 
 // attachedMachinesOf names the Machines of this node that p selects and
 // that have an address here: those whose rules p's entry must wait for.
-func (a *Agent) attachedMachinesOf(ctx context.Context, p *kaironv1.MachineNetworkPolicy) ([]string, error) {
+func (a *Agent) attachedMachinesOf(ctx context.Context, p *kaironv1.MachineNetworkPolicy) []string {
 	var names []string
 	for _, m := range a.machinesOf(ctx, p) {
 		if _, ok := a.egressTarget(m); ok {
 			names = append(names, m.Name)
 		}
 	}
-	return names, nil
+	return names
 }
 
 // reportEgress writes this node's entry of the policy's status.nodes with
