@@ -52,6 +52,7 @@ type MachinePoolReconciler struct {
 	expectations *replicaExpectations
 	failures     *failureBackoff
 	refills      *refillHolds
+	statusWrites *statusPacing
 }
 
 // SetupWithManager registers the reconciler with mgr.
@@ -64,6 +65,9 @@ func (r *MachinePoolReconciler) SetupWithManager(mgr manager.Manager) error {
 	}
 	if r.refills == nil {
 		r.refills = newRefillHolds()
+	}
+	if r.statusWrites == nil {
+		r.statusWrites = newStatusPacing()
 	}
 	return builder.ControllerManagedBy(mgr).
 		For(&kaironv1.MachinePool{}).
@@ -128,6 +132,7 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 		// controls; claimed ones belong to their claims and stay.
 		r.expectations.forget(pool.UID)
 		r.refillHolds().forget(pool.UID)
+		r.statusPacing().settled(pool.UID)
 		forgetPoolMembers(pool.Namespace, pool.Name)
 		return reconcile.Result{}, nil
 	}
@@ -159,9 +164,16 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	desired := pool.DeepCopy()
 	desired.Status = *computePoolStatus(&pool, warm, members.claimed, syncErr)
 	setSnapshotStatus(&desired.Status, snap, snapCond)
-	// The pool's status is this controller's alone: all of it is written.
-	if err := patch.Status(ctx, r.Client, &pool, desired, patch.WholeStatus(), patch.IgnoreNotFound()); err != nil {
-		return reconcile.Result{}, errors.Join(syncErr, err)
+	// The pool's status is this controller's alone: all of it is written,
+	// a moment after it changed (pool_status_pacing.go).
+	statusIn := time.Duration(0)
+	if equality.Semantic.DeepEqual(pool.Status, desired.Status) {
+		r.statusPacing().settled(pool.UID)
+	} else if statusIn = r.statusPacing().wait(pool.UID); statusIn == 0 {
+		if err := patch.Status(ctx, r.Client, &pool, desired, patch.WholeStatus(), patch.IgnoreNotFound()); err != nil {
+			return reconcile.Result{}, errors.Join(syncErr, err)
+		}
+		r.statusPacing().settled(pool.UID)
 	}
 	if err := errors.Join(syncErr, snapErr); err != nil {
 		return reconcile.Result{}, err
@@ -172,10 +184,22 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	if refillHeld && (retryIn <= 0 || refillHoldRecheck < retryIn) {
 		retryIn = refillHoldRecheck
 	}
+	if statusIn > 0 && (retryIn <= 0 || statusIn < retryIn) {
+		retryIn = statusIn
+	}
 	if retryIn > 0 && retryIn < r.Interval {
 		return reconcile.Result{RequeueAfter: retryIn}, nil
 	}
 	return reconcile.Result{RequeueAfter: r.Interval}, nil
+}
+
+// statusPacing is r.statusWrites, made on first use for reconcilers built
+// without SetupWithManager (tests).
+func (r *MachinePoolReconciler) statusPacing() *statusPacing {
+	if r.statusWrites == nil {
+		r.statusWrites = newStatusPacing()
+	}
+	return r.statusWrites
 }
 
 // refillHolds is r.refills, made on first use for reconcilers built

@@ -1,0 +1,53 @@
+package controller
+
+import (
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// A pool's status is counts for people and dashboards (warm, ready,
+// claimed); nothing in Kairon decides on it. Yet every bind changes it
+// twice (the member taken, its replacement ready) and would write it at
+// the very moment the bind writes the claim's status, on the same API
+// server. So a change is written poolStatusDelay after it is first seen,
+// together with whatever else changed meanwhile: off the bind's path, and
+// once for a whole burst of binds rather than once per bind.
+const poolStatusDelay = 250 * time.Millisecond
+
+// statusPacing remembers, per pool, when its pending status change is due.
+type statusPacing struct {
+	mu  sync.Mutex
+	due map[types.UID]time.Time
+	now func() time.Time
+}
+
+func newStatusPacing() *statusPacing {
+	return &statusPacing{due: map[types.UID]time.Time{}, now: time.Now}
+}
+
+// wait is how long pool's changed status waits before it is written: 0
+// once due. The first call for a change starts the delay.
+func (p *statusPacing) wait(pool types.UID) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	due, ok := p.due[pool]
+	if !ok {
+		p.due[pool] = now.Add(poolStatusDelay)
+		return poolStatusDelay
+	}
+	if now.Before(due) {
+		return due.Sub(now)
+	}
+	return 0
+}
+
+// settled: pool's status is written, or needs no write; the next change
+// waits afresh.
+func (p *statusPacing) settled(pool types.UID) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.due, pool)
+}
