@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -33,14 +32,10 @@ const (
 )
 
 // refillHolds remembers since when each pool's refill has been held.
-type refillHolds struct {
-	mu    sync.Mutex
-	since map[types.UID]time.Time
-	now   func() time.Time
-}
+type refillHolds struct{ uidStamps }
 
 func newRefillHolds() *refillHolds {
-	return &refillHolds{since: map[types.UID]time.Time{}, now: time.Now}
+	return &refillHolds{newUIDStamps()}
 }
 
 // hold says whether pool's refill waits now: claims being bound or
@@ -48,24 +43,11 @@ func newRefillHolds() *refillHolds {
 // for maxRefillHold already. Unheld, the pool's hold starts afresh the next
 // time claims come.
 func (h *refillHolds) hold(pool types.UID, waiting, binding, ready int) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	if waiting+binding == 0 || waiting > ready {
-		delete(h.since, pool)
+		h.forget(pool)
 		return false
 	}
-	since, ok := h.since[pool]
-	if !ok {
-		h.since[pool] = h.now()
-		return true
-	}
-	return h.now().Sub(since) < maxRefillHold
-}
-
-func (h *refillHolds) forget(pool types.UID) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	delete(h.since, pool)
+	return h.elapsed(pool) < maxRefillHold
 }
 
 // claimsAhead counts the pool's claims that a refill would compete with:

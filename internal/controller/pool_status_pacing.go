@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -16,38 +15,20 @@ import (
 // once for a whole burst of binds rather than once per bind.
 const poolStatusDelay = 250 * time.Millisecond
 
-// statusPacing remembers, per pool, when its pending status change is due.
-type statusPacing struct {
-	mu  sync.Mutex
-	due map[types.UID]time.Time
-	now func() time.Time
-}
+// statusPacing remembers, per pool, since when its status change has been
+// pending.
+type statusPacing struct{ uidStamps }
 
 func newStatusPacing() *statusPacing {
-	return &statusPacing{due: map[types.UID]time.Time{}, now: time.Now}
+	return &statusPacing{newUIDStamps()}
 }
 
 // wait is how long pool's changed status waits before it is written: 0
 // once due. The first call for a change starts the delay.
 func (p *statusPacing) wait(pool types.UID) time.Duration {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	now := p.now()
-	due, ok := p.due[pool]
-	if !ok {
-		p.due[pool] = now.Add(poolStatusDelay)
-		return poolStatusDelay
-	}
-	if now.Before(due) {
-		return due.Sub(now)
-	}
-	return 0
+	return max(0, poolStatusDelay-p.elapsed(pool))
 }
 
 // settled: pool's status is written, or needs no write; the next change
 // waits afresh.
-func (p *statusPacing) settled(pool types.UID) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.due, pool)
-}
+func (p *statusPacing) settled(pool types.UID) { p.forget(pool) }

@@ -72,7 +72,7 @@ func TestPoolStatusIsWrittenAMomentAfterItChanges(t *testing.T) {
 	// Nothing changed: nothing pending.
 	f.reconcilePool()
 	pacing.mu.Lock()
-	pending := len(pacing.due)
+	pending := len(pacing.since)
 	pacing.mu.Unlock()
 	if pending != 0 {
 		t.Errorf("%d pools with a status change pending after it was written", pending)
