@@ -71,21 +71,7 @@ func (a *Agent) reportEgress(ctx context.Context, p *kaironv1.MachineNetworkPoli
 		return nil
 	}
 	key := client.ObjectKeyFromObject(p)
-	err := a.applyEgressEntry(ctx, p, want, none)
-	for range 2 {
-		if !apierrors.IsForbidden(err) {
-			break
-		}
-		// Most likely the count: this agent's view of the other nodes'
-		// entries was behind, and the confinement policy takes only
-		// their true sum. Read them as they are.
-		fresh := &kaironv1.MachineNetworkPolicy{}
-		if err = a.mgr.GetAPIReader().Get(ctx, key, fresh); err != nil {
-			break
-		}
-		err = a.applyEgressEntry(ctx, fresh, want, none)
-	}
-	if err != nil {
+	if err := writeEgressEntry(ctx, a.client, a.mgr.GetAPIReader(), p, want, none); err != nil {
 		a.egressReported.forget(key)
 		return client.IgnoreNotFound(err)
 	}
@@ -93,14 +79,33 @@ func (a *Agent) reportEgress(ctx context.Context, p *kaironv1.MachineNetworkPoli
 	return nil
 }
 
-// applyEgressEntry writes want as this node's entry (none: removes it),
-// and with it status.machines, the number of Machines all entries list,
-// counting the other nodes' entries as p shows them: for the usual policy,
-// which only this node reports on, the count needs no second write.
-func (a *Agent) applyEgressEntry(ctx context.Context, p *kaironv1.MachineNetworkPolicy, want kaironv1.PolicyEnforcement, none bool) error {
+// writeEgressEntry writes want as its node's entry of p's status.nodes
+// (none: removes it) by server-side apply, and with it status.machines,
+// the number of Machines all entries list, counting the other nodes'
+// entries as p shows them: for the usual policy, which only this node
+// reports on, the count needs no second write. A refusal (403) is most
+// likely that count, from a view of the other entries that was behind
+// (the confinement policy takes only their true sum): the policy is read
+// live and the write made again, twice at most.
+func writeEgressEntry(ctx context.Context, c client.Client, live client.Reader, p *kaironv1.MachineNetworkPolicy, want kaironv1.PolicyEnforcement, none bool) error {
+	err := applyEgressEntry(ctx, c, p, want, none)
+	for range 2 {
+		if !apierrors.IsForbidden(err) {
+			break
+		}
+		fresh := &kaironv1.MachineNetworkPolicy{}
+		if err = live.Get(ctx, client.ObjectKeyFromObject(p), fresh); err != nil {
+			break
+		}
+		err = applyEgressEntry(ctx, c, fresh, want, none)
+	}
+	return err
+}
+
+func applyEgressEntry(ctx context.Context, c client.Client, p *kaironv1.MachineNetworkPolicy, want kaironv1.PolicyEnforcement, none bool) error {
 	count := 0
 	for _, n := range p.Status.Nodes {
-		if n.Node != a.opts.NodeName {
+		if n.Node != want.Node {
 			count += len(n.Machines)
 		}
 	}
@@ -121,8 +126,8 @@ func (a *Agent) applyEgressEntry(ctx context.Context, p *kaironv1.MachineNetwork
 	if err != nil {
 		return err
 	}
-	return a.client.Status().Patch(ctx, p.DeepCopy(), client.RawPatch(types.ApplyPatchType, body),
-		client.FieldOwner("kairon-node/"+a.opts.NodeName), client.ForceOwnership)
+	return c.Status().Patch(ctx, p.DeepCopy(), client.RawPatch(types.ApplyPatchType, body),
+		client.FieldOwner("kairon-node/"+want.Node), client.ForceOwnership)
 }
 
 func sameEnforcement(a, b kaironv1.PolicyEnforcement) bool {
