@@ -240,7 +240,9 @@ func (a *Agent) policiesSelecting(ctx context.Context, m *kaironv1.Machine) ([]*
 	var out []*kaironv1.MachineNetworkPolicy
 	for _, value := range []string{m.Name, selectorPolicies} {
 		var list kaironv1.MachineNetworkPolicyList
-		if err := a.client.List(ctx, &list, client.InNamespace(m.Namespace), client.MatchingFields{egressPolicyMachineIndex: value}); err != nil {
+		// Read only (compiled, never written): no copies on the path of
+		// every Machine event.
+		if err := a.client.List(ctx, &list, client.InNamespace(m.Namespace), client.MatchingFields{egressPolicyMachineIndex: value}, client.UnsafeDisableDeepCopy); err != nil {
 			return nil, fmt.Errorf("reading the Machine's egress policies: %w", err)
 		}
 		for i := range list.Items {
@@ -280,11 +282,10 @@ func (a *Agent) machinesOf(ctx context.Context, p *kaironv1.MachineNetworkPolicy
 		log.FromContext(ctx).Error(err, "listing the Machines a policy selects", "policy", client.ObjectKeyFromObject(p).String())
 		return nil
 	}
-	out := make([]*kaironv1.Machine, 0, len(list.Items))
+	// The list is already what p selects: same namespace, same selector.
+	out := make([]*kaironv1.Machine, len(list.Items))
 	for i := range list.Items {
-		if m := &list.Items[i]; selects(p, m) {
-			out = append(out, m)
-		}
+		out[i] = &list.Items[i]
 	}
 	return out
 }
