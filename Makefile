@@ -57,7 +57,8 @@ up: deps tools guest build ## Run a whole single-host Kairon with state in $(DAT
 
 test: deps tools guest build ## Install, build and run every test, with the race detector.
 	$(GO) vet ./...
-	KAIRON_BIN_DIR=$(BIN) $(GO) test $(TEST_FLAGS) $(TEST_FIRST) ./...
+	set -o pipefail; KAIRON_BIN_DIR=$(BIN) $(GO) test $(TEST_FLAGS) $(TEST_FIRST) ./... 2>&1 | tee $(BIN)/test-output.log || \
+		{ hack/test-failures.sh $(BIN)/test-output.log; exit 1; }
 
 # The race detector needs cgo; test-unit runs without it where no C compiler is.
 UNIT_RACE := $(shell command -v gcc >/dev/null 2>&1 && echo -race)
