@@ -166,10 +166,9 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	setSnapshotStatus(&desired.Status, snap, snapCond)
 	// The pool's status is this controller's alone: all of it is written,
 	// a moment after it changed (pool_status_pacing.go).
-	statusIn := time.Duration(0)
-	if equality.Semantic.DeepEqual(pool.Status, desired.Status) {
-		r.statusPacing().settled(pool.UID)
-	} else if statusIn = r.statusPacing().wait(pool.UID); statusIn == 0 {
+	changed := !equality.Semantic.DeepEqual(pool.Status, desired.Status)
+	statusIn := r.statusPacing().wait(pool.UID, changed, syncErr != nil || snapErr != nil)
+	if changed && statusIn == 0 {
 		if err := patch.Status(ctx, r.Client, &pool, desired, patch.WholeStatus(), patch.IgnoreNotFound()); err != nil {
 			return reconcile.Result{}, errors.Join(syncErr, err)
 		}

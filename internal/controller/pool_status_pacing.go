@@ -23,9 +23,19 @@ func newStatusPacing() *statusPacing {
 	return &statusPacing{newUIDStamps()}
 }
 
-// wait is how long pool's changed status waits before it is written: 0
-// once due. The first call for a change starts the delay.
-func (p *statusPacing) wait(pool types.UID) time.Duration {
+// wait is how long pool's status waits before it is written: 0 once due.
+// The first call for a change starts the delay; an unchanged status
+// settles. A pass that fails writes its status at once: it runs again on
+// the error backoff's schedule, which may be minutes away, not on the
+// delay's.
+func (p *statusPacing) wait(pool types.UID, changed, failing bool) time.Duration {
+	switch {
+	case !changed:
+		p.settled(pool)
+		return 0
+	case failing:
+		return 0
+	}
 	return max(0, poolStatusDelay-p.elapsed(pool))
 }
 

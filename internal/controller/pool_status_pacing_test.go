@@ -2,10 +2,14 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
@@ -76,5 +80,39 @@ func TestPoolStatusIsWrittenAMomentAfterItChanges(t *testing.T) {
 	pacing.mu.Unlock()
 	if pending != 0 {
 		t.Errorf("%d pools with a status change pending after it was written", pending)
+	}
+}
+
+// A pass that fails (here: its refill cannot create Machines) writes its
+// status at once. Its next pass comes on the error backoff's schedule, so
+// a status left pending would wait for that, however long.
+func TestPoolStatusOfAFailingPassIsWrittenAtOnce(t *testing.T) {
+	f := newHoldFixture(t, 2, true)
+	pacing := newStatusPacing()
+	pacing.now = func() time.Time { return f.now }
+	f.r.statusWrites = pacing
+	ctx := context.Background()
+	if err := f.c.Delete(ctx, f.claim); err != nil {
+		t.Fatal(err)
+	}
+	f.r.Client = interceptor.NewClient(f.c.(client.WithWatch), interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if _, ok := obj.(*kaironv1.Machine); ok {
+				return errors.New("the API server is away")
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+	})
+
+	_, err := f.r.Reconcile(ctx, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "team", Name: "agents"}})
+	if err == nil {
+		t.Fatal("the refill's creates failed, yet the pass did not")
+	}
+	p := &kaironv1.MachinePool{}
+	if err := f.c.Get(ctx, types.NamespacedName{Namespace: "team", Name: "agents"}, p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Status.Claimed != 1 || p.Status.ObservedGeneration != p.Generation {
+		t.Errorf("status after the failing pass: %+v, want it written (1 claimed, generation %d observed)", p.Status, p.Generation)
 	}
 }
