@@ -18,6 +18,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // ClaimEgressEnforcedReconciler writes a bound claim's EgressEnforced
@@ -44,7 +45,7 @@ func (r *ClaimEgressEnforcedReconciler) SetupWithManager(mgr manager.Manager) er
 		Watches(&kaironv1.MachineNetworkPolicy{}, handler.EnqueueRequestsFromMapFunc(claimOfPolicy)).
 		// The Machine's node decides whose report counts (a migration).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(claimOfMachine)).
-		Complete(r)
+		Complete(requeue.AtNormalPriority(r))
 }
 
 // EgressEnforcement tells whether policy is in force for machine: the

@@ -29,6 +29,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -84,7 +85,7 @@ func (r *FenceReconciler) SetupWithManager(mgr manager.Manager) error {
 			}
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: m.Spec.NodeName}}}
 		})).
-		Complete(r)
+		Complete(requeue.AtNormalPriority(r))
 }
 
 // fenceChanged passes a node's arrival and departure and the fence taint

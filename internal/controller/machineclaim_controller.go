@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // adoptGrace is how long a Pending claim with a Machine already labelled
@@ -66,7 +67,7 @@ func (r *MachineClaimReconciler) SetupWithManager(mgr manager.Manager) error {
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(claimOfMachine),
 			builder.WithPredicates(poolMemberChanged())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
-		Complete(r)
+		Complete(requeue.AtNormalPriority(r))
 }
 
 // claimOfMachine maps a claimed Machine to its claim.

@@ -25,6 +25,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -65,7 +66,7 @@ func (r *MachineDisruptionBudgetReconciler) SetupWithManager(mgr manager.Manager
 		WithLogConstructor(func(*reconcile.Request) logr.Logger {
 			return mgr.GetLogger().WithValues("controller", "machinedisruptionbudget")
 		}).
-		Complete(r)
+		Complete(requeue.AtNormalPriority(r))
 }
 
 // machineBudgetHealthChanged passes Machine events that can change a

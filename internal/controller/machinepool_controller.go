@@ -34,6 +34,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -73,7 +74,7 @@ func (r *MachinePoolReconciler) SetupWithManager(mgr manager.Manager) error {
 		For(&kaironv1.MachinePool{}).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(poolOfMachine),
 			builder.WithPredicates(poolMemberChanged())).
-		Complete(r)
+		Complete(requeue.AtNormalPriority(r))
 }
 
 // poolOfMachine maps a member, warm or claimed, to its pool. Claimed members

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // MigrationEndpointReconciler owns the Node annotation
@@ -38,7 +39,7 @@ func (r *MigrationEndpointReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			_, endpoint := o.GetAnnotations()[kaironv1.AnnotationNodeMigrationEndpoint]
 			return port || endpoint
 		}))).
-		Complete(r)
+		Complete(requeue.AtNormalPriority(r))
 }
 
 // Reconcile writes, corrects or removes one Node's migration endpoint.

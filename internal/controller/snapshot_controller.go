@@ -20,6 +20,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // MachineSnapshotReconciler hands each Pending MachineSnapshot to the node
@@ -44,7 +45,7 @@ func (r *MachineSnapshotReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// snapshots are handed (again).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.snapshotsOfMachine),
 			builder.WithPredicates(machinePlacementChanged())).
-		Complete(r)
+		Complete(requeue.AtNormalPriority(r))
 }
 
 // snapshotsOfMachine are the requests for the snapshots of a Machine.

@@ -29,6 +29,7 @@ import (
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/node/network"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -48,7 +49,7 @@ func (a *Agent) setupMachineController() error {
 		WithOptions(controller.Options{SkipNameValidation: ptr.To(true)}).
 		For(&kaironv1.Machine{}).
 		WatchesRawSource(source.Channel(a.instanceEvents, &handler.TypedEnqueueRequestForObject[*kaironv1.Machine]{})).
-		Complete(a)
+		Complete(requeue.AtNormalPriority(a))
 }
 
 // Reconcile makes the VM of one Machine match its spec and reports what runs.
