@@ -19,6 +19,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/controller"
+	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -91,6 +92,7 @@ func run() error {
 		// lease back at once lets a standby take over without waiting for
 		// it to expire.
 		LeaderElectionReleaseOnCancel: true,
+		Controller:                    requeue.ControllerConfig(),
 	}
 	if *webhookOn {
 		mgrOpts.WebhookServer = webhook.NewServer(webhook.Options{Port: *webhookPort, CertDir: *webhookCertDir})

@@ -26,7 +26,6 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -139,7 +138,7 @@ func (r *CapacityBookingReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&kaironv1.Machine{}, builder.WithPredicates(machinePlacementChanged())).
 		Owns(&corev1.Pod{}).
 		Watches(&kaironv1.MachineMigration{}, migrationToMachine).
-		Complete(requeue.AtNormalPriority(r))
+		Complete(r)
 }
 
 func bookingMachineName(o client.Object) []string {

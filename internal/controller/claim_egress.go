@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
-	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // claimEgressPrefix starts the name of every claim's egress policy.
@@ -150,7 +149,7 @@ func (r *PolicyMachinesReconciler) SetupWithManager(mgr manager.Manager) error {
 	return builder.ControllerManagedBy(mgr).
 		Named("machinenetworkpolicy-machines").
 		For(&kaironv1.MachineNetworkPolicy{}).
-		Complete(requeue.AtNormalPriority(r))
+		Complete(r)
 }
 
 func (r *PolicyMachinesReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {

@@ -18,7 +18,6 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // ClaimEgressEnforcedReconciler writes a bound claim's EgressEnforced
@@ -45,7 +44,7 @@ func (r *ClaimEgressEnforcedReconciler) SetupWithManager(mgr manager.Manager) er
 		Watches(&kaironv1.MachineNetworkPolicy{}, handler.EnqueueRequestsFromMapFunc(claimOfPolicy)).
 		// The Machine's node decides whose report counts (a migration).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(claimOfMachine)).
-		Complete(requeue.AtNormalPriority(r))
+		Complete(r)
 }
 
 // EgressEnforcement tells whether policy is in force for machine: the

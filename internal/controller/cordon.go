@@ -25,7 +25,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
-	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -132,7 +131,7 @@ func (r *CordonEvacuationReconciler) SetupWithManager(mgr manager.Manager) error
 		WithLogConstructor(func(*reconcile.Request) logr.Logger {
 			return mgr.GetLogger().WithValues("controller", "cordonevacuation")
 		}).
-		Complete(requeue.AtNormalPriority(r))
+		Complete(r)
 }
 
 // nodeCordonChanged passes Kairon nodes that are created cordoned or whose

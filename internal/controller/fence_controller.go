@@ -29,7 +29,6 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -85,7 +84,7 @@ func (r *FenceReconciler) SetupWithManager(mgr manager.Manager) error {
 			}
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: m.Spec.NodeName}}}
 		})).
-		Complete(requeue.AtNormalPriority(r))
+		Complete(r)
 }
 
 // fenceChanged passes a node's arrival and departure and the fence taint

@@ -23,6 +23,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules/rulestest"
 	"github.com/zyvor/kairon/internal/testenv"
 )
@@ -63,7 +64,7 @@ func startControllers(t testing.TB, env *testenv.Env, ns string, opts Options, c
 		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
 		// Every test starts its own manager in this process, with the
 		// same controller names.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		Controller: testControllerConfig(),
 	}
 	for _, f := range customize {
 		f(&mgrOpts)
@@ -244,4 +245,12 @@ func fmtJSON(v any) string {
 		return fmt.Sprintf("%+v", v)
 	}
 	return string(b)
+}
+
+// testControllerConfig is kairon-controller's controller configuration,
+// with the names of controllers free to repeat in one process.
+func testControllerConfig() config.Controller {
+	c := requeue.ControllerConfig()
+	c.SkipNameValidation = ptr.To(true)
+	return c
 }

@@ -34,7 +34,6 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -170,7 +169,7 @@ func (b *MachineClaimBinder) SetupWithManager(mgr manager.Manager) error {
 		// Passes over different pools are independent; the workqueue never
 		// runs two over the same pool at once.
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
-		Complete(requeue.AtNormalPriority(b))
+		Complete(b)
 }
 
 func pendingClaimPool(o client.Object) []string {

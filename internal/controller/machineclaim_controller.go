@@ -25,7 +25,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
-	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // adoptGrace is how long a Pending claim with a Machine already labelled
@@ -67,7 +66,7 @@ func (r *MachineClaimReconciler) SetupWithManager(mgr manager.Manager) error {
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(claimOfMachine),
 			builder.WithPredicates(poolMemberChanged())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
-		Complete(requeue.AtNormalPriority(r))
+		Complete(r)
 }
 
 // claimOfMachine maps a claimed Machine to its claim.

@@ -25,7 +25,6 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -66,7 +65,7 @@ func (r *MachineDisruptionBudgetReconciler) SetupWithManager(mgr manager.Manager
 		WithLogConstructor(func(*reconcile.Request) logr.Logger {
 			return mgr.GetLogger().WithValues("controller", "machinedisruptionbudget")
 		}).
-		Complete(requeue.AtNormalPriority(r))
+		Complete(r)
 }
 
 // machineBudgetHealthChanged passes Machine events that can change a

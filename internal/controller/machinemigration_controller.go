@@ -23,7 +23,6 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -72,7 +71,7 @@ func (r *MachineMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.migrationsOf)).
 		// A migration that ends (or is deleted) frees a parallel slot.
 		Watches(&kaironv1.MachineMigration{}, handler.EnqueueRequestsFromMapFunc(r.waitingForSlot)).
-		Complete(requeue.AtNormalPriority(r))
+		Complete(r)
 }
 
 // waitingForSlot maps any migration to the Pending ones that wait for a

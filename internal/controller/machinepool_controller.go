@@ -34,7 +34,6 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -74,7 +73,7 @@ func (r *MachinePoolReconciler) SetupWithManager(mgr manager.Manager) error {
 		For(&kaironv1.MachinePool{}).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(poolOfMachine),
 			builder.WithPredicates(poolMemberChanged())).
-		Complete(requeue.AtNormalPriority(r))
+		Complete(r)
 }
 
 // poolOfMachine maps a member, warm or claimed, to its pool. Claimed members

@@ -17,7 +17,6 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -33,7 +32,7 @@ func (r *MachineQuotaReconciler) SetupWithManager(mgr manager.Manager) error {
 	return builder.ControllerManagedBy(mgr).
 		For(&kaironv1.MachineQuota{}).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.quotasOfMachine), builder.WithPredicates(machinePlacementChanged())).
-		Complete(requeue.AtNormalPriority(r))
+		Complete(r)
 }
 
 func (r *MachineQuotaReconciler) quotasOfMachine(ctx context.Context, o client.Object) []reconcile.Request {

@@ -26,7 +26,6 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 )
 
 var machineSetKind = kaironv1.GroupVersion.WithKind("MachineSet")
@@ -52,7 +51,7 @@ func (r *MachineSetReconciler) SetupWithManager(mgr manager.Manager) error {
 	return builder.ControllerManagedBy(mgr).
 		For(&kaironv1.MachineSet{}).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineSetsOfMachine)).
-		Complete(requeue.AtNormalPriority(r))
+		Complete(r)
 }
 
 // machineSetsOfMachine maps a Machine to its controlling MachineSet or, for

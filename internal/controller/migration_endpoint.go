@@ -13,7 +13,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
-	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // MigrationEndpointReconciler owns the Node annotation
@@ -39,7 +38,7 @@ func (r *MigrationEndpointReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			_, endpoint := o.GetAnnotations()[kaironv1.AnnotationNodeMigrationEndpoint]
 			return port || endpoint
 		}))).
-		Complete(requeue.AtNormalPriority(r))
+		Complete(r)
 }
 
 // Reconcile writes, corrects or removes one Node's migration endpoint.

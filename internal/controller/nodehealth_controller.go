@@ -25,7 +25,6 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -86,7 +85,7 @@ func (r *NodeHealthReconciler) SetupWithManager(mgr manager.Manager) error {
 	return builder.ControllerManagedBy(mgr).
 		Named("nodehealth").
 		For(&corev1.Node{}, builder.WithPredicates(nodeHealthChanged())).
-		Complete(requeue.AtNormalPriority(r))
+		Complete(r)
 }
 
 // nodeHealthChanged passes a Kairon node's arrival and departure and

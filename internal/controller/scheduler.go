@@ -30,7 +30,6 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -88,7 +87,7 @@ func (r *SchedulerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		WithLogConstructor(func(*reconcile.Request) logr.Logger {
 			return mgr.GetLogger().WithValues("controller", "scheduler")
 		}).
-		Complete(requeue.AtNormalPriority(r))
+		Complete(r)
 }
 
 // machinePlacementChanged passes the Machine events that can change where

@@ -20,7 +20,6 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // MachineSnapshotReconciler hands each Pending MachineSnapshot to the node
@@ -45,7 +44,7 @@ func (r *MachineSnapshotReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// snapshots are handed (again).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.snapshotsOfMachine),
 			builder.WithPredicates(machinePlacementChanged())).
-		Complete(requeue.AtNormalPriority(r))
+		Complete(r)
 }
 
 // snapshotsOfMachine are the requests for the snapshots of a Machine.

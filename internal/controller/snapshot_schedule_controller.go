@@ -23,7 +23,6 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -66,7 +65,7 @@ func (r *SnapshotScheduleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// Machines coming and going change the count of matching ones.
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.schedulesOfNamespace),
 			builder.WithPredicates(machinePlacementChanged())).
-		Complete(requeue.AtNormalPriority(r))
+		Complete(r)
 }
 
 // schedulesOfNamespace are the requests for every schedule in o's namespace.

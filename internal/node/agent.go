@@ -25,6 +25,7 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/node/egress"
 	"github.com/zyvor/kairon/internal/node/network"
+	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // Agent is one running kairon-node.
@@ -176,6 +177,7 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: metricsAddress(opts.MetricsAddress)},
 		HealthProbeBindAddress: healthProbeAddress(opts.HealthProbeAddress),
+		Controller:             requeue.ControllerConfig(),
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			// The CRD declares spec.nodeName selectable, so each agent watches
 			// only its own Machines however large the cluster is.

@@ -26,7 +26,6 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/node/network"
-	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -152,7 +151,7 @@ func (a *Agent) setupCrossNodeController(cfg *rest.Config, scheme *runtime.Schem
 			handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, *corev1.Node) []reconcile.Request { return []reconcile.Request{everything} }))).
 		WatchesRawSource(source.Kind(machines, &kaironv1.Machine{},
 			handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, *kaironv1.Machine) []reconcile.Request { return []reconcile.Request{everything} }))).
-		Complete(requeue.AtNormalPriority(reconcile.Func(a.syncCrossNode)))
+		Complete(reconcile.Func(a.syncCrossNode))
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -88,13 +87,11 @@ func (a *Agent) setupEgressController() error {
 		MaxConcurrentReconciles: egressWorkers,
 		Reconciler:              reconcile.TypedFunc[egressKey](a.reconcileEgress),
 		NewQueue: func(name string, limiter workqueue.TypedRateLimiter[egressKey]) workqueue.TypedRateLimitingInterface[egressKey] {
-			// controller-runtime's default queue, kept for the
+			// In arrival order, as every queue of the agent's
+			// (requeue.ControllerConfig says why); kept for the
 			// reconciles that queue the entries of the policies they
 			// touched.
-			var q workqueue.TypedRateLimitingInterface[egressKey] = priorityqueue.New(name, func(o *priorityqueue.Opts[egressKey]) {
-				o.Log = a.mgr.GetLogger().WithValues("controller", name)
-				o.RateLimiter = limiter
-			})
+			q := workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[egressKey]{Name: name})
 			a.egressQueue.Store(&q)
 			return q
 		},

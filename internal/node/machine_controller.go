@@ -29,7 +29,6 @@ import (
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/node/network"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -49,7 +48,7 @@ func (a *Agent) setupMachineController() error {
 		WithOptions(controller.Options{SkipNameValidation: ptr.To(true)}).
 		For(&kaironv1.Machine{}).
 		WatchesRawSource(source.Channel(a.instanceEvents, &handler.TypedEnqueueRequestForObject[*kaironv1.Machine]{})).
-		Complete(requeue.AtNormalPriority(a))
+		Complete(a)
 }
 
 // Reconcile makes the VM of one Machine match its spec and reports what runs.

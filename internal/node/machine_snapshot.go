@@ -29,7 +29,6 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // MachineSnapshots, the node agent's part (docs/guides/snapshots.md).
@@ -102,7 +101,7 @@ func (a *Agent) setupSnapshotController() error {
 		// A save blocks its reconcile; snapshots of other VMs go on.
 		WithOptions(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 2}).
 		For(&kaironv1.MachineSnapshot{}).
-		Complete(requeue.AtNormalPriority(reconcile.Func(a.reconcileSnapshot)))
+		Complete(reconcile.Func(a.reconcileSnapshot))
 }
 
 // reconcileSnapshot takes a Pending snapshot handed to this node.

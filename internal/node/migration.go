@@ -24,7 +24,6 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // Cold migration, the node agents' part. kairon-controller picks the target
@@ -66,7 +65,7 @@ func (a *Agent) setupMigrationController() error {
 		// A migration's reconcile blocks while the guest moves; others go on.
 		WithOptions(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 4}).
 		For(&kaironv1.MachineMigration{}).
-		Complete(requeue.AtNormalPriority(reconcile.Func(a.reconcileMigration)))
+		Complete(reconcile.Func(a.reconcileMigration))
 }
 
 // migrationStatePath is where the source keeps a migration's saved state.
