@@ -53,6 +53,13 @@ type crossNode struct {
 	// nodeOf is the node of every scheduled Machine (by instance ID) at
 	// the last sync: a Machine here now that was elsewhere then arrived.
 	nodeOf map[string]string
+
+	// applying is held by a sync and by the teardown at stop: the manager
+	// stops both at once, and a sync still running while the routes were
+	// removed would put one back on a node its agent has left. stopped:
+	// the agent stops, and no sync changes anything any more.
+	applying sync.Mutex
+	stopped  bool
 }
 
 // confirmed tells whether node really holds the subnet its annotation
@@ -251,6 +258,11 @@ func arrivals(node string, last map[string]string, machines []kaironv1.Machine, 
 
 // syncCrossNode applies the current view.
 func (a *Agent) syncCrossNode(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	a.crossNode.applying.Lock()
+	defer a.crossNode.applying.Unlock()
+	if a.crossNode.stopped {
+		return reconcile.Result{}, nil
+	}
 	var nodes corev1.NodeList
 	if err := a.client.List(ctx, &nodes); err != nil {
 		return reconcile.Result{}, err
@@ -285,6 +297,9 @@ func (a *Agent) syncCrossNode(ctx context.Context, _ reconcile.Request) (reconci
 // the other nodes until the next agent takes over, as they keep their taps.
 func (a *Agent) removeCrossNodeRoutesAtStop(ctx context.Context) error {
 	<-ctx.Done()
+	a.crossNode.applying.Lock()
+	defer a.crossNode.applying.Unlock()
+	a.crossNode.stopped = true
 	r := a.crossNode.routes
 	if r == nil {
 		return nil

@@ -1,12 +1,14 @@
 package node
 
 import (
+	"context"
 	"net/netip"
 	"reflect"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/node/network"
@@ -123,5 +125,21 @@ func TestArrivalsAreAnnouncedTheirFormerNeighbours(t *testing.T) {
 	// Elsewhere, no arrival is this node's business.
 	if addrs, _ := arrivals("c", last, after, cluster); len(addrs) != 0 {
 		t.Errorf("on c: announced %v for a Machine that arrived on a", addrs)
+	}
+}
+
+// Once the teardown at stop has run, a sync still queued (the manager
+// stops the controller and the teardown at once) changes nothing: this
+// agent has no client and no routes, so a sync that went on would panic.
+func TestCrossNodeSyncAfterTheStopChangesNothing(t *testing.T) {
+	a := &Agent{crossNode: &crossNode{}}
+	stopped, stop := context.WithCancel(context.Background())
+	stop()
+	if err := a.removeCrossNodeRoutesAtStop(stopped); err != nil {
+		t.Fatal(err)
+	}
+	res, err := a.syncCrossNode(context.Background(), reconcile.Request{})
+	if err != nil || res.RequeueAfter != 0 {
+		t.Errorf("sync after the stop: %+v, %v; want nothing done and no requeue", res, err)
 	}
 }
