@@ -300,14 +300,46 @@ func (cb *claimBench) pool(name string, replicas int, wait bool) {
 
 func (cb *claimBench) waitWarm(name string, replicas int, limit time.Duration) {
 	cb.t.Helper()
+	ctx := context.Background()
 	p := &kaironv1.MachinePool{}
 	testenv.Eventually(cb.t, limit, fmt.Sprintf("pool %s: %d Running warm members", name, replicas), func() (bool, string) {
-		if err := cb.c.Get(context.Background(), client.ObjectKey{Namespace: cb.ns, Name: name}, p); err != nil {
+		if err := cb.c.Get(ctx, client.ObjectKey{Namespace: cb.ns, Name: name}, p); err != nil {
 			return false, err.Error()
 		}
-		return p.Status.ReadyWarm == int32(replicas) && p.Status.Warm == int32(replicas),
-			fmt.Sprintf("warm %d, readyWarm %d, claimed %d", p.Status.Warm, p.Status.ReadyWarm, p.Status.Claimed)
+		// The pool's status alone is not enough: it is written a quarter
+		// second after a change (pool_status_pacing.go), so right after a
+		// bind it still shows the member just taken as warm and ready, and
+		// a claim made then would wait for the replacement's boot. The
+		// members themselves say when the pool is warm again.
+		ready, warming, err := cb.warmMembers(ctx, p)
+		if err != nil {
+			return false, err.Error()
+		}
+		return ready == replicas && warming == 0 && p.Status.ReadyWarm == int32(replicas) && p.Status.Warm == int32(replicas),
+			fmt.Sprintf("members: %d ready, %d warming; status: warm %d, readyWarm %d, claimed %d",
+				ready, warming, p.Status.Warm, p.Status.ReadyWarm, p.Status.Claimed)
 	})
+}
+
+// warmMembers counts pool's warm members as the API server has them: those
+// a claim can be bound to now, and those still on their way.
+func (cb *claimBench) warmMembers(ctx context.Context, pool *kaironv1.MachinePool) (ready, warming int, err error) {
+	var ms kaironv1.MachineList
+	if err := cb.c.List(ctx, &ms, client.InNamespace(cb.ns), client.MatchingLabels{
+		kaironv1.LabelMachinePool: pool.Name, kaironv1.LabelPoolState: kaironv1.PoolStateWarm,
+	}); err != nil {
+		return 0, 0, err
+	}
+	for i := range ms.Items {
+		switch m := &ms.Items[i]; {
+		case m.DeletionTimestamp != nil:
+		case rules.WarmMemberReady(pool, m):
+			ready++
+		default:
+			warming++
+		}
+	}
+	return ready, warming, nil
 }
 
 // clearOut deletes every claim (their Machines go with them) and pool and
