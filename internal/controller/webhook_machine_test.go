@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
@@ -211,13 +212,22 @@ func TestMachineWebhookCannotBeBypassed(t *testing.T) {
 
 	// Stop "placed": once its agent reports it Stopped it is not charged,
 	// and the room it left is taken by another Machine.
-	placed := getMachine(t, env, ns, "placed")
-	placed.Spec.PowerState = kaironv1.PowerStateStopped
-	if err := env.Client.Update(ctx, placed); err != nil {
+	// The controllers write to a Machine placed by hand too (its
+	// conditions, their finalizers): each write is retried on a conflict.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		placed := getMachine(t, env, ns, "placed")
+		placed.Spec.PowerState = kaironv1.PowerStateStopped
+		return env.Client.Update(ctx, placed)
+	})
+	if err != nil {
 		t.Fatalf("stopping placed: %v", err)
 	}
-	placed.Status.Phase = kaironv1.MachineStopped
-	if err := env.Client.Status().Update(ctx, placed); err != nil {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		placed := getMachine(t, env, ns, "placed")
+		placed.Status.Phase = kaironv1.MachineStopped
+		return env.Client.Status().Update(ctx, placed)
+	})
+	if err != nil {
 		t.Fatalf("reporting placed Stopped: %v", err)
 	}
 	if err := env.Client.Create(ctx, byHand("filler", 2)); err != nil {
@@ -226,9 +236,11 @@ func TestMachineWebhookCannotBeBypassed(t *testing.T) {
 
 	// Starting it again is admitting it again, and the quota is full.
 	start := func() error {
-		m := getMachine(t, env, ns, "placed")
-		m.Spec.PowerState = kaironv1.PowerStateRunning
-		return env.Client.Update(ctx, m)
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			m := getMachine(t, env, ns, "placed")
+			m.Spec.PowerState = kaironv1.PowerStateRunning
+			return env.Client.Update(ctx, m)
+		})
 	}
 	err = start()
 	want = `exceeds MachineQuota "team": machines 2/2 used, cpu 4/4 used (needs 2)`
@@ -250,9 +262,12 @@ func TestMachineWebhookCannotBeBypassed(t *testing.T) {
 		}
 		return true, ""
 	})
-	second := getMachine(t, env, ns, "second")
-	second.Labels = map[string]string{"touched": "yes"}
-	if err := env.Client.Update(ctx, second); err != nil {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		second := getMachine(t, env, ns, "second")
+		second.Labels = map[string]string{"touched": "yes"}
+		return env.Client.Update(ctx, second)
+	})
+	if err != nil {
 		t.Errorf("relabeling a running Machine with the quota full: %v", err)
 	}
 }
