@@ -21,11 +21,13 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -134,6 +136,7 @@ func (r *CapacityBookingReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: mig.Namespace, Name: mig.Spec.MachineName}}}
 	})
 	return builder.ControllerManagedBy(mgr).
+		WithOptions(requeue.Options(controller.Options{})).
 		Named("capacity-booking").
 		For(&kaironv1.Machine{}, builder.WithPredicates(machinePlacementChanged())).
 		Owns(&corev1.Pod{}).

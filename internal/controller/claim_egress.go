@@ -12,10 +12,12 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // claimEgressPrefix starts the name of every claim's egress policy.
@@ -147,6 +149,7 @@ type PolicyMachinesReconciler struct {
 // SetupWithManager registers the reconciler with mgr.
 func (r *PolicyMachinesReconciler) SetupWithManager(mgr manager.Manager) error {
 	return builder.ControllerManagedBy(mgr).
+		WithOptions(requeue.Options(controller.Options{})).
 		Named("machinenetworkpolicy-machines").
 		For(&kaironv1.MachineNetworkPolicy{}).
 		Complete(r)

@@ -12,12 +12,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // ClaimEgressEnforcedReconciler writes a bound claim's EgressEnforced
@@ -39,6 +41,7 @@ func (r *ClaimEgressEnforcedReconciler) SetupWithManager(mgr manager.Manager) er
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
 	}
 	return builder.ControllerManagedBy(mgr).
+		WithOptions(requeue.Options(controller.Options{})).
 		Named("machineclaim-egress-enforced").
 		For(&kaironv1.MachineClaim{}).
 		Watches(&kaironv1.MachineNetworkPolicy{}, handler.EnqueueRequestsFromMapFunc(claimOfPolicy)).

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -127,7 +128,7 @@ func (r *CordonEvacuationReconciler) SetupWithManager(mgr manager.Manager) error
 		// for the retry interval or the tick anyway.
 		Watches(&kaironv1.MachineMigration{}, enqueuePass, builder.WithPredicates(migrationPhaseChanged())).
 		Watches(&kaironv1.MachineDisruptionBudget{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		WithOptions(requeue.Options(controller.Options{MaxConcurrentReconciles: 1})).
 		WithLogConstructor(func(*reconcile.Request) logr.Logger {
 			return mgr.GetLogger().WithValues("controller", "cordonevacuation")
 		}).

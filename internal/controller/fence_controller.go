@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -29,6 +30,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -73,6 +75,7 @@ func (r *FenceReconciler) SetupWithManager(mgr manager.Manager) error {
 	r.left = map[types.UID]bool{}
 	r.restores = map[types.NamespacedName]*pendingRestore{}
 	return builder.ControllerManagedBy(mgr).
+		WithOptions(requeue.Options(controller.Options{})).
 		Named("fence").
 		For(&corev1.Node{}, builder.WithPredicates(fenceChanged())).
 		// A Machine arriving on, or changing on, a fenced node (a restore

@@ -34,6 +34,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -168,7 +169,7 @@ func (b *MachineClaimBinder) SetupWithManager(mgr manager.Manager) error {
 		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		// Passes over different pools are independent; the workqueue never
 		// runs two over the same pool at once.
-		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		WithOptions(requeue.Options(controller.Options{MaxConcurrentReconciles: 4})).
 		Complete(b)
 }
 

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // adoptGrace is how long a Pending claim with a Machine already labelled
@@ -65,7 +66,7 @@ func (r *MachineClaimReconciler) SetupWithManager(mgr manager.Manager) error {
 		Owns(&kaironv1.MachineNetworkPolicy{}).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(claimOfMachine),
 			builder.WithPredicates(poolMemberChanged())).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		WithOptions(requeue.Options(controller.Options{MaxConcurrentReconciles: 4})).
 		Complete(r)
 }
 

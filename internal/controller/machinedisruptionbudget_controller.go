@@ -25,6 +25,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -60,7 +61,7 @@ func (r *MachineDisruptionBudgetReconciler) SetupWithManager(mgr manager.Manager
 		Watches(&kaironv1.MachineDisruptionBudget{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&kaironv1.Machine{}, enqueuePass, builder.WithPredicates(machineBudgetHealthChanged())).
 		Watches(&kaironv1.MachineMigration{}, enqueuePass, builder.WithPredicates(migrationPhaseChanged())).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		WithOptions(requeue.Options(controller.Options{MaxConcurrentReconciles: 1})).
 		// The request names no object, so leave it out of every log line.
 		WithLogConstructor(func(*reconcile.Request) logr.Logger {
 			return mgr.GetLogger().WithValues("controller", "machinedisruptionbudget")

@@ -18,11 +18,13 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -65,6 +67,7 @@ func (r *MachineMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	r.ended.since = time.Now()
 	return builder.ControllerManagedBy(mgr).
+		WithOptions(requeue.Options(controller.Options{})).
 		Named("machinemigration").
 		For(&kaironv1.MachineMigration{}).
 		// The Machine moving or becoming Running ends a migration.

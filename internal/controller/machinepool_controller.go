@@ -25,6 +25,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -34,6 +35,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -70,6 +72,7 @@ func (r *MachinePoolReconciler) SetupWithManager(mgr manager.Manager) error {
 		r.statusWrites = newStatusPacing()
 	}
 	return builder.ControllerManagedBy(mgr).
+		WithOptions(requeue.Options(controller.Options{})).
 		For(&kaironv1.MachinePool{}).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(poolOfMachine),
 			builder.WithPredicates(poolMemberChanged())).

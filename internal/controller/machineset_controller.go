@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -26,6 +27,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 )
 
 var machineSetKind = kaironv1.GroupVersion.WithKind("MachineSet")
@@ -49,6 +51,7 @@ func (r *MachineSetReconciler) SetupWithManager(mgr manager.Manager) error {
 		r.failures = newFailureBackoff()
 	}
 	return builder.ControllerManagedBy(mgr).
+		WithOptions(requeue.Options(controller.Options{})).
 		For(&kaironv1.MachineSet{}).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineSetsOfMachine)).
 		Complete(r)

@@ -9,10 +9,12 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // MigrationEndpointReconciler owns the Node annotation
@@ -30,6 +32,7 @@ type MigrationEndpointReconciler struct {
 // SetupWithManager registers the reconciler with mgr.
 func (r *MigrationEndpointReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return builder.ControllerManagedBy(mgr).
+		WithOptions(requeue.Options(controller.Options{})).
 		Named("migration-endpoint").
 		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 			// Nodes of a kubelet-only cluster part are none of its business,

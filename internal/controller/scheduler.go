@@ -30,6 +30,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -82,7 +83,7 @@ func (r *SchedulerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&corev1.Pod{}, enqueuePass, builder.WithPredicates(podRoomChanged())).
 		// The assumed bindings and the pass's own bookkeeping rely on
 		// passes never overlapping.
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		WithOptions(requeue.Options(controller.Options{MaxConcurrentReconciles: 1})).
 		// The request names no object, so leave it out of every log line.
 		WithLogConstructor(func(*reconcile.Request) logr.Logger {
 			return mgr.GetLogger().WithValues("controller", "scheduler")

@@ -14,12 +14,14 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // MachineSnapshotReconciler hands each Pending MachineSnapshot to the node
@@ -38,6 +40,7 @@ type MachineSnapshotReconciler struct {
 func (r *MachineSnapshotReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.ends.since = time.Now()
 	return ctrl.NewControllerManagedBy(mgr).
+		WithOptions(requeue.Options(controller.Options{})).
 		Named("machinesnapshot").
 		For(&kaironv1.MachineSnapshot{}).
 		// A Machine that starts running, moves or goes: its Pending

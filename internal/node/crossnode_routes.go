@@ -26,6 +26,7 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/node/network"
+	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -153,7 +154,7 @@ func (a *Agent) setupCrossNodeController(cfg *rest.Config, scheme *runtime.Schem
 	everything := reconcile.Request{NamespacedName: client.ObjectKey{Name: "cross-node"}}
 	err = ctrl.NewControllerManagedBy(a.mgr).
 		Named("node-cross-node").
-		WithOptions(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 1}).
+		WithOptions(requeue.Options(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 1})).
 		WatchesRawSource(source.Kind(a.mgr.GetCache(), &corev1.Node{},
 			handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, *corev1.Node) []reconcile.Request { return []reconcile.Request{everything} }))).
 		WatchesRawSource(source.Kind(machines, &kaironv1.Machine{},

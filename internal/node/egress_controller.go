@@ -26,6 +26,7 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/node/egress"
 	"github.com/zyvor/kairon/internal/node/network"
+	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // EgressEnforcer is what the agent needs of egress.Enforcer: confine a
@@ -87,11 +88,10 @@ func (a *Agent) setupEgressController() error {
 		MaxConcurrentReconciles: egressWorkers,
 		Reconciler:              reconcile.TypedFunc[egressKey](a.reconcileEgress),
 		NewQueue: func(name string, limiter workqueue.TypedRateLimiter[egressKey]) workqueue.TypedRateLimitingInterface[egressKey] {
-			// In arrival order, as every queue of the agent's
-			// (requeue.ControllerConfig says why); kept for the
-			// reconciles that queue the entries of the policies they
-			// touched.
-			q := workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[egressKey]{Name: name})
+			// The queue of every Kairon controller (requeue.NewQueue
+			// says why), kept for the reconciles that queue the entries
+			// of the policies they touched.
+			q := requeue.NewQueue(name, limiter)
 			a.egressQueue.Store(&q)
 			return q
 		},

@@ -29,6 +29,7 @@ import (
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/node/network"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -45,7 +46,7 @@ func (a *Agent) setupMachineController() error {
 	return ctrl.NewControllerManagedBy(a.mgr).
 		Named("node-machine").
 		// Tests and kairon-local may run several agents in one process.
-		WithOptions(controller.Options{SkipNameValidation: ptr.To(true)}).
+		WithOptions(requeue.Options(controller.Options{SkipNameValidation: ptr.To(true)})).
 		For(&kaironv1.Machine{}).
 		WatchesRawSource(source.Channel(a.instanceEvents, &handler.TypedEnqueueRequestForObject[*kaironv1.Machine]{})).
 		Complete(a)

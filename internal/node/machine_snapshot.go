@@ -29,6 +29,7 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // MachineSnapshots, the node agent's part (docs/guides/snapshots.md).
@@ -99,7 +100,7 @@ func (a *Agent) setupSnapshotController() error {
 	return ctrl.NewControllerManagedBy(a.mgr).
 		Named("node-machinesnapshot").
 		// A save blocks its reconcile; snapshots of other VMs go on.
-		WithOptions(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 2}).
+		WithOptions(requeue.Options(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 2})).
 		For(&kaironv1.MachineSnapshot{}).
 		Complete(reconcile.Func(a.reconcileSnapshot))
 }

@@ -24,6 +24,7 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/patch"
+	"github.com/zyvor/kairon/internal/requeue"
 )
 
 // Cold migration, the node agents' part. kairon-controller picks the target
@@ -63,7 +64,7 @@ func (a *Agent) setupMigrationController() error {
 	return ctrl.NewControllerManagedBy(a.mgr).
 		Named("node-migration").
 		// A migration's reconcile blocks while the guest moves; others go on.
-		WithOptions(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 4}).
+		WithOptions(requeue.Options(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 4})).
 		For(&kaironv1.MachineMigration{}).
 		Complete(reconcile.Func(a.reconcileMigration))
 }
