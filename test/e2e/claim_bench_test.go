@@ -306,18 +306,22 @@ func (cb *claimBench) waitWarm(name string, replicas int, limit time.Duration) {
 		if err := cb.c.Get(ctx, client.ObjectKey{Namespace: cb.ns, Name: name}, p); err != nil {
 			return false, err.Error()
 		}
+		status := fmt.Sprintf("status: warm %d, readyWarm %d, claimed %d", p.Status.Warm, p.Status.ReadyWarm, p.Status.Claimed)
+		if p.Status.ReadyWarm != int32(replicas) || p.Status.Warm != int32(replicas) {
+			return false, status
+		}
 		// The pool's status alone is not enough: it is written a quarter
 		// second after a change (pool_status_pacing.go), so right after a
 		// bind it still shows the member just taken as warm and ready, and
 		// a claim made then would wait for the replacement's boot. The
-		// members themselves say when the pool is warm again.
+		// members themselves say when the pool is warm again; they are
+		// listed only once the status says so, as a list of a thousand
+		// Machines every poll would load the API server being measured.
 		ready, warming, err := cb.warmMembers(ctx, p)
 		if err != nil {
 			return false, err.Error()
 		}
-		return ready == replicas && warming == 0 && p.Status.ReadyWarm == int32(replicas) && p.Status.Warm == int32(replicas),
-			fmt.Sprintf("members: %d ready, %d warming; status: warm %d, readyWarm %d, claimed %d",
-				ready, warming, p.Status.Warm, p.Status.ReadyWarm, p.Status.Claimed)
+		return ready == replicas && warming == 0, fmt.Sprintf("members: %d ready, %d warming; %s", ready, warming, status)
 	})
 }
 
