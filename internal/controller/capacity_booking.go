@@ -21,7 +21,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -136,12 +135,11 @@ func (r *CapacityBookingReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: mig.Namespace, Name: mig.Spec.MachineName}}}
 	})
 	return builder.ControllerManagedBy(mgr).
-		WithOptions(requeue.Options(controller.Options{})).
 		Named("capacity-booking").
 		For(&kaironv1.Machine{}, builder.WithPredicates(machinePlacementChanged())).
 		Owns(&corev1.Pod{}).
 		Watches(&kaironv1.MachineMigration{}, migrationToMachine).
-		Complete(r)
+		Complete(requeue.UntilStopped(r))
 }
 
 func bookingMachineName(o client.Object) []string {

@@ -12,7 +12,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -149,10 +148,9 @@ type PolicyMachinesReconciler struct {
 // SetupWithManager registers the reconciler with mgr.
 func (r *PolicyMachinesReconciler) SetupWithManager(mgr manager.Manager) error {
 	return builder.ControllerManagedBy(mgr).
-		WithOptions(requeue.Options(controller.Options{})).
 		Named("machinenetworkpolicy-machines").
 		For(&kaironv1.MachineNetworkPolicy{}).
-		Complete(r)
+		Complete(requeue.UntilStopped(r))
 }
 
 func (r *PolicyMachinesReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {

@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -41,13 +40,12 @@ func (r *ClaimEgressEnforcedReconciler) SetupWithManager(mgr manager.Manager) er
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
 	}
 	return builder.ControllerManagedBy(mgr).
-		WithOptions(requeue.Options(controller.Options{})).
 		Named("machineclaim-egress-enforced").
 		For(&kaironv1.MachineClaim{}).
 		Watches(&kaironv1.MachineNetworkPolicy{}, handler.EnqueueRequestsFromMapFunc(claimOfPolicy)).
 		// The Machine's node decides whose report counts (a migration).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(claimOfMachine)).
-		Complete(r)
+		Complete(requeue.UntilStopped(r))
 }
 
 // EgressEnforcement tells whether policy is in force for machine: the

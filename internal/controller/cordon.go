@@ -128,11 +128,11 @@ func (r *CordonEvacuationReconciler) SetupWithManager(mgr manager.Manager) error
 		// for the retry interval or the tick anyway.
 		Watches(&kaironv1.MachineMigration{}, enqueuePass, builder.WithPredicates(migrationPhaseChanged())).
 		Watches(&kaironv1.MachineDisruptionBudget{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		WithOptions(requeue.Options(controller.Options{MaxConcurrentReconciles: 1})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		WithLogConstructor(func(*reconcile.Request) logr.Logger {
 			return mgr.GetLogger().WithValues("controller", "cordonevacuation")
 		}).
-		Complete(r)
+		Complete(requeue.UntilStopped(r))
 }
 
 // nodeCordonChanged passes Kairon nodes that are created cordoned or whose

@@ -18,7 +18,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -75,7 +74,6 @@ func (r *FenceReconciler) SetupWithManager(mgr manager.Manager) error {
 	r.left = map[types.UID]bool{}
 	r.restores = map[types.NamespacedName]*pendingRestore{}
 	return builder.ControllerManagedBy(mgr).
-		WithOptions(requeue.Options(controller.Options{})).
 		Named("fence").
 		For(&corev1.Node{}, builder.WithPredicates(fenceChanged())).
 		// A Machine arriving on, or changing on, a fenced node (a restore
@@ -87,7 +85,7 @@ func (r *FenceReconciler) SetupWithManager(mgr manager.Manager) error {
 			}
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: m.Spec.NodeName}}}
 		})).
-		Complete(r)
+		Complete(requeue.UntilStopped(r))
 }
 
 // fenceChanged passes a node's arrival and departure and the fence taint

@@ -169,8 +169,8 @@ func (b *MachineClaimBinder) SetupWithManager(mgr manager.Manager) error {
 		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		// Passes over different pools are independent; the workqueue never
 		// runs two over the same pool at once.
-		WithOptions(requeue.Options(controller.Options{MaxConcurrentReconciles: 4})).
-		Complete(b)
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		Complete(requeue.UntilStopped(b))
 }
 
 func pendingClaimPool(o client.Object) []string {

@@ -66,8 +66,8 @@ func (r *MachineClaimReconciler) SetupWithManager(mgr manager.Manager) error {
 		Owns(&kaironv1.MachineNetworkPolicy{}).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(claimOfMachine),
 			builder.WithPredicates(poolMemberChanged())).
-		WithOptions(requeue.Options(controller.Options{MaxConcurrentReconciles: 4})).
-		Complete(r)
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		Complete(requeue.UntilStopped(r))
 }
 
 // claimOfMachine maps a claimed Machine to its claim.

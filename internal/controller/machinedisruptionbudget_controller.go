@@ -61,12 +61,12 @@ func (r *MachineDisruptionBudgetReconciler) SetupWithManager(mgr manager.Manager
 		Watches(&kaironv1.MachineDisruptionBudget{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&kaironv1.Machine{}, enqueuePass, builder.WithPredicates(machineBudgetHealthChanged())).
 		Watches(&kaironv1.MachineMigration{}, enqueuePass, builder.WithPredicates(migrationPhaseChanged())).
-		WithOptions(requeue.Options(controller.Options{MaxConcurrentReconciles: 1})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		// The request names no object, so leave it out of every log line.
 		WithLogConstructor(func(*reconcile.Request) logr.Logger {
 			return mgr.GetLogger().WithValues("controller", "machinedisruptionbudget")
 		}).
-		Complete(r)
+		Complete(requeue.UntilStopped(r))
 }
 
 // machineBudgetHealthChanged passes Machine events that can change a

@@ -18,7 +18,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -67,14 +66,13 @@ func (r *MachineMigrationReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	r.ended.since = time.Now()
 	return builder.ControllerManagedBy(mgr).
-		WithOptions(requeue.Options(controller.Options{})).
 		Named("machinemigration").
 		For(&kaironv1.MachineMigration{}).
 		// The Machine moving or becoming Running ends a migration.
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.migrationsOf)).
 		// A migration that ends (or is deleted) frees a parallel slot.
 		Watches(&kaironv1.MachineMigration{}, handler.EnqueueRequestsFromMapFunc(r.waitingForSlot)).
-		Complete(r)
+		Complete(requeue.UntilStopped(r))
 }
 
 // waitingForSlot maps any migration to the Pending ones that wait for a

@@ -25,7 +25,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -72,11 +71,10 @@ func (r *MachinePoolReconciler) SetupWithManager(mgr manager.Manager) error {
 		r.statusWrites = newStatusPacing()
 	}
 	return builder.ControllerManagedBy(mgr).
-		WithOptions(requeue.Options(controller.Options{})).
 		For(&kaironv1.MachinePool{}).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(poolOfMachine),
 			builder.WithPredicates(poolMemberChanged())).
-		Complete(r)
+		Complete(requeue.UntilStopped(r))
 }
 
 // poolOfMachine maps a member, warm or claimed, to its pool. Claimed members

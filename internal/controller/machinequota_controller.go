@@ -10,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -32,10 +31,9 @@ type MachineQuotaReconciler struct {
 // SetupWithManager registers the reconciler with mgr.
 func (r *MachineQuotaReconciler) SetupWithManager(mgr manager.Manager) error {
 	return builder.ControllerManagedBy(mgr).
-		WithOptions(requeue.Options(controller.Options{})).
 		For(&kaironv1.MachineQuota{}).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.quotasOfMachine), builder.WithPredicates(machinePlacementChanged())).
-		Complete(r)
+		Complete(requeue.UntilStopped(r))
 }
 
 func (r *MachineQuotaReconciler) quotasOfMachine(ctx context.Context, o client.Object) []reconcile.Request {

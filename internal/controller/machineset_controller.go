@@ -19,7 +19,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -51,10 +50,9 @@ func (r *MachineSetReconciler) SetupWithManager(mgr manager.Manager) error {
 		r.failures = newFailureBackoff()
 	}
 	return builder.ControllerManagedBy(mgr).
-		WithOptions(requeue.Options(controller.Options{})).
 		For(&kaironv1.MachineSet{}).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineSetsOfMachine)).
-		Complete(r)
+		Complete(requeue.UntilStopped(r))
 }
 
 // machineSetsOfMachine maps a Machine to its controlling MachineSet or, for

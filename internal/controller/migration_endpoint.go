@@ -9,7 +9,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -32,7 +31,6 @@ type MigrationEndpointReconciler struct {
 // SetupWithManager registers the reconciler with mgr.
 func (r *MigrationEndpointReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return builder.ControllerManagedBy(mgr).
-		WithOptions(requeue.Options(controller.Options{})).
 		Named("migration-endpoint").
 		For(&corev1.Node{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 			// Nodes of a kubelet-only cluster part are none of its business,
@@ -41,7 +39,7 @@ func (r *MigrationEndpointReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			_, endpoint := o.GetAnnotations()[kaironv1.AnnotationNodeMigrationEndpoint]
 			return port || endpoint
 		}))).
-		Complete(r)
+		Complete(requeue.UntilStopped(r))
 }
 
 // Reconcile writes, corrects or removes one Node's migration endpoint.

@@ -17,7 +17,6 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -85,10 +84,9 @@ func (r *NodeHealthReconciler) SetupWithManager(mgr manager.Manager) error {
 		return fmt.Errorf("indexing machines by node: %w", err)
 	}
 	return builder.ControllerManagedBy(mgr).
-		WithOptions(requeue.Options(controller.Options{})).
 		Named("nodehealth").
 		For(&corev1.Node{}, builder.WithPredicates(nodeHealthChanged())).
-		Complete(r)
+		Complete(requeue.UntilStopped(r))
 }
 
 // nodeHealthChanged passes a Kairon node's arrival and departure and

@@ -83,12 +83,12 @@ func (r *SchedulerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&corev1.Pod{}, enqueuePass, builder.WithPredicates(podRoomChanged())).
 		// The assumed bindings and the pass's own bookkeeping rely on
 		// passes never overlapping.
-		WithOptions(requeue.Options(controller.Options{MaxConcurrentReconciles: 1})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		// The request names no object, so leave it out of every log line.
 		WithLogConstructor(func(*reconcile.Request) logr.Logger {
 			return mgr.GetLogger().WithValues("controller", "scheduler")
 		}).
-		Complete(r)
+		Complete(requeue.UntilStopped(r))
 }
 
 // machinePlacementChanged passes the Machine events that can change where

@@ -14,7 +14,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -40,14 +39,13 @@ type MachineSnapshotReconciler struct {
 func (r *MachineSnapshotReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.ends.since = time.Now()
 	return ctrl.NewControllerManagedBy(mgr).
-		WithOptions(requeue.Options(controller.Options{})).
 		Named("machinesnapshot").
 		For(&kaironv1.MachineSnapshot{}).
 		// A Machine that starts running, moves or goes: its Pending
 		// snapshots are handed (again).
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.snapshotsOfMachine),
 			builder.WithPredicates(machinePlacementChanged())).
-		Complete(r)
+		Complete(requeue.UntilStopped(r))
 }
 
 // snapshotsOfMachine are the requests for the snapshots of a Machine.

@@ -17,7 +17,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -54,7 +53,6 @@ func (r *SnapshotScheduleReconciler) now() time.Time {
 // SetupWithManager registers the reconciler with mgr.
 func (r *SnapshotScheduleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
-		WithOptions(requeue.Options(controller.Options{})).
 		Named("snapshotschedule").
 		For(&kaironv1.SnapshotSchedule{}).
 		// Its snapshots becoming Ready (retention) or going.
@@ -68,7 +66,7 @@ func (r *SnapshotScheduleReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// Machines coming and going change the count of matching ones.
 		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.schedulesOfNamespace),
 			builder.WithPredicates(machinePlacementChanged())).
-		Complete(r)
+		Complete(requeue.UntilStopped(r))
 }
 
 // schedulesOfNamespace are the requests for every schedule in o's namespace.

@@ -154,12 +154,12 @@ func (a *Agent) setupCrossNodeController(cfg *rest.Config, scheme *runtime.Schem
 	everything := reconcile.Request{NamespacedName: client.ObjectKey{Name: "cross-node"}}
 	err = ctrl.NewControllerManagedBy(a.mgr).
 		Named("node-cross-node").
-		WithOptions(requeue.Options(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 1})).
+		WithOptions(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 1}).
 		WatchesRawSource(source.Kind(a.mgr.GetCache(), &corev1.Node{},
 			handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, *corev1.Node) []reconcile.Request { return []reconcile.Request{everything} }))).
 		WatchesRawSource(source.Kind(machines, &kaironv1.Machine{},
 			handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, *kaironv1.Machine) []reconcile.Request { return []reconcile.Request{everything} }))).
-		Complete(reconcile.Func(a.syncCrossNode))
+		Complete(requeue.UntilStopped(reconcile.Func(a.syncCrossNode)))
 	if err != nil {
 		return err
 	}

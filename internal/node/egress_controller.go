@@ -86,12 +86,13 @@ func (a *Agent) setupEgressController() error {
 	c, err := controller.NewTyped[egressKey]("node-egress", a.mgr, controller.TypedOptions[egressKey]{
 		SkipNameValidation:      ptr.To(true),
 		MaxConcurrentReconciles: egressWorkers,
-		Reconciler:              reconcile.TypedFunc[egressKey](a.reconcileEgress),
+		Reconciler:              requeue.UntilStoppedTyped[egressKey](reconcile.TypedFunc[egressKey](a.reconcileEgress)),
 		NewQueue: func(name string, limiter workqueue.TypedRateLimiter[egressKey]) workqueue.TypedRateLimitingInterface[egressKey] {
-			// The queue of every Kairon controller (requeue.NewQueue
-			// says why), kept for the reconciles that queue the entries
-			// of the policies they touched.
-			q := requeue.NewQueue(name, limiter)
+			// In arrival order, as every queue of the agent's
+			// (requeue.ControllerConfig says why); kept for the
+			// reconciles that queue the entries of the policies they
+			// touched.
+			q := workqueue.NewTypedRateLimitingQueueWithConfig(limiter, workqueue.TypedRateLimitingQueueConfig[egressKey]{Name: name})
 			a.egressQueue.Store(&q)
 			return q
 		},

@@ -46,10 +46,10 @@ func (a *Agent) setupMachineController() error {
 	return ctrl.NewControllerManagedBy(a.mgr).
 		Named("node-machine").
 		// Tests and kairon-local may run several agents in one process.
-		WithOptions(requeue.Options(controller.Options{SkipNameValidation: ptr.To(true)})).
+		WithOptions(controller.Options{SkipNameValidation: ptr.To(true)}).
 		For(&kaironv1.Machine{}).
 		WatchesRawSource(source.Channel(a.instanceEvents, &handler.TypedEnqueueRequestForObject[*kaironv1.Machine]{})).
-		Complete(a)
+		Complete(requeue.UntilStopped(a))
 }
 
 // Reconcile makes the VM of one Machine match its spec and reports what runs.

@@ -100,9 +100,9 @@ func (a *Agent) setupSnapshotController() error {
 	return ctrl.NewControllerManagedBy(a.mgr).
 		Named("node-machinesnapshot").
 		// A save blocks its reconcile; snapshots of other VMs go on.
-		WithOptions(requeue.Options(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 2})).
+		WithOptions(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 2}).
 		For(&kaironv1.MachineSnapshot{}).
-		Complete(reconcile.Func(a.reconcileSnapshot))
+		Complete(requeue.UntilStopped(reconcile.Func(a.reconcileSnapshot)))
 }
 
 // reconcileSnapshot takes a Pending snapshot handed to this node.

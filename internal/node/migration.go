@@ -64,9 +64,9 @@ func (a *Agent) setupMigrationController() error {
 	return ctrl.NewControllerManagedBy(a.mgr).
 		Named("node-migration").
 		// A migration's reconcile blocks while the guest moves; others go on.
-		WithOptions(requeue.Options(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 4})).
+		WithOptions(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 4}).
 		For(&kaironv1.MachineMigration{}).
-		Complete(reconcile.Func(a.reconcileMigration))
+		Complete(requeue.UntilStopped(reconcile.Func(a.reconcileMigration)))
 }
 
 // migrationStatePath is where the source keeps a migration's saved state.

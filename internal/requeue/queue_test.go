@@ -41,24 +41,13 @@ func TestInitialListObjectIsNotStarvedByChanges(t *testing.T) {
 		time.Sleep(time.Millisecond)
 		return reconcile.Result{RequeueAfter: time.Nanosecond}, nil
 	})
-	c, err := controller.NewTypedUnmanaged("requeue-order", controller.TypedOptions[reconcile.Request]{
-		Reconciler: r, MaxConcurrentReconciles: 1,
-		UsePriorityQueue: ControllerConfig().UsePriorityQueue, SkipNameValidation: ptr.To(true),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var (
 		once   sync.Once
 		queued = make(chan workqueue.TypedRateLimitingInterface[reconcile.Request])
 	)
-	err = c.Watch(source.Func(func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+	c := newTestController(t, "requeue-order", r, func(q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 		once.Do(func() { queued <- q })
-		return nil
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Start(ctx) }()
@@ -86,4 +75,26 @@ func TestInitialListObjectIsNotStarvedByChanges(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "the initial-list object reconciled, and requeued, among the changes", func() (bool, string) {
 		return quietRuns.Load() >= 2, fmt.Sprintf("reconciled %d times, the changes %d times", quietRuns.Load(), changeRuns.Load())
 	})
+}
+
+// newTestController builds a controller with one worker, configured as
+// Kairon's are, that reconciles with r (UntilStopped) and whose one source
+// hands its queue to fill when the controller starts.
+func newTestController(t *testing.T, name string, r reconcile.Reconciler, fill func(workqueue.TypedRateLimitingInterface[reconcile.Request])) controller.Controller {
+	t.Helper()
+	c, err := controller.NewTypedUnmanaged(name, controller.Options{
+		Reconciler: UntilStopped(r), MaxConcurrentReconciles: 1,
+		UsePriorityQueue: ControllerConfig().UsePriorityQueue, SkipNameValidation: ptr.To(true),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Watch(source.Func(func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+		fill(q)
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
