@@ -33,16 +33,28 @@ func TestStopFailsOnlyWhenEtcdHadToBeKilled(t *testing.T) {
 				spawner: newSpawner(),
 				log:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 			}
+			// The stubborn child says when it ignores SIGTERM: a Stop sent
+			// before the shell ran its trap would find it obliging.
+			trapped := filepath.Join(dir, "trapped")
 			for _, name := range []string{Etcd, KubeAPIServer, KubeControllerManager} {
 				script := "exec sleep 60"
 				if name == tc.stubborn {
-					script = "trap '' TERM; sleep 60"
+					script = "trap '' TERM; : > '" + trapped + "'; sleep 60"
 				}
 				c, err := startChild(cp.spawner, filepath.Join(dir, "logs"), name, "/bin/sh", []string{"-c", script}, func(*child) {})
 				if err != nil {
 					t.Fatal(err)
 				}
 				cp.children = append(cp.children, c)
+			}
+			for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+				if _, err := os.Stat(trapped); err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					_ = cp.Stop()
+					t.Fatalf("%s never set its trap", tc.stubborn)
+				}
 			}
 			err := cp.Stop()
 			switch {
