@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -46,13 +47,18 @@ func (b *Backend) finishRestore(ctx context.Context, dir string, p *proc) error 
 			return fmt.Errorf("qemu: restore: qemu exited (%s): %s", p.exitDesc(), lastLines(readTail(filepath.Join(dir, qemuLogFile), 4096), 5))
 		default:
 		}
-		if err != nil {
+		switch {
+		case err != nil && (!errors.Is(err, os.ErrDeadlineExceeded) || ctx.Err() != nil):
 			return fmt.Errorf("qemu: restore: %w", err)
-		}
-		if mig.Status == "failed" {
+		case err != nil:
+			// QEMU answers its monitor from its main loop, which loading
+			// the stream can keep busy past one conversation's deadline
+			// on a loaded host (seen: query-migrate timing out during a
+			// live migration's receive). Still loading: ask again, until
+			// restoreTimeout.
+		case mig.Status == "failed":
 			return fmt.Errorf("qemu: restore: migration failed: %s", mig.ErrorDesc)
-		}
-		if st.Status != "inmigrate" {
+		case st.Status != "inmigrate":
 			if !st.Running {
 				if err := qmpDo(ctx, sock, func(q *qmpConn) error { _, err := q.execute("cont", nil); return err }); err != nil {
 					return fmt.Errorf("qemu: restore: cont: %w", err)

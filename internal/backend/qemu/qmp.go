@@ -23,8 +23,8 @@ import (
 )
 
 // qmpTimeout bounds one QMP conversation when the caller's context has no
-// earlier deadline.
-const qmpTimeout = 5 * time.Second
+// earlier deadline. A variable only for tests.
+var qmpTimeout = 5 * time.Second
 
 type qmpConn struct {
 	c  *net.UnixConn
