@@ -1,5 +1,5 @@
 // Package requeue holds how the controllers of Kairon's managers queue
-// their work.
+// their work and stop taking it.
 package requeue
 
 import (
