@@ -256,6 +256,10 @@ type bindingPass struct {
 	candidates []*kaironv1.Machine
 	// warming: warm members from the current template still on their way up.
 	warming int
+	// unplaced: those of warming that wait for a node, and the scheduler's
+	// explanation for one of them.
+	unplaced    int
+	unplacedWhy string
 	// events: the pool's event count when the pass read the cache.
 	events uint64
 }
@@ -386,7 +390,7 @@ func (b *MachineClaimBinder) takeInArrivals(ctx context.Context, pass *bindingPa
 		// The next pass sorts out a pool that changed.
 		return needy, candidates
 	}
-	pass.warming, pass.events = fresh.warming, fresh.events
+	pass.warming, pass.unplaced, pass.unplacedWhy, pass.events = fresh.warming, fresh.unplaced, fresh.unplacedWhy, fresh.events
 	known := map[types.UID]bool{}
 	for _, c := range needy {
 		known[c.UID] = true
@@ -466,6 +470,14 @@ func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedN
 			// Running but not yet ready by the pool's spec.readiness (its
 			// guest agent not answering) counts as warming too.
 			pass.warming++
+			if why, unplaced := rules.WarmMemberUnplaced(m); unplaced {
+				pass.unplaced++
+				if pass.unplacedWhy == "" || why < pass.unplacedWhy {
+					// The same one whatever the cache's order, so the
+					// claims' message does not flap.
+					pass.unplacedWhy = why
+				}
+			}
 		}
 	}
 	for i := range claims.Items {
@@ -860,10 +872,16 @@ func waitReason(pass *bindingPass) (reason, message string) {
 	case pass.pool.DeletionTimestamp != nil:
 		return kaironv1.ClaimReasonPoolDeleting, fmt.Sprintf("MachinePool %q is being deleted", pass.key.Name)
 	}
-	if pass.pool.Spec.Readiness == kaironv1.PoolReadinessGuestAgent {
-		return kaironv1.ClaimReasonWaitingForWarmMachine, fmt.Sprintf("no Running warm machine with an answering guest agent in pool %q (%d warming)", pass.key.Name, pass.warming)
+	warming := fmt.Sprintf("%d warming", pass.warming)
+	if pass.unplaced > 0 {
+		// Short of room rather than slow to boot: say what the scheduler
+		// said, so the user knows to free or add capacity.
+		warming += fmt.Sprintf(", %d of them waiting for a node: %s", pass.unplaced, pass.unplacedWhy)
 	}
-	return kaironv1.ClaimReasonWaitingForWarmMachine, fmt.Sprintf("no Running warm machine in pool %q (%d warming)", pass.key.Name, pass.warming)
+	if pass.pool.Spec.Readiness == kaironv1.PoolReadinessGuestAgent {
+		return kaironv1.ClaimReasonWaitingForWarmMachine, fmt.Sprintf("no Running warm machine with an answering guest agent in pool %q (%s)", pass.key.Name, warming)
+	}
+	return kaironv1.ClaimReasonWaitingForWarmMachine, fmt.Sprintf("no Running warm machine in pool %q (%s)", pass.key.Name, warming)
 }
 
 // writePending records that a claim waits, and why. A conflict means the

@@ -131,6 +131,7 @@ func TestMachineClaimBinderBranches(t *testing.T) {
 		name       string
 		claim      func(*kaironv1.MachineClaim)
 		members    kaironv1.MachinePhase // the members' phase; Running if empty
+		member     func(i int, m *kaironv1.Machine)
 		noPool     bool
 		faults     faults
 		wantErr    string // a part of the pass's error; none if empty
@@ -316,6 +317,24 @@ func TestMachineClaimBinderBranches(t *testing.T) {
 			wantMembers: [3]string{warm, warm, warm},
 		},
 		{
+			// Short of room, not slow to boot: the claim says what the
+			// scheduler said, whichever member the cache lists first.
+			name:    "members waiting for a node: Pending, saying why they cannot be placed",
+			members: kaironv1.MachinePending,
+			member: func(i int, m *kaironv1.Machine) {
+				if i == 0 {
+					m.Spec.NodeName, m.Status.Phase = "node-1", kaironv1.MachineBooting
+					return
+				}
+				m.Status.Conditions = []metav1.Condition{{Type: kaironv1.ConditionScheduled.String(), Status: metav1.ConditionFalse,
+					Reason: kaironv1.MachineReasonUnschedulable, Message: fmt.Sprintf("0/1 nodes are available: 1 node has insufficient cpu (free %d, need 1)", 2-i)}}
+			},
+			wantResult: reconcile.Result{RequeueAfter: time.Minute},
+			wantClaim: claimWant{kaironv1.ClaimPending, "", kaironv1.ClaimReasonWaitingForWarmMachine,
+				`no Running warm machine in pool "agents" (3 warming, 2 of them waiting for a node: 0/1 nodes are available: 1 node has insufficient cpu (free 0, need 1))`, false},
+			wantMembers: [3]string{warm, warm, warm},
+		},
+		{
 			name:       "no such pool: Pending, and a Warning",
 			noPool:     true,
 			wantResult: reconcile.Result{RequeueAfter: time.Minute},
@@ -344,7 +363,11 @@ func TestMachineClaimBinderBranches(t *testing.T) {
 				phase = kaironv1.MachineRunning
 			}
 			for i, name := range names {
-				objs = append(objs, binderTestMember(pool, hash, name, base.Add(time.Duration(i)*time.Second), phase))
+				m := binderTestMember(pool, hash, name, base.Add(time.Duration(i)*time.Second), phase)
+				if tt.member != nil {
+					tt.member(i, m)
+				}
+				objs = append(objs, m)
 			}
 			claim := &kaironv1.MachineClaim{
 				ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "job", UID: "claim-uid", CreationTimestamp: metav1.NewTime(base.Add(time.Minute))},

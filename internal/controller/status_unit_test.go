@@ -83,6 +83,13 @@ func TestComputePoolStatus(t *testing.T) {
 			wantMetrics: [3]float64{1, 1, 0},
 		},
 		{
+			name: "members that cannot be placed are not booting", replicas: ptr.To[int32](3), warm: append(machinesInPhases(run, boot), unplacedMember("mc")),
+			wantCounts: [3]int32{3, 1, 0},
+			wantConds: []metav1.Condition{ready(metav1.ConditionFalse, kaironv1.PoolReasonWarmMachinesNotReady,
+				"1/3 warm machines Running, 1 booting, 1 waiting for a node (0/1 nodes are available: 1 node has insufficient cpu (free 0, need 1))")},
+			wantMetrics: [3]float64{1, 2, 0},
+		},
+		{
 			name: "short of members, none booting", replicas: ptr.To[int32](3), warm: machinesInPhases(run), claimed: 2,
 			wantCounts:  [3]int32{1, 1, 2},
 			wantConds:   []metav1.Condition{ready(metav1.ConditionFalse, kaironv1.PoolReasonWarmMachinesNotReady, "1/3 warm machines Running")},
@@ -253,4 +260,13 @@ func TestMachineSetStatus(t *testing.T) {
 			}
 		})
 	}
+}
+
+// unplacedMember is a warm member the scheduler found no room for.
+func unplacedMember(name string) *kaironv1.Machine {
+	m := inPhase(name, kaironv1.MachinePending)
+	m.Spec.NodeName = ""
+	m.Status.Conditions = []metav1.Condition{{Type: kaironv1.ConditionScheduled.String(), Status: metav1.ConditionFalse,
+		Reason: kaironv1.MachineReasonUnschedulable, Message: "0/1 nodes are available: 1 node has insufficient cpu (free 0, need 1)"}}
+	return m
 }

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
@@ -19,4 +20,24 @@ func WarmMemberReady(pool *kaironv1.MachinePool, m *kaironv1.Machine) bool {
 		return true
 	}
 	return meta.IsStatusConditionTrue(m.Status.Conditions, kaironv1.ConditionGuestAgentReady.String())
+}
+
+// WarmMemberUnplaced returns the scheduler's explanation for a warm member
+// that waits for a node (not yet placed, its Scheduled condition False),
+// and whether it waits. A pool whose members cannot be placed is short of
+// room, not slow to boot, and its claims and status say which.
+func WarmMemberUnplaced(m *kaironv1.Machine) (why string, unplaced bool) {
+	if m.Spec.NodeName != "" {
+		return "", false
+	}
+	switch m.Status.Phase {
+	case "", kaironv1.MachinePending:
+	default:
+		return "", false
+	}
+	cond := meta.FindStatusCondition(m.Status.Conditions, kaironv1.ConditionScheduled.String())
+	if cond == nil || cond.Status != metav1.ConditionFalse {
+		return "", false
+	}
+	return cond.Message, true
 }

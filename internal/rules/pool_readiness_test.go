@@ -43,3 +43,34 @@ func TestWarmMemberReady(t *testing.T) {
 		})
 	}
 }
+
+func TestWarmMemberUnplaced(t *testing.T) {
+	scheduled := func(s metav1.ConditionStatus, msg string) []metav1.Condition {
+		return []metav1.Condition{{Type: kaironv1.ConditionScheduled.String(), Status: s, Reason: kaironv1.MachineReasonUnschedulable, Message: msg}}
+	}
+	const noRoom = "0/1 nodes are available: 1 node has insufficient cpu (free 0, need 1)"
+	for _, tc := range []struct {
+		name     string
+		node     string
+		phase    kaironv1.MachinePhase
+		conds    []metav1.Condition
+		wantWhy  string
+		unplaced bool
+	}{
+		{"new, not yet looked at by the scheduler", "", "", nil, "", false},
+		{"no room", "", kaironv1.MachinePending, scheduled(metav1.ConditionFalse, noRoom), noRoom, true},
+		{"no room, phase not yet written", "", "", scheduled(metav1.ConditionFalse, noRoom), noRoom, true},
+		{"placed", "node-1", kaironv1.MachineScheduled, scheduled(metav1.ConditionTrue, "Bound to node node-1"), "", false},
+		{"placed, the condition not yet updated", "node-1", kaironv1.MachinePending, scheduled(metav1.ConditionFalse, noRoom), "", false},
+		{"booting", "node-1", kaironv1.MachineBooting, nil, "", false},
+		{"failed without a node", "", kaironv1.MachineFailed, scheduled(metav1.ConditionFalse, noRoom), "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &kaironv1.Machine{Spec: kaironv1.MachineSpec{NodeName: tc.node}, Status: kaironv1.MachineStatus{Phase: tc.phase, Conditions: tc.conds}}
+			why, unplaced := WarmMemberUnplaced(m)
+			if why != tc.wantWhy || unplaced != tc.unplaced {
+				t.Errorf("WarmMemberUnplaced = %q, %v; want %q, %v", why, unplaced, tc.wantWhy, tc.unplaced)
+			}
+		})
+	}
+}
