@@ -240,18 +240,30 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 
 	if len(crds) > 0 {
 		log.Info("installing CRDs", "count", len(crds))
-		if err := cp.whileAllRun(ctx, func(ctx context.Context) error { return applyCRDs(ctx, cp.restCfg, crds) }); err != nil {
+		if err := cp.whileAllRun(ctx, func(ctx context.Context) error { return applyCRDs(ctx, cp.installConfig(), crds) }); err != nil {
 			return nil, err
 		}
 	}
 	if opts.KaironAccess {
 		log.Info("installing Kairon's RBAC roles and admission policies")
-		if err := cp.whileAllRun(ctx, func(ctx context.Context) error { return installAccess(ctx, cp.restCfg) }); err != nil {
+		if err := cp.whileAllRun(ctx, func(ctx context.Context) error { return installAccess(ctx, cp.installConfig()) }); err != nil {
 			return nil, err
 		}
 	}
 	log.Info("control plane ready", "kubeconfig", cp.KubeconfigPath())
 	return cp, nil
+}
+
+// installConfig is the admin config of Start's own requests: about a
+// hundred creates, reads, updates and probes in a row, most of them of
+// objects that already exist on a restart. Under client-go's default limit
+// (5 requests a second, bursts of 10) they took some 15 seconds of every
+// restart of kairon-local. Like kairon-controller and kairon-node, it sets
+// no client-side limit; the API server has nothing else to serve yet.
+func (cp *ControlPlane) installConfig() *rest.Config {
+	cfg := rest.CopyConfig(cp.restCfg)
+	cfg.QPS, cfg.Burst = -1, -1
+	return cfg
 }
 
 // RESTConfig returns a fresh admin (system:masters) client config.
