@@ -254,11 +254,11 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	return cp, nil
 }
 
-// installConfig is the admin config of Start's own requests: about a
-// hundred creates, reads, updates and probes in a row, most of them of
-// objects that already exist on a restart. Under client-go's default limit
-// (5 requests a second, bursts of 10) they took some 15 seconds of every
-// restart of kairon-local. Like kairon-controller and kairon-node, it sets
+// installConfig is the admin config of Start's own requests: over a
+// hundred creates, reads, updates and probes in a row on a restart, where
+// every object already exists. Under client-go's default limit (5 requests
+// a second, bursts of 10) they took some 17 seconds of every restart of
+// kairon-local. Like kairon-controller and kairon-node, it sets
 // no client-side limit; the API server has nothing else to serve yet.
 func (cp *ControlPlane) installConfig() *rest.Config {
 	cfg := rest.CopyConfig(cp.restCfg)
