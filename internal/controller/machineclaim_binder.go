@@ -258,8 +258,7 @@ type bindingPass struct {
 	warming int
 	// unplaced: those of warming that wait for a node, and the scheduler's
 	// explanation for one of them.
-	unplaced    int
-	unplacedWhy string
+	unplaced rules.UnplacedMembers
 	// events: the pool's event count when the pass read the cache.
 	events uint64
 }
@@ -390,7 +389,7 @@ func (b *MachineClaimBinder) takeInArrivals(ctx context.Context, pass *bindingPa
 		// The next pass sorts out a pool that changed.
 		return needy, candidates
 	}
-	pass.warming, pass.unplaced, pass.unplacedWhy, pass.events = fresh.warming, fresh.unplaced, fresh.unplacedWhy, fresh.events
+	pass.warming, pass.unplaced, pass.events = fresh.warming, fresh.unplaced, fresh.events
 	known := map[types.UID]bool{}
 	for _, c := range needy {
 		known[c.UID] = true
@@ -470,14 +469,7 @@ func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedN
 			// Running but not yet ready by the pool's spec.readiness (its
 			// guest agent not answering) counts as warming too.
 			pass.warming++
-			if why, unplaced := rules.WarmMemberUnplaced(m); unplaced {
-				pass.unplaced++
-				if pass.unplacedWhy == "" || why < pass.unplacedWhy {
-					// The same one whatever the cache's order, so the
-					// claims' message does not flap.
-					pass.unplacedWhy = why
-				}
-			}
+			pass.unplaced.Add(m)
 		}
 	}
 	for i := range claims.Items {
@@ -873,10 +865,10 @@ func waitReason(pass *bindingPass) (reason, message string) {
 		return kaironv1.ClaimReasonPoolDeleting, fmt.Sprintf("MachinePool %q is being deleted", pass.key.Name)
 	}
 	warming := fmt.Sprintf("%d warming", pass.warming)
-	if pass.unplaced > 0 {
+	if pass.unplaced.Count > 0 {
 		// Short of room rather than slow to boot: say what the scheduler
 		// said, so the user knows to free or add capacity.
-		warming += fmt.Sprintf(", %d of them waiting for a node: %s", pass.unplaced, pass.unplacedWhy)
+		warming += fmt.Sprintf(", %d of them waiting for a node: %s", pass.unplaced.Count, pass.unplaced.Why)
 	}
 	if pass.pool.Spec.Readiness == kaironv1.PoolReadinessGuestAgent {
 		return kaironv1.ClaimReasonWaitingForWarmMachine, fmt.Sprintf("no Running warm machine with an answering guest agent in pool %q (%s)", pass.key.Name, warming)

@@ -444,16 +444,12 @@ func computePoolStatus(pool *kaironv1.MachinePool, warm, claimed []*kaironv1.Mac
 	status.Replicas = int32(len(warm))
 	status.Warm = int32(len(warm))
 	status.ReadyWarm = 0
-	var unplaced int32
-	var unplacedWhy string
+	var unplaced rules.UnplacedMembers
 	for _, m := range warm {
 		if rules.WarmMemberReady(pool, m) {
 			status.ReadyWarm++
-		} else if why, ok := rules.WarmMemberUnplaced(m); ok {
-			unplaced++
-			if unplacedWhy == "" || why < unplacedWhy {
-				unplacedWhy = why
-			}
+		} else {
+			unplaced.Add(m)
 		}
 	}
 	status.Claimed = int32(len(claimed))
@@ -467,11 +463,11 @@ func computePoolStatus(pool *kaironv1.MachinePool, warm, claimed []*kaironv1.Mac
 	}
 	if status.ReadyWarm != desired || status.Warm != desired {
 		ready.Status, ready.Reason = metav1.ConditionFalse, kaironv1.PoolReasonWarmMachinesNotReady
-		if booting := status.Warm - status.ReadyWarm - unplaced; booting > 0 {
+		if booting := status.Warm - status.ReadyWarm - int32(unplaced.Count); booting > 0 {
 			ready.Message += fmt.Sprintf(", %d booting", booting)
 		}
-		if unplaced > 0 {
-			ready.Message += fmt.Sprintf(", %d waiting for a node (%s)", unplaced, unplacedWhy)
+		if unplaced.Count > 0 {
+			ready.Message += fmt.Sprintf(", %d waiting for a node (%s)", unplaced.Count, unplaced.Why)
 		}
 	}
 	meta.SetStatusCondition(&status.Conditions, ready)

@@ -41,3 +41,24 @@ func WarmMemberUnplaced(m *kaironv1.Machine) (why string, unplaced bool) {
 	}
 	return cond.Message, true
 }
+
+// UnplacedMembers counts the warm members that wait for a node
+// (WarmMemberUnplaced) and keeps one explanation, the same whatever order
+// they are counted in, so that a message built from it does not flap.
+type UnplacedMembers struct {
+	Count int
+	Why   string
+}
+
+// Add counts m if it waits for a node, and says whether it does.
+func (u *UnplacedMembers) Add(m *kaironv1.Machine) bool {
+	why, unplaced := WarmMemberUnplaced(m)
+	if !unplaced {
+		return false
+	}
+	u.Count++
+	if u.Count == 1 || why < u.Why {
+		u.Why = why
+	}
+	return true
+}

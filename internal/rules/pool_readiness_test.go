@@ -74,3 +74,25 @@ func TestWarmMemberUnplaced(t *testing.T) {
 		})
 	}
 }
+
+// The explanation kept does not depend on the order members are counted
+// in, so a message built from it stays put while the cache reorders.
+func TestUnplacedMembersKeepsOneExplanationWhateverTheOrder(t *testing.T) {
+	unplaced := func(why string) *kaironv1.Machine {
+		return &kaironv1.Machine{Status: kaironv1.MachineStatus{Phase: kaironv1.MachinePending, Conditions: []metav1.Condition{
+			{Type: kaironv1.ConditionScheduled.String(), Status: metav1.ConditionFalse, Reason: kaironv1.MachineReasonUnschedulable, Message: why}}}}
+	}
+	placed := &kaironv1.Machine{Spec: kaironv1.MachineSpec{NodeName: "node-1"}, Status: kaironv1.MachineStatus{Phase: kaironv1.MachineBooting}}
+	members := []*kaironv1.Machine{unplaced("no room (free 1)"), placed, unplaced("no room (free 0)"), unplaced("no room (free 2)")}
+	for _, order := range [][]int{{0, 1, 2, 3}, {3, 2, 1, 0}, {1, 3, 0, 2}} {
+		var u UnplacedMembers
+		for _, i := range order {
+			if got, want := u.Add(members[i]), members[i] != placed; got != want {
+				t.Errorf("order %v: Add(member %d) = %v, want %v", order, i, got, want)
+			}
+		}
+		if u.Count != 3 || u.Why != "no room (free 0)" {
+			t.Errorf("order %v: %+v, want 3 counted and the explanation %q", order, u, "no room (free 0)")
+		}
+	}
+}
