@@ -412,7 +412,8 @@ func TestRelease(t *testing.T) {
 	t.Run("Retain", func(t *testing.T) {
 		claimHolding(t, env, ns, "job-2", "agents-22222222", kaironv1.ReclaimRetain)
 		done := fakeReleaser(t, env, ns, "job-2", "agents-22222222")
-		r := kctl(t, env, "release", "job-2", "-n", ns).ok(t, "release")
+		// As kaironctl claim -o name prints it.
+		r := kctl(t, env, "release", "machineclaim/job-2", "-n", ns).ok(t, "release")
 		done()
 		if want := "machineclaim/job-2 released\nmachine/agents-22222222 kept (reclaimPolicy Retain)\n"; r.stdout != want {
 			t.Errorf("stdout %q, want %q", r.stdout, want)

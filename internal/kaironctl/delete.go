@@ -18,37 +18,44 @@ func newDeleteCommand(o *Options) *cobra.Command {
 		timeout     time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "delete KIND NAME...",
+		Use:   "delete (KIND NAME... | KIND/NAME...)",
 		Short: "Delete objects by name and wait until they are gone",
-		Long: `Delete the named objects of one kind. By default kaironctl waits until each
-is really gone (a Machine is kept until its node agent has stopped the VM)
-and then prints "KIND/NAME deleted"; --wait=false returns once the API
-server has accepted the deletion.`,
+		Long: `Delete the named objects: KIND NAME... for objects of one kind, or
+KIND/NAME... (as -o name prints them) for any mix of kinds. By default
+kaironctl waits until each is really gone (a Machine is kept until its node
+agent has stopped the VM) and then prints "KIND/NAME deleted"; --wait=false
+returns once the API server has accepted the deletion.`,
 		Example: `  kaironctl delete machine web-1 web-2
   kaironctl delete mp agents --timeout 2m
+  kaironctl delete machineclaim/job-42 machine/web-3
   kaironctl delete machineclaim job-42 --wait=false`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return usageError(cmd, "delete needs a KIND and at least one NAME; valid kinds: %s", kindList())
+				return usageError(cmd, "delete needs a KIND and at least one NAME (or KIND/NAME); valid kinds: %s", kindList())
 			}
-			k, err := lookupKind(args[0])
+			groups, err := parseObjectArgs(args)
 			if err != nil {
 				return err
 			}
-			names := args[1:]
-			if len(names) == 0 {
+			if !named(groups) {
 				return usageError(cmd, "delete %s needs at least one NAME", args[0])
 			}
 			if timeout < 0 {
 				return usageError(cmd, "--timeout must not be negative, got %s", timeout)
 			}
-			ns := ""
-			if k.Namespaced {
-				if ns, err = o.Namespace(); err != nil {
-					return err
+			var targets []objectName
+			for _, g := range groups {
+				ns := ""
+				if g.kind.Namespaced {
+					if ns, err = o.Namespace(); err != nil {
+						return err
+					}
+				}
+				for _, name := range g.names {
+					targets = append(targets, objectName{kind: g.kind, namespace: ns, name: name})
 				}
 			}
-			return o.deleteObjects(cmd.Context(), k, ns, names, waitForGone, timeout)
+			return o.deleteObjects(cmd.Context(), targets, waitForGone, timeout)
 		},
 	}
 	cmd.Flags().BoolVar(&waitForGone, "wait", true, "Wait until the objects are gone before returning")
@@ -56,17 +63,24 @@ server has accepted the deletion.`,
 	return cmd
 }
 
-// deleteObjects deletes every name, then (with waitForGone) waits for each
-// to disappear, printing "kind/name deleted" for each one done. It goes on
-// past a name that fails and reports every failure at the end.
-func (o *Options) deleteObjects(ctx context.Context, k *Kind, ns string, names []string, waitForGone bool, timeout time.Duration) error {
+// objectName is one object named on the command line.
+type objectName struct {
+	kind            *Kind
+	namespace, name string
+}
+
+// deleteObjects deletes every target, then (with waitForGone) waits for
+// each to disappear, printing "kind/name deleted" for each one done. It
+// goes on past a target that fails and reports every failure at the end.
+func (o *Options) deleteObjects(ctx context.Context, targets []objectName, waitForGone bool, timeout time.Duration) error {
 	c, err := o.Client()
 	if err != nil {
 		return err
 	}
 	var errs []error
-	var deleted []string
-	for _, name := range names {
+	var deleted []objectName
+	for _, t := range targets {
+		k, ns, name := t.kind, t.namespace, t.name
 		var opts []client.DeleteOption
 		if k.RequiredLabel != "" {
 			// Never delete something that is not Kairon's (a real kubelet's
@@ -87,7 +101,7 @@ func (o *Options) deleteObjects(ctx context.Context, k *Kind, ns string, names [
 			fmt.Fprintf(o.Out, "%s deleted\n", k.ref(name))
 			continue
 		}
-		deleted = append(deleted, name)
+		deleted = append(deleted, t)
 	}
 
 	if len(deleted) > 0 {
@@ -97,12 +111,12 @@ func (o *Options) deleteObjects(ctx context.Context, k *Kind, ns string, names [
 			waitCtx, cancel = context.WithTimeout(ctx, timeout)
 			defer cancel()
 		}
-		for _, name := range deleted {
-			if err := o.waitGone(waitCtx, k, ns, name, timeout); err != nil {
+		for _, t := range deleted {
+			if err := o.waitGone(waitCtx, t.kind, t.namespace, t.name, timeout); err != nil {
 				errs = append(errs, err)
 				continue
 			}
-			fmt.Fprintf(o.Out, "%s deleted\n", k.ref(name))
+			fmt.Fprintf(o.Out, "%s deleted\n", t.kind.ref(t.name))
 		}
 	}
 	return errors.Join(errs...)

@@ -19,7 +19,7 @@ import (
 
 func newDescribeCommand(o *Options) *cobra.Command {
 	return &cobra.Command{
-		Use:   "describe KIND NAME",
+		Use:   "describe (KIND NAME | KIND/NAME)",
 		Short: "Print one object as JSON, exactly as the API server has it",
 		Long: `Print one object exactly as the API server returns it: indented JSON, with
 apiVersion and kind, and nothing else.
@@ -33,22 +33,23 @@ its migrations. When no Machine matches, each prints the same one-line hint
 instead of an empty list: the object, what it selects and where, and the
 kaironctl get command that lists those Machines.`,
 		Example: `  kaironctl describe machine web-1
+  kaironctl describe machineclaim/job-42
   kaironctl describe quota team-a -n team-a
   kaironctl describe budget web-tier
   kaironctl describe migrationpolicy slow-links`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			switch {
-			case len(args) == 0:
-				return usageError(cmd, "describe needs a KIND and a NAME; valid kinds: %s", kindList())
-			case len(args) > 2:
-				return usageError(cmd, "describe takes one KIND and one NAME, got %d arguments", len(args))
+			if len(args) == 0 {
+				return usageError(cmd, "describe needs a KIND and a NAME (or KIND/NAME); valid kinds: %s", kindList())
 			}
-			k, err := lookupKind(args[0])
+			k, names, err := oneKindNamed("describe", args)
 			if err != nil {
 				return err
 			}
-			if len(args) == 1 {
+			if len(names) == 0 {
 				return usageError(cmd, "describe %s needs a NAME", args[0])
+			}
+			if len(names) > 1 {
+				return usageError(cmd, "describe takes one KIND and one NAME, got %d arguments", len(args))
 			}
 			ns := ""
 			if k.Namespaced {
@@ -57,7 +58,7 @@ kaironctl get command that lists those Machines.`,
 				}
 			}
 			ctx := cmd.Context()
-			obj, err := o.getObject(ctx, k, ns, args[1])
+			obj, err := o.getObject(ctx, k, ns, names[0])
 			if err != nil {
 				return err
 			}

@@ -21,9 +21,11 @@ func newGetCommand(o *Options) *cobra.Command {
 		showManagedFields bool
 	)
 	cmd := &cobra.Command{
-		Use:   "get KIND [NAME...]",
-		Short: "List objects of one kind, or show some by name",
-		Long: `List the objects of one kind in the namespace, or show the ones named.
+		Use:   "get (KIND[,KIND...] [NAME...] | KIND/NAME...)",
+		Short: "List objects of one or more kinds, or show some by name",
+		Long: `List the objects of one kind in the namespace (of several: machines,machinepools),
+or show the ones named: KIND NAME... for one kind, KIND/NAME... (as -o name
+prints them) for any mix of kinds.
 
 Kinds:
 ` + kindHelp() + `
@@ -31,12 +33,14 @@ nodes are only the Nodes a Kairon node agent serves (label kairon.zyvor.dev/node
 		Example: `  kaironctl get machines
   kaironctl get mp -A
   kaironctl get machine web-1 -o yaml
+  kaironctl get mc,mp
+  kaironctl get machineclaim/job-42 machine/web-1
   kaironctl get budgets`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usageError(cmd, "get needs a KIND argument; valid kinds: %s", kindList())
 			}
-			k, err := lookupKind(args[0])
+			groups, err := parseObjectArgs(args)
 			if err != nil {
 				return err
 			}
@@ -44,49 +48,51 @@ nodes are only the Nodes a Kairon node agent serves (label kairon.zyvor.dev/node
 			if err != nil {
 				return err
 			}
-			names := args[1:]
-			if allNamespaces && len(names) > 0 {
+			byName := named(groups)
+			if allNamespaces && byName {
 				return usageError(cmd, "-A/--all-namespaces lists a whole kind; it cannot be used with a NAME")
 			}
 			if selector != "" {
-				if len(names) > 0 {
+				if byName {
 					return usageError(cmd, "-l/--selector cannot be used with a NAME")
 				}
 				if _, err := labels.Parse(selector); err != nil {
 					return fmt.Errorf("invalid -l/--selector %q: %v", selector, err)
 				}
 			}
-			ns := metav1.NamespaceAll
-			if k.Namespaced && !allNamespaces {
-				if ns, err = o.Namespace(); err != nil {
-					return err
-				}
-			}
 			ctx := cmd.Context()
 
-			var items []unstructured.Unstructured
+			found := make([]kindItems, len(groups))
 			var errs []error
-			if len(names) > 0 {
-				for _, name := range names {
-					obj, err := o.getObject(ctx, k, ns, name)
+			for i, g := range groups {
+				ns := metav1.NamespaceAll
+				if g.kind.Namespaced && !allNamespaces {
+					if ns, err = o.Namespace(); err != nil {
+						return err
+					}
+				}
+				found[i] = kindItems{kind: g.kind, namespace: ns}
+				if !byName {
+					if found[i].items, err = o.listObjects(ctx, g.kind, ns, selector); err != nil {
+						return err
+					}
+					continue
+				}
+				for _, name := range g.names {
+					obj, err := o.getObject(ctx, g.kind, ns, name)
 					if err != nil {
 						errs = append(errs, err)
 						continue
 					}
-					items = append(items, *obj)
-				}
-			} else {
-				if items, err = o.listObjects(ctx, k, ns, selector); err != nil {
-					return err
+					found[i].items = append(found[i].items, *obj)
 				}
 			}
 
-			if err := o.printObjects(ctx, k, items, format, printOptions{
-				allNamespaces:     allNamespaces && k.Namespaced,
-				single:            len(names) == 1,
+			if err := o.printObjects(ctx, found, format, printOptions{
+				allNamespaces:     allNamespaces,
+				single:            len(groups) == 1 && len(groups[0].names) == 1,
 				showManagedFields: showManagedFields,
-				namedLookup:       len(names) > 0,
-				namespace:         ns,
+				namedLookup:       byName,
 			}); err != nil {
 				return err
 			}
@@ -105,47 +111,102 @@ type printOptions struct {
 	single            bool
 	showManagedFields bool
 	namedLookup       bool
-	namespace         string
 }
 
-func (o *Options) printObjects(ctx context.Context, k *Kind, items []unstructured.Unstructured, format string, po printOptions) error {
+// kindItems is what get found of one kind, in namespace ("" for every
+// namespace, and for cluster-scoped kinds).
+type kindItems struct {
+	kind      *Kind
+	namespace string
+	items     []unstructured.Unstructured
+}
+
+// printObjects prints what get found. JSON and YAML are one List of every
+// object (the object alone for a single name); tables are one per kind,
+// a blank line apart, and when there is more than one kind each NAME says
+// its kind (KIND/NAME), as kubectl prints several kinds.
+func (o *Options) printObjects(ctx context.Context, found []kindItems, format string, po printOptions) error {
+	var all []unstructured.Unstructured
+	for _, f := range found {
+		all = append(all, f.items...)
+	}
 	if (format == outputJSON || format == outputYAML) && !po.showManagedFields {
-		for i := range items {
-			items[i].SetManagedFields(nil)
+		for i := range all {
+			all[i].SetManagedFields(nil)
 		}
 	}
 	switch format {
 	case outputJSON, outputYAML:
-		var v any = listObject(items)
+		var v any = listObject(all)
 		if po.single {
-			if len(items) == 0 {
+			if len(all) == 0 {
 				return nil
 			}
-			v = items[0].Object
+			v = all[0].Object
 		}
 		if format == outputJSON {
 			return printJSON(o.Out, v)
 		}
 		return printYAML(o.Out, v)
 	case outputName:
-		return printNames(o.Out, k, items)
-	}
-
-	if len(items) == 0 {
-		if !po.namedLookup {
-			if po.allNamespaces || !k.Namespaced {
-				fmt.Fprintln(o.ErrOut, "No resources found")
-			} else {
-				fmt.Fprintf(o.ErrOut, "No resources found in %s namespace.\n", po.namespace)
+		for _, f := range found {
+			if err := printNames(o.Out, f.kind, f.items); err != nil {
+				return err
 			}
 		}
 		return nil
 	}
-	t, err := o.buildTable(ctx, k, items, po.allNamespaces)
-	if err != nil {
-		return err
+
+	if len(all) == 0 {
+		if !po.namedLookup {
+			o.printNothingFound(found, po.allNamespaces)
+		}
+		return nil
 	}
-	return printTable(o.Out, t, format == outputWide)
+	printed := false
+	for _, f := range found {
+		if len(f.items) == 0 {
+			continue
+		}
+		withNamespace := po.allNamespaces && f.kind.Namespaced
+		t, err := o.buildTable(ctx, f.kind, f.items, withNamespace)
+		if err != nil {
+			return err
+		}
+		if len(found) > 1 {
+			nameColumn := 0
+			if withNamespace {
+				nameColumn = 1
+			}
+			for _, row := range t.Rows {
+				row[nameColumn] = f.kind.ref(row[nameColumn])
+			}
+		}
+		if printed {
+			fmt.Fprintln(o.Out)
+		}
+		if err := printTable(o.Out, t, format == outputWide); err != nil {
+			return err
+		}
+		printed = true
+	}
+	return nil
+}
+
+// printNothingFound says, as kubectl does, that a listing found nothing,
+// naming the namespace when every kind listed was listed in one.
+func (o *Options) printNothingFound(found []kindItems, allNamespaces bool) {
+	ns := ""
+	for _, f := range found {
+		if f.kind.Namespaced && !allNamespaces {
+			ns = f.namespace
+		}
+	}
+	if ns == "" {
+		fmt.Fprintln(o.ErrOut, "No resources found")
+		return
+	}
+	fmt.Fprintf(o.ErrOut, "No resources found in %s namespace.\n", ns)
 }
 
 // buildTable turns items into k's table, with a NAMESPACE column in front

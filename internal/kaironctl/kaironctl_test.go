@@ -308,6 +308,11 @@ func TestGetEveryKind(t *testing.T) {
 			if withoutAge(byName.stdout) != withoutAge(r.stdout) {
 				t.Errorf("get by name printed\n%s\nwant\n%s", byName.stdout, r.stdout)
 			}
+			// KIND/NAME, as -o name prints it, names the same object.
+			slashed := kctl(t, env, "get", tc.singular+"/"+tc.name, "-n", ns).ok(t)
+			if withoutAge(slashed.stdout) != withoutAge(r.stdout) {
+				t.Errorf("get %s/%s printed\n%s\nwant\n%s", tc.singular, tc.name, slashed.stdout, r.stdout)
+			}
 			wide := kctl(t, env, "get", tc.kind, "-n", ns, "-o", "wide").ok(t)
 			if hs := strings.Fields(strings.SplitN(wide.stdout, "\n", 2)[0]); len(hs) < len(tc.headers) {
 				t.Errorf("-o wide headers %q lack some of %q", hs, tc.headers)
@@ -376,6 +381,70 @@ func TestGetEveryKind(t *testing.T) {
 		}
 		kctl(t, env, "get", "machines", "-n", ns, "-l", "a b c").failed(t, "-l/--selector")
 	})
+}
+
+// kubectl's other ways of naming objects: a list of kinds, and KIND/NAME
+// arguments of several kinds.
+func TestGetSeveralKinds(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	create(t, env, plainMachine(ns, "web-1"))
+	create(t, env, &kaironv1.MachinePool{ObjectMeta: meta(ns, "agents"), Spec: kaironv1.MachinePoolSpec{Template: template(nil)}})
+
+	// One table per kind, a blank line apart, each NAME with its kind.
+	r := kctl(t, env, "get", "machines,mp", "-n", ns).ok(t)
+	tables := strings.Split(r.stdout, "\n\n")
+	if len(tables) != 2 {
+		t.Fatalf("want two tables a blank line apart, got:\n%s", r.stdout)
+	}
+	for i, want := range []struct{ secondHeader, row string }{{"PHASE", "machine/web-1"}, {"DESIRED", "machinepool/agents"}} {
+		if h := strings.Fields(tables[i]); len(h) < 2 || h[0] != "NAME" || h[1] != want.secondHeader {
+			t.Errorf("table %d does not start with NAME %s:\n%s", i, want.secondHeader, tables[i])
+		}
+		if lineStarting(tables[i], want.row) == nil {
+			t.Errorf("table %d has no row %s:\n%s", i, want.row, tables[i])
+		}
+	}
+	all := kctl(t, env, "get", "mach,mp", "-A").ok(t)
+	if f := lineStarting(all.stdout, ns); len(f) < 2 || f[1] != "machine/web-1" {
+		t.Errorf("-A: want NAMESPACE then KIND/NAME:\n%s", all.stdout)
+	}
+
+	// KIND/NAME of two kinds: grouped by kind, in the order given.
+	names := kctl(t, env, "get", "machinepool/agents", "machine/web-1", "-o", "name", "-n", ns).ok(t)
+	if names.stdout != "machinepool/agents\nmachine/web-1\n" {
+		t.Errorf("-o name: %q", names.stdout)
+	}
+	// What -o name printed can be given back.
+	again := kctl(t, env, append(append([]string{"get"}, strings.Fields(names.stdout)...), "-o", "name", "-n", ns)...).ok(t)
+	if again.stdout != names.stdout {
+		t.Errorf("get of -o name's output: %q, want %q", again.stdout, names.stdout)
+	}
+	js := kctl(t, env, "get", "mp/agents", "mach/web-1", "-o", "json", "-n", ns).ok(t)
+	var list struct {
+		Kind  string `json:"kind"`
+		Items []struct {
+			Kind string `json:"kind"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(js.stdout), &list); err != nil || list.Kind != "List" || len(list.Items) != 2 ||
+		list.Items[0].Kind != "MachinePool" || list.Items[1].Kind != "Machine" {
+		t.Errorf("-o json of two kinds is not one List of both: %v\n%s", err, js.stdout)
+	}
+
+	// A missing one does not hide the others, and exits 1 naming it.
+	r = kctl(t, env, "get", "mp/agents", "mach/ghost", "-o", "name", "-n", ns)
+	r.failed(t, `machine "ghost" not found in namespace "`+ns+`"`)
+	if r.stdout != "machinepool/agents\n" {
+		t.Errorf("stdout %q, want the pool", r.stdout)
+	}
+
+	// Nothing of any kind listed: one line, as for one kind.
+	empty := env.Namespace(t)
+	e := kctl(t, env, "get", "mc,mp", "-n", empty)
+	if e.code != 0 || e.stdout != "" || e.stderr != "No resources found in "+empty+" namespace.\n" {
+		t.Errorf("get mc,mp in an empty namespace: %+v", e)
+	}
 }
 
 func TestGetEmpty(t *testing.T) {
@@ -469,6 +538,9 @@ func TestDescribeIsRawJSON(t *testing.T) {
 		}
 		t.Run(tc.kind, func(t *testing.T) {
 			r := kctl(t, env, "describe", tc.kind, tc.name, "-n", ns).ok(t)
+			if slashed := kctl(t, env, "describe", tc.singular+"/"+tc.name, "-n", ns).ok(t); slashed.stdout != r.stdout {
+				t.Errorf("describe %s/%s printed\n%s\nwant\n%s", tc.singular, tc.name, slashed.stdout, r.stdout)
+			}
 			// Nothing but one JSON object: Unmarshal refuses trailing text.
 			var got map[string]any
 			if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
@@ -561,12 +633,20 @@ func TestScale(t *testing.T) {
 		{[]string{"scale", "machineset", "web", "--replicas", "5"}, &kaironv1.MachineSet{}, "machineset/web scaled\n", 5},
 		{[]string{"scale", "mp", "agents", "--replicas=10"}, &kaironv1.MachinePool{}, "machinepool/agents scaled\n", 10},
 		{[]string{"scale", "machinepool", "agents", "--replicas", "0"}, &kaironv1.MachinePool{}, "machinepool/agents scaled\n", 0},
+		{[]string{"scale", "machineset/web", "--replicas", "3"}, &kaironv1.MachineSet{}, "machineset/web scaled\n", 3},
 	} {
 		r := kctl(t, env, append(tc.args, "-n", ns)...).ok(t, tc.args...)
 		if r.stdout != tc.want {
 			t.Errorf("%v printed %q, want %q", tc.args, r.stdout, tc.want)
 		}
-		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: tc.args[2]}, tc.obj); err != nil {
+		name := tc.args[2]
+		if kind, n, found := strings.Cut(tc.args[1], "/"); found {
+			name = n
+			if kind != "machineset" {
+				t.Fatalf("case %v: only machineset/NAME is checked", tc.args)
+			}
+		}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, tc.obj); err != nil {
 			t.Fatal(err)
 		}
 		var replicas *int32
@@ -599,6 +679,8 @@ func TestScale(t *testing.T) {
 	kctl(t, env, "scale", "machines", "x", "--replicas", "1", "-n", ns).failed(t, "machines cannot be scaled", "machinesets, machinepools")
 	kctl(t, env, "scale", "mp", "missing", "--replicas", "1", "-n", ns).failed(t, `machinepool "missing" not found in namespace "`+ns+`"`)
 	kctl(t, env, "scale", "mp", "--replicas", "1", "-n", ns).failed(t, "NAME")
+	kctl(t, env, "scale", "mp/agents", "ms/web", "--replicas", "1", "-n", ns).failed(t, "one kind at a time")
+	kctl(t, env, "scale", "mp/agents", "mp/other", "--replicas", "1", "-n", ns).failed(t, "exactly one NAME, got 2")
 }
 
 func TestDelete(t *testing.T) {
@@ -704,7 +786,17 @@ func TestDelete(t *testing.T) {
 		if r.stdout != "machine/real deleted\n" || !gone("real") {
 			t.Errorf("a missing name stopped the others: %q", r.stdout)
 		}
+		create(t, env, &kaironv1.MachinePool{ObjectMeta: meta(ns, "pool2"), Spec: kaironv1.MachinePoolSpec{Template: template(nil)}})
+		create(t, env, plainMachine(ns, "m2"))
+		r = kctl(t, env, "delete", "machinepool/pool2", "machine/m2", "-n", ns).ok(t)
+		if r.stdout != "machinepool/pool2 deleted\nmachine/m2 deleted\n" || !gone("m2") {
+			t.Errorf("delete of two kinds by KIND/NAME: %q", r.stdout)
+		}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pool2"}, &kaironv1.MachinePool{}); !apierrors.IsNotFound(err) {
+			t.Errorf("machinepool/pool2 is still there: %v", err)
+		}
 		kctl(t, env, "delete", "machine", "-n", ns).failed(t, "NAME")
+		kctl(t, env, "delete", "machines,mp", "-n", ns).failed(t, "NAME")
 		kctl(t, env, "delete", "machine", "x", "--timeout", "soon", "-n", ns).failed(t, "--timeout")
 	})
 }
@@ -764,7 +856,16 @@ func TestErrors(t *testing.T) {
 		{[]string{"delete"}, []string{"KIND", "NAME"}},
 		{[]string{"logs"}, []string{"NAME"}},
 		{[]string{"logs", "machine"}, []string{"NAME"}},
-		{[]string{"logs", "mp", "agents"}, []string{"machines only"}},
+		{[]string{"logs", "mp", "agents"}, []string{"machines and claims", "not machinepools"}},
+		{[]string{"logs", "mp/agents"}, []string{"machinepools are not Machines"}},
+		{[]string{"logs", "mc/missing"}, []string{`machineclaim "missing" not found`}},
+		{[]string{"get", "mc,,mp"}, []string{"empty KIND"}},
+		{[]string{"get", "mc,mp", "x"}, []string{"NAMEs cannot follow a list of kinds"}},
+		{[]string{"get", "mc", "mc/x"}, []string{"KIND NAME... or KIND/NAME..."}},
+		{[]string{"get", "mc/x", "y"}, []string{`"y" is a bare NAME`}},
+		{[]string{"get", "mc/x", "-A"}, []string{"-A/--all-namespaces"}},
+		{[]string{"describe", "mc/a", "mp/b"}, []string{"one kind at a time"}},
+		{[]string{"release", "mp/agents"}, []string{"release works on claims", "kaironctl delete mp/agents"}},
 		{[]string{"logs", "missing"}, []string{`machine "missing" not found`}},
 		{[]string{"logs", "x", "--tail", "-5"}, []string{"--tail"}},
 		{[]string{"logs", "x", "--tail", "ten"}, []string{"--tail"}},

@@ -140,7 +140,7 @@ var kinds = []*Kind{
 		}),
 	},
 	{
-		Resource: "machinepools", Singular: "machinepool", Aliases: []string{"mp"},
+		Resource: "machinepools", Singular: "machinepool", Aliases: []string{"mp", "pools", "pool"},
 		GVR: kaironGVR("machinepools"), GoKind: "MachinePool", Namespaced: true, Scalable: true,
 		Columns: cols("NAME", "DESIRED", "WARM", "READY", "CLAIMED", "AGE"),
 		Row: rowOf(func(p *kaironv1.MachinePool, rc *RowContext) []string {
@@ -151,7 +151,7 @@ var kinds = []*Kind{
 		}),
 	},
 	{
-		Resource: "machineclaims", Singular: "machineclaim", Aliases: []string{"mc"},
+		Resource: "machineclaims", Singular: "machineclaim", Aliases: []string{"mc", "claims", "claim"},
 		GVR: kaironGVR("machineclaims"), GoKind: "MachineClaim", Namespaced: true,
 		Columns: cols("NAME", "POOL", "PHASE", "MACHINE", "BIND-MS", "EGRESS*", "AGE"),
 		Row: rowOf(func(c *kaironv1.MachineClaim, rc *RowContext) []string {

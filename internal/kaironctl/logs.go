@@ -18,8 +18,6 @@ import (
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
 
 func newLogsCommand(o *Options) *cobra.Command {
@@ -28,15 +26,17 @@ func newLogsCommand(o *Options) *cobra.Command {
 		follow bool
 	)
 	cmd := &cobra.Command{
-		Use:   "logs [machine] NAME",
+		Use:   "logs ([machine] NAME | machine/NAME | mc/CLAIM)",
 		Short: "Print a Machine's serial console",
-		Long: `Print the serial console of a Machine's VM. kaironctl asks the API server,
+		Long: `Print the serial console of a Machine's VM; mc/CLAIM names a claim's
+Machine, as for exec. kaironctl asks the API server,
 which forwards the request to the node agent on the Machine's node, the way
 kubectl logs reaches a kubelet (GET /api/v1/nodes/NODE/proxy/...).`,
 		Example: `  kaironctl logs machine web-1
-  kaironctl logs web-1 --tail 20 -f`,
+  kaironctl logs web-1 --tail 20 -f
+  kaironctl logs mc/job-42`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var name string
+			var target string
 			switch len(args) {
 			case 0:
 				return usageError(cmd, "logs needs a machine NAME")
@@ -44,44 +44,28 @@ kubectl logs reaches a kubelet (GET /api/v1/nodes/NODE/proxy/...).`,
 				if k, err := lookupKind(args[0]); err == nil {
 					return usageError(cmd, "logs %s needs a NAME", k.Singular)
 				}
-				name = args[0]
+				target = args[0]
 			case 2:
 				k, err := lookupKind(args[0])
 				if err != nil {
 					return err
 				}
-				if k.Resource != "machines" {
-					return fmt.Errorf("logs works on machines only, not %s", k.Resource)
+				if k.Resource != "machines" && k.Resource != "machineclaims" {
+					return fmt.Errorf("logs works on machines and claims (the claim's Machine), not %s", k.Resource)
 				}
-				name = args[1]
+				target = k.Singular + "/" + args[1]
 			default:
 				return usageError(cmd, "logs takes one machine NAME, got %d arguments", len(args))
 			}
 			if tail < -1 {
 				return usageError(cmd, "--tail must be 0 or more (or -1 for the whole console), got %d", tail)
 			}
-			ns, err := o.Namespace()
-			if err != nil {
-				return err
-			}
 			ctx := cmd.Context()
-			k, _ := lookupKind("machines")
-			c, err := o.Client()
+			ref, err := o.resolveMachine(ctx, "MACHINE", target)
 			if err != nil {
 				return err
 			}
-			var m kaironv1.Machine
-			if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &m); err != nil {
-				return o.objectError(k, ns, name, err)
-			}
-			node := m.Spec.NodeName
-			if node == "" {
-				phase := m.Status.Phase
-				if phase == "" {
-					phase = kaironv1.MachinePending
-				}
-				return fmt.Errorf("machine %s/%s has no node yet (phase %s)", ns, name, phase)
-			}
+			ns, name, node := ref.machine.Namespace, ref.machine.Name, ref.machine.Spec.NodeName
 
 			body, err := o.openConsole(ctx, node, ns, name, tail, follow)
 			if err != nil {

@@ -141,6 +141,22 @@ func TestLogs(t *testing.T) {
 		}
 	})
 
+	t.Run("a claim's Machine", func(t *testing.T) {
+		c := &kaironv1.MachineClaim{ObjectMeta: meta(ns, "job"), Spec: kaironv1.MachineClaimSpec{PoolName: "agents"}}
+		create(t, env, c)
+		c.Status = kaironv1.MachineClaimStatus{Phase: kaironv1.ClaimBound, MachineName: "vm"}
+		setStatus(t, env, c)
+		for _, args := range [][]string{{"mc/job"}, {"machineclaim", "job"}} {
+			r := kctl(t, env, append(append([]string{"logs"}, args...), "-n", ns, "--tail", "1")...).ok(t)
+			if r.stdout != "line 3\n" {
+				t.Errorf("logs %v: stdout %q", args, r.stdout)
+			}
+			if req := agent.lastRequest(); req == nil || req.Path != consolePath {
+				t.Errorf("logs %v: agent got %v, want %s", args, req, consolePath)
+			}
+		}
+	})
+
 	t.Run("whole console", func(t *testing.T) {
 		r := kctl(t, env, "logs", "vm", "-n", ns).ok(t)
 		if r.stdout != "line 1\nline 2\nline 3\n" {

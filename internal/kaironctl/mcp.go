@@ -358,7 +358,7 @@ func (s *mcpServer) deleteMachine(ctx context.Context, _ *mcp.CallToolRequest, i
 	if err != nil {
 		return nil, DeleteMachineOutput{}, mcpError(err)
 	}
-	if err := o.deleteObjects(ctx, k, ns, []string{in.Machine}, !in.NoWait, timeout); err != nil {
+	if err := o.deleteObjects(ctx, []objectName{{kind: k, namespace: ns, name: in.Machine}}, !in.NoWait, timeout); err != nil {
 		return nil, DeleteMachineOutput{}, mcpError(err)
 	}
 	return nil, DeleteMachineOutput{Machine: in.Machine, Deleted: true, Summary: strings.TrimSpace(out.String())}, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -19,7 +20,7 @@ func newReleaseCommand(o *Options) *cobra.Command {
 		timeout   time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "release CLAIM",
+		Use:   "release (CLAIM | mc/CLAIM)",
 		Short: "Delete a MachineClaim and let its Machine go per its reclaimPolicy",
 		Long: `Delete the MachineClaim CLAIM. kairon-controller then deletes the claim's
 egress policy and, by the claim's reclaimPolicy, either deletes its Machine
@@ -34,7 +35,8 @@ By default kaironctl waits for all of that and prints
 
 --wait=false returns once the API server has accepted the deletion.`,
 		Example: `  kaironctl release agents-claim-3fa91c
-  kaironctl release job-42 -n team-a --wait=false`,
+  kaironctl release job-42 -n team-a --wait=false
+  kaironctl release machineclaim/job-42`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
 				return usageError(cmd, "release needs exactly one CLAIM name, got %d arguments", len(args))
@@ -42,12 +44,36 @@ By default kaironctl waits for all of that and prints
 			if timeout < 0 {
 				return usageError(cmd, "--timeout must not be negative, got %s", timeout)
 			}
-			return o.runRelease(cmd.Context(), args[0], waitForIt, timeout)
+			name, err := claimName(args[0])
+			if err != nil {
+				return err
+			}
+			return o.runRelease(cmd.Context(), name, waitForIt, timeout)
 		},
 	}
 	cmd.Flags().BoolVar(&waitForIt, "wait", true, "Wait until the claim is gone and its Machine deleted or handed back")
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "How long --wait waits (0 waits forever)")
 	return cmd
+}
+
+// claimName reads release's argument: a claim's NAME, or KIND/NAME with a
+// name of the machineclaims kind, as kaironctl claim -o name prints it.
+func claimName(arg string) (string, error) {
+	kindName, name, found := strings.Cut(arg, "/")
+	if !found {
+		return arg, nil
+	}
+	k, err := lookupKind(kindName)
+	if err != nil {
+		return "", err
+	}
+	if k.Resource != "machineclaims" {
+		return "", fmt.Errorf("release works on claims; %q names a %s (to delete it: kaironctl delete %s)", arg, k.Singular, arg)
+	}
+	if name == "" || strings.Contains(name, "/") {
+		return "", fmt.Errorf("%q is not a CLAIM or mc/CLAIM", arg)
+	}
+	return name, nil
 }
 
 func (o *Options) runRelease(ctx context.Context, name string, waitForIt bool, timeout time.Duration) error {

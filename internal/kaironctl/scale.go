@@ -12,25 +12,26 @@ import (
 func newScaleCommand(o *Options) *cobra.Command {
 	var replicas int64
 	cmd := &cobra.Command{
-		Use:   "scale machineset|machinepool NAME --replicas N",
+		Use:   "scale (machineset|machinepool NAME | machineset/NAME | machinepool/NAME) --replicas N",
 		Short: "Set the replicas of a MachineSet or MachinePool",
 		Long: `Set spec.replicas of a MachineSet or MachinePool through its scale
 subresource, the same way kubectl scale and a HorizontalPodAutoscaler do.`,
 		Example: `  kaironctl scale machinepool agents --replicas 10
-  kaironctl scale ms web --replicas 0`,
+  kaironctl scale ms web --replicas 0
+  kaironctl scale mp/agents --replicas 3`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usageError(cmd, "scale needs a KIND (%s) and a NAME", scalableKinds())
 			}
-			k, err := lookupKind(args[0])
+			k, names, err := oneKindNamed("scale", args)
 			if err != nil {
 				return err
 			}
 			if !k.Scalable {
 				return fmt.Errorf("%s cannot be scaled; scale works on %s", k.Resource, scalableKinds())
 			}
-			if len(args) != 2 {
-				return usageError(cmd, "scale %s needs exactly one NAME, got %d", args[0], len(args)-1)
+			if len(names) != 1 {
+				return usageError(cmd, "scale %s needs exactly one NAME, got %d", k.Singular, len(names))
 			}
 			if !cmd.Flags().Changed("replicas") {
 				return usageError(cmd, "--replicas is required")
@@ -49,7 +50,7 @@ subresource, the same way kubectl scale and a HorizontalPodAutoscaler do.`,
 			if err != nil {
 				return err
 			}
-			name := args[1]
+			name := names[0]
 			patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"spec":{"replicas":%d}}`, replicas))
 			if err := c.SubResource("scale").Patch(cmd.Context(), k.object(ns, name), patch); err != nil {
 				return o.objectError(k, ns, name, err)
