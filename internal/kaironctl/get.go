@@ -19,6 +19,7 @@ func newGetCommand(o *Options) *cobra.Command {
 		output, selector  string
 		allNamespaces     bool
 		showManagedFields bool
+		watch, watchOnly  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "get (KIND[,KIND...] [NAME...] | KIND/NAME...)",
@@ -34,6 +35,7 @@ nodes are only the Nodes a Kairon node agent serves (label kairon.zyvor.dev/node
   kaironctl get mp -A
   kaironctl get machine web-1 -o yaml
   kaironctl get mc,mp
+  kaironctl get machines -w
   kaironctl get machineclaim/job-42 machine/web-1
   kaironctl get budgets`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -61,6 +63,12 @@ nodes are only the Nodes a Kairon node agent serves (label kairon.zyvor.dev/node
 				}
 			}
 			ctx := cmd.Context()
+			if watch || watchOnly {
+				return o.runGetWatch(ctx, cmd, groups, selector, &getWatch{
+					o: o, format: format, allNamespaces: allNamespaces,
+					showManagedFields: showManagedFields, watchOnly: watchOnly,
+				})
+			}
 
 			found := make([]kindItems, len(groups))
 			var errs []error
@@ -103,6 +111,8 @@ nodes are only the Nodes a Kairon node agent serves (label kairon.zyvor.dev/node
 	cmd.Flags().BoolVarP(&allNamespaces, "all-namespaces", "A", false, "List the kind in every namespace, with a NAMESPACE column")
 	cmd.Flags().StringVarP(&selector, "selector", "l", "", "Only objects whose labels match this selector (e.g. app=web,tier!=db)")
 	cmd.Flags().BoolVar(&showManagedFields, "show-managed-fields", false, "Keep metadata.managedFields in json and yaml output")
+	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "After printing what is there, print every change (a row, or an object with -o json|yaml) until interrupted")
+	cmd.Flags().BoolVar(&watchOnly, "watch-only", false, "Like --watch, without first printing what is there")
 	return cmd
 }
 
@@ -111,6 +121,40 @@ type printOptions struct {
 	single            bool
 	showManagedFields bool
 	namedLookup       bool
+}
+
+// runGetWatch checks get's arguments for a watch (one kind, at most one
+// name) and runs g on them.
+func (o *Options) runGetWatch(ctx context.Context, cmd *cobra.Command, groups []kindNames, selector string, g *getWatch) error {
+	if len(groups) > 1 {
+		return usageError(cmd, "-w/--watch watches one kind at a time, got %d", len(groups))
+	}
+	k, names := groups[0].kind, groups[0].names
+	if len(names) > 1 {
+		return usageError(cmd, "-w/--watch watches a whole kind or one object, got %d names", len(names))
+	}
+	ns := metav1.NamespaceAll
+	if k.Namespaced && !g.allNamespaces {
+		var err error
+		if ns, err = o.Namespace(); err != nil {
+			return err
+		}
+	}
+	name := ""
+	if len(names) == 1 {
+		// As kubectl: watching one object that is not there is an error.
+		name = names[0]
+		if _, err := o.getObject(ctx, k, ns, name); err != nil {
+			return err
+		}
+	}
+	sel, err := watchSelection(k, ns, name, selector)
+	if err != nil {
+		return err
+	}
+	g.kind, g.namespace = k, ns
+	g.allNamespaces = g.allNamespaces && k.Namespaced
+	return g.run(ctx, sel)
 }
 
 // kindItems is what get found of one kind, in namespace ("" for every

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"reflect"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
@@ -445,6 +447,116 @@ func TestGetSeveralKinds(t *testing.T) {
 	if e.code != 0 || e.stdout != "" || e.stderr != "No resources found in "+empty+" namespace.\n" {
 		t.Errorf("get mc,mp in an empty namespace: %+v", e)
 	}
+}
+
+func TestGetWatch(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	bg := context.Background()
+	create(t, env, plainMachine(ns, "a"))
+
+	// watching runs get -w with args until stop is called, which
+	// interrupts it as Ctrl-C does and returns how it ended.
+	watching := func(args ...string) (out *syncBuffer, stop func() result) {
+		out = &syncBuffer{}
+		ctx, cancel := context.WithCancel(bg)
+		done := make(chan result, 1)
+		go func() { done <- kctlContext(ctx, env.Kubeconfig, out, append(args, "-n", ns)...) }()
+		return out, func() result {
+			cancel()
+			return <-done
+		}
+	}
+	rowsOf := func(out, name string) (n int) {
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) > 0 && f[0] == name {
+				n++
+			}
+		}
+		return n
+	}
+	printed := func(out *syncBuffer, what string, ok func(s string) bool) {
+		t.Helper()
+		testenv.Eventually(t, time.Minute, what, func() (bool, string) {
+			s := out.String()
+			return ok(s), "stdout so far:\n" + s
+		})
+	}
+
+	out, stop := watching("get", "machines", "-w")
+	printed(out, "the table of what is there", func(s string) bool { return rowsOf(s, "a") == 1 })
+	create(t, env, plainMachine(ns, "b"))
+	printed(out, "a row for the new machine b", func(s string) bool { return rowsOf(s, "b") == 1 })
+	a := &kaironv1.Machine{}
+	if err := env.Client.Get(bg, client.ObjectKey{Namespace: ns, Name: "a"}, a); err != nil {
+		t.Fatal(err)
+	}
+	a.Status.Phase = kaironv1.MachineRunning
+	setStatus(t, env, a)
+	printed(out, "a row for a Running", func(s string) bool {
+		f := lineStarting(s[strings.LastIndex(s, "\na ")+1:], "a")
+		return len(f) > 1 && f[1] == "Running"
+	})
+	if err := env.Client.Delete(bg, plainMachine(ns, "b")); err != nil {
+		t.Fatal(err)
+	}
+	printed(out, "a last row for b, deleted", func(s string) bool { return rowsOf(s, "b") == 2 })
+	r := stop()
+	if r.code != 0 || r.stderr != "" {
+		t.Errorf("interrupted get -w: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if n := strings.Count(r.stdout, "NAME "); n != 1 {
+		t.Errorf("%d headers, want 1:\n%s", n, r.stdout)
+	}
+
+	// --watch-only: changes only; -o name: one line each.
+	out, stop = watching("get", "machines", "--watch-only", "-o", "name")
+	// c may be created before the watch has listed (and left it out as
+	// already there), so it is touched until a change of it is printed.
+	create(t, env, plainMachine(ns, "c"))
+	touches := 0
+	testenv.Eventually(t, time.Minute, "machine/c printed", func() (bool, string) {
+		if strings.Contains(out.String(), "machine/c\n") {
+			return true, ""
+		}
+		touches++
+		c := plainMachine(ns, "c")
+		patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{"touch":"%d"}}}`, touches))
+		if err := env.Client.Patch(bg, c, patch); err != nil {
+			return false, err.Error()
+		}
+		return false, "stdout so far: " + out.String()
+	})
+	if r := stop(); r.code != 0 || strings.Contains(r.stdout, "machine/a") {
+		t.Errorf("--watch-only printed what was there: %+v", r)
+	}
+
+	// One object, -o json: the object as it is, then each version of it.
+	out, stop = watching("get", "machine", "a", "-w", "-o", "json")
+	printed(out, "machine a as JSON", func(s string) bool { return strings.HasSuffix(s, "}\n") })
+	a.Status.Phase = kaironv1.MachineStopped
+	setStatus(t, env, a)
+	printed(out, "machine a Stopped as JSON", func(s string) bool { return strings.Count(s, `"phase": "Stopped"`) == 1 })
+	r = stop()
+	dec := json.NewDecoder(strings.NewReader(r.stdout))
+	var phases []string
+	for dec.More() {
+		var m kaironv1.Machine
+		if err := dec.Decode(&m); err != nil {
+			t.Fatalf("-w -o json is not a stream of objects: %v\n%s", err, r.stdout)
+		}
+		if m.Name != "a" || len(m.ManagedFields) > 0 {
+			t.Errorf("-w -o json printed %s with managedFields %v", m.Name, m.ManagedFields)
+		}
+		phases = append(phases, string(m.Status.Phase))
+	}
+	if len(phases) != 2 || phases[0] != "Running" || phases[1] != "Stopped" {
+		t.Errorf("-w -o json printed phases %v, want [Running Stopped]", phases)
+	}
+
+	kctl(t, env, "get", "mach,mp", "-w", "-n", ns).failed(t, "-w/--watch", "one kind at a time")
+	kctl(t, env, "get", "machine", "a", "c", "-w", "-n", ns).failed(t, "-w/--watch", "one object")
+	kctl(t, env, "get", "machine", "ghost", "-w", "-n", ns).failed(t, `machine "ghost" not found`)
 }
 
 func TestGetEmpty(t *testing.T) {

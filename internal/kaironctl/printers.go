@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -49,37 +49,67 @@ type table struct {
 // separated by at least two spaces, "-" for an empty cell. Wide columns are
 // left out unless wide.
 func printTable(w io.Writer, t table, wide bool) error {
-	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	return (&rowStream{w: w, wide: wide}).write(t)
+}
+
+// rowStream prints a table that may arrive a few rows at a time (get -w)
+// as one table: the header once, before the first rows, and every column
+// at least as wide as any of its cells printed so far, plus two spaces.
+// Written in one piece, a table comes out as text/tabwriter would align it.
+type rowStream struct {
+	w      io.Writer
+	wide   bool
+	widths []int // of each kept column, without the two-space gap
+	headed bool
+}
+
+// write prints t's rows, after its header if none was printed yet.
+func (s *rowStream) write(t table) error {
 	var keep []int
 	for i, c := range t.Columns {
-		if wide || !c.Wide {
+		if s.wide || !c.Wide {
 			keep = append(keep, i)
 		}
 	}
-	writeLine := func(cell func(i int) string) {
-		var b strings.Builder
-		for j, i := range keep {
-			if j > 0 {
-				b.WriteByte('\t')
-			}
-			b.WriteString(cell(i))
-			if j < len(keep)-1 {
-				b.WriteString(strings.Repeat(" ", t.Columns[i].Pad))
-			}
-		}
-		b.WriteByte('\n')
-		_, _ = io.WriteString(tw, b.String())
+	if len(s.widths) != len(keep) {
+		s.widths = make([]int, len(keep))
 	}
-	writeLine(func(i int) string { return strings.ToUpper(t.Columns[i].Header) })
+	var lines [][]string
+	cells := func(cell func(i int) string) []string {
+		line := make([]string, len(keep))
+		for j, i := range keep {
+			line[j] = cell(i)
+			if j < len(keep)-1 {
+				line[j] += strings.Repeat(" ", t.Columns[i].Pad)
+			}
+			s.widths[j] = max(s.widths[j], utf8.RuneCountInString(line[j]))
+		}
+		return line
+	}
+	if !s.headed {
+		lines = append(lines, cells(func(i int) string { return strings.ToUpper(t.Columns[i].Header) }))
+		s.headed = true
+	}
 	for _, row := range t.Rows {
-		writeLine(func(i int) string {
+		lines = append(lines, cells(func(i int) string {
 			if i >= len(row) {
 				return "-"
 			}
 			return cleanCell(row[i])
-		})
+		}))
 	}
-	return tw.Flush()
+	var b strings.Builder
+	for _, line := range lines {
+		for j, cell := range line {
+			b.WriteString(cell)
+			if j < len(line)-1 {
+				b.WriteString(strings.Repeat(" ", s.widths[j]+2-utf8.RuneCountInString(cell)))
+			}
+		}
+		b.WriteByte('\n')
+	}
+	_, err := io.WriteString(s.w, b.String())
+	return err
 }
 
 // cleanCell keeps a cell on one line and in its column.

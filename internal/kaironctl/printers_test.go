@@ -3,8 +3,10 @@ package kaironctl
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+	"text/tabwriter"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -416,5 +418,44 @@ func TestMigrationTableWide(t *testing.T) {
 		"move-web-2  web-2    cold      Failed     node-1  -       TargetUnavailable  -         -           60s\n"
 	if got := renderTable(t, "mmig", nil, true, false, done, failed); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}
+
+// A table written a few rows at a time (get -w) has its header once, and a
+// column never narrower than before; written whole, it is aligned as
+// text/tabwriter aligns it.
+func TestRowStream(t *testing.T) {
+	cols := []Column{{Header: "NAME"}, {Header: "PHASE"}, {Header: "NOTE", Wide: true}, {Header: "AGE"}}
+	var b strings.Builder
+	s := &rowStream{w: &b}
+	if err := s.write(table{Columns: cols, Rows: [][]string{{"a", "Running", "x", "1s"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.write(table{Columns: cols, Rows: [][]string{{"longer-name", "", "x", "2s"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.write(table{Columns: cols, Rows: [][]string{{"b", "Pending", "x", "3s"}}}); err != nil {
+		t.Fatal(err)
+	}
+	want := "" +
+		"NAME  PHASE    AGE\n" +
+		"a     Running  1s\n" +
+		"longer-name  -        2s\n" +
+		"b            Pending  3s\n"
+	if b.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+
+	b.Reset()
+	rows := [][]string{{"a", "Running", "x", "1s"}, {"longer-name", "", "a note", "2s"}}
+	if err := printTable(&b, table{Columns: cols, Rows: rows}, true); err != nil {
+		t.Fatal(err)
+	}
+	var tw strings.Builder
+	w := tabwriter.NewWriter(&tw, 0, 8, 2, ' ', 0)
+	fmt.Fprint(w, "NAME\tPHASE\tNOTE\tAGE\na\tRunning\tx\t1s\nlonger-name\t-\ta note\t2s\n")
+	_ = w.Flush()
+	if b.String() != tw.String() {
+		t.Errorf("whole table\n%s\nwant, as tabwriter aligns it,\n%s", b.String(), tw.String())
 	}
 }

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,12 +33,13 @@ type watcher interface {
 
 // selection is what waitFor watches: the objects of one kind in a namespace
 // ("" for every namespace, and for cluster-scoped kinds) that match a field
-// selector.
+// selector and a label selector.
 type selection struct {
 	// newList returns an empty list of the kind.
 	newList   func() client.ObjectList
 	namespace string
 	fields    fields.Selector // nil selects everything
+	labels    labels.Selector // nil selects everything
 }
 
 // selectionOf selects the one object named like obj, of obj's kind.
@@ -83,7 +85,7 @@ func listFor(obj client.Object) (func() client.ObjectList, error) {
 // listOptions are the options of a list; with watchFrom, of a watch from
 // that resourceVersion.
 func (s selection) listOptions(watchFrom string) *client.ListOptions {
-	opts := &client.ListOptions{Namespace: s.namespace, FieldSelector: s.fields}
+	opts := &client.ListOptions{Namespace: s.namespace, FieldSelector: s.fields, LabelSelector: s.labels}
 	if watchFrom != "" {
 		opts.Raw = &metav1.ListOptions{ResourceVersion: watchFrom, AllowWatchBookmarks: true}
 	}
