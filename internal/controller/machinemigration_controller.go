@@ -285,6 +285,11 @@ func (r *MachineMigrationReconciler) pickTarget(ctx context.Context, mig *kairon
 		}
 		return want, "", nil
 	}
+	if len(candidates) == 0 {
+		// PickNode would say there are no Kairon nodes at all, when there
+		// is one: the source.
+		return "", fmt.Sprintf("node %s is the only Kairon node (label %s); a migration needs another", source, kaironv1.LabelNode), nil
+	}
 	best, why := rules.PickNode(candidates, machine)
 	if best == nil {
 		return "", "no node other than " + source + " can take the Machine: " + why, nil
