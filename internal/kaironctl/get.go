@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/util/jsonpath"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -20,6 +21,7 @@ func newGetCommand(o *Options) *cobra.Command {
 		allNamespaces     bool
 		showManagedFields bool
 		watch, watchOnly  bool
+		noHeaders         bool
 	)
 	cmd := &cobra.Command{
 		Use:   "get (KIND[,KIND...] [NAME...] | KIND/NAME...)",
@@ -46,7 +48,7 @@ nodes are only the Nodes a Kairon node agent serves (label kairon.zyvor.dev/node
 			if err != nil {
 				return err
 			}
-			format, err := parseOutput(output)
+			format, template, err := parseOutput(output)
 			if err != nil {
 				return err
 			}
@@ -65,8 +67,8 @@ nodes are only the Nodes a Kairon node agent serves (label kairon.zyvor.dev/node
 			ctx := cmd.Context()
 			if watch || watchOnly {
 				return o.runGetWatch(ctx, cmd, groups, selector, &getWatch{
-					o: o, format: format, allNamespaces: allNamespaces,
-					showManagedFields: showManagedFields, watchOnly: watchOnly,
+					o: o, format: format, template: template, allNamespaces: allNamespaces,
+					showManagedFields: showManagedFields, watchOnly: watchOnly, noHeaders: noHeaders,
 				})
 			}
 
@@ -101,6 +103,8 @@ nodes are only the Nodes a Kairon node agent serves (label kairon.zyvor.dev/node
 				single:            len(groups) == 1 && len(groups[0].names) == 1,
 				showManagedFields: showManagedFields,
 				namedLookup:       byName,
+				template:          template,
+				noHeaders:         noHeaders,
 			}); err != nil {
 				return err
 			}
@@ -113,6 +117,7 @@ nodes are only the Nodes a Kairon node agent serves (label kairon.zyvor.dev/node
 	cmd.Flags().BoolVar(&showManagedFields, "show-managed-fields", false, "Keep metadata.managedFields in json and yaml output")
 	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "After printing what is there, print every change (a row, or an object with -o json|yaml) until interrupted")
 	cmd.Flags().BoolVar(&watchOnly, "watch-only", false, "Like --watch, without first printing what is there")
+	cmd.Flags().BoolVar(&noHeaders, "no-headers", false, "Print tables without their header line")
 	return cmd
 }
 
@@ -121,6 +126,9 @@ type printOptions struct {
 	single            bool
 	showManagedFields bool
 	namedLookup       bool
+	// template is -o jsonpath's.
+	template  *jsonpath.JSONPath
+	noHeaders bool
 }
 
 // runGetWatch checks get's arguments for a watch (one kind, at most one
@@ -174,13 +182,13 @@ func (o *Options) printObjects(ctx context.Context, found []kindItems, format st
 	for _, f := range found {
 		all = append(all, f.items...)
 	}
-	if (format == outputJSON || format == outputYAML) && !po.showManagedFields {
+	if (format == outputJSON || format == outputYAML || format == outputJSONPath) && !po.showManagedFields {
 		for i := range all {
 			all[i].SetManagedFields(nil)
 		}
 	}
 	switch format {
-	case outputJSON, outputYAML:
+	case outputJSON, outputYAML, outputJSONPath:
 		var v any = listObject(all)
 		if po.single {
 			if len(all) == 0 {
@@ -188,8 +196,11 @@ func (o *Options) printObjects(ctx context.Context, found []kindItems, format st
 			}
 			v = all[0].Object
 		}
-		if format == outputJSON {
+		switch format {
+		case outputJSON:
 			return printJSON(o.Out, v)
+		case outputJSONPath:
+			return printJSONPath(o.Out, po.template, v)
 		}
 		return printYAML(o.Out, v)
 	case outputName:
@@ -229,7 +240,7 @@ func (o *Options) printObjects(ctx context.Context, found []kindItems, format st
 		if printed {
 			fmt.Fprintln(o.Out)
 		}
-		if err := printTable(o.Out, t, format == outputWide); err != nil {
+		if err := (&rowStream{w: o.Out, wide: format == outputWide, noHeaders: po.noHeaders}).write(t); err != nil {
 			return err
 		}
 		printed = true

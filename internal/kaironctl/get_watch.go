@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/util/jsonpath"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -23,6 +24,9 @@ type getWatch struct {
 	o      *Options
 	kind   *Kind
 	format string
+	// template is -o jsonpath's.
+	template  *jsonpath.JSONPath
+	noHeaders bool
 	// namespace is where the watch looks ("" for every namespace).
 	namespace string
 	// allNamespaces adds the NAMESPACE column.
@@ -71,7 +75,7 @@ func (g *getWatch) run(ctx context.Context, sel selection) error {
 		return err
 	}
 	g.printed = map[string]*unstructured.Unstructured{}
-	g.rows = &rowStream{w: g.o.Out, wide: g.format == outputWide}
+	g.rows = &rowStream{w: g.o.Out, wide: g.format == outputWide, noHeaders: g.noHeaders}
 	_, err = waitFor(ctx, c, sel, 0, func(objs []client.Object) (bool, error) {
 		return false, g.changed(ctx, objs)
 	})
@@ -119,7 +123,7 @@ func (g *getWatch) changed(ctx context.Context, objs []client.Object) error {
 	if first && g.watchOnly {
 		return nil
 	}
-	if first && len(out) == 0 && g.format != outputJSON && g.format != outputYAML {
+	if first && len(out) == 0 && (g.format == outputTable || g.format == outputWide || g.format == outputName) {
 		g.o.printNothingFound([]kindItems{{kind: g.kind, namespace: g.namespace}}, g.allNamespaces)
 	}
 	return g.print(ctx, out)
@@ -151,6 +155,13 @@ func (g *getWatch) print(ctx context.Context, objs []*unstructured.Unstructured)
 				return err
 			}
 			if err := printYAML(g.o.Out, items[i].Object); err != nil {
+				return err
+			}
+		}
+		return nil
+	case outputJSONPath:
+		for i := range items {
+			if err := printJSONPath(g.o.Out, g.template, items[i].Object); err != nil {
 				return err
 			}
 		}

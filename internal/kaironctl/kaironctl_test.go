@@ -434,6 +434,19 @@ func TestGetSeveralKinds(t *testing.T) {
 		t.Errorf("-o json of two kinds is not one List of both: %v\n%s", err, js.stdout)
 	}
 
+	// -o jsonpath: on the object for one name, on the List otherwise;
+	// --no-headers: rows only.
+	if r := kctl(t, env, "get", "machine/web-1", "-o", "jsonpath={.metadata.name}", "-n", ns).ok(t); r.stdout != "web-1" {
+		t.Errorf("-o jsonpath of one object: %q", r.stdout)
+	}
+	if r := kctl(t, env, "get", "machines,mp", "-o", "jsonpath={range .items[*]}{.kind}:{.metadata.name} {end}", "-n", ns).ok(t); r.stdout != "Machine:web-1 MachinePool:agents " {
+		t.Errorf("-o jsonpath of two kinds: %q", r.stdout)
+	}
+	if r := kctl(t, env, "get", "machines", "--no-headers", "-n", ns).ok(t); strings.Count(r.stdout, "\n") != 1 || lineStarting(r.stdout, "web-1") == nil {
+		t.Errorf("--no-headers: %q", r.stdout)
+	}
+	kctl(t, env, "get", "machines", "-o", "jsonpath={.items[", "-n", ns).failed(t, "-o/--output jsonpath template")
+
 	// A missing one does not hide the others, and exits 1 naming it.
 	r = kctl(t, env, "get", "mp/agents", "mach/ghost", "-o", "name", "-n", ns)
 	r.failed(t, `machine "ghost" not found in namespace "`+ns+`"`)

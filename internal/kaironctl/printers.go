@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/util/jsonpath"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 )
@@ -22,21 +23,44 @@ const (
 	outputJSON  = "json"
 	outputYAML  = "yaml"
 	outputName  = "name"
+	// outputJSONPath is -o jsonpath=TEMPLATE.
+	outputJSONPath = "jsonpath"
 )
 
-var outputFormats = []string{outputTable, outputWide, outputJSON, outputYAML, outputName}
+var outputFormats = []string{outputTable, outputWide, outputJSON, outputYAML, outputName, outputJSONPath + "=TEMPLATE"}
 
-// parseOutput checks the value of -o; empty means table.
-func parseOutput(s string) (string, error) {
+// parseOutput checks the value of -o; empty means table. For
+// jsonpath=TEMPLATE it also returns the parsed template, which, as in
+// kubectl, lets a key that is not there print as nothing.
+func parseOutput(s string) (string, *jsonpath.JSONPath, error) {
 	if s == "" {
-		return outputTable, nil
+		return outputTable, nil, nil
+	}
+	if tmpl, found := strings.CutPrefix(s, outputJSONPath+"="); found || s == outputJSONPath {
+		if !found || tmpl == "" {
+			return "", nil, fmt.Errorf("-o/--output jsonpath needs a template, e.g. -o jsonpath='{.status.phase}'")
+		}
+		jp := jsonpath.New("output").AllowMissingKeys(true)
+		if err := jp.Parse(tmpl); err != nil {
+			return "", nil, fmt.Errorf("-o/--output jsonpath template %q: %v", tmpl, err)
+		}
+		return outputJSONPath, jp, nil
 	}
 	for _, f := range outputFormats {
 		if s == f {
-			return s, nil
+			return s, nil, nil
 		}
 	}
-	return "", fmt.Errorf("unknown output format %q for -o/--output; valid formats: %s", s, strings.Join(outputFormats, ", "))
+	return "", nil, fmt.Errorf("unknown output format %q for -o/--output; valid formats: %s", s, strings.Join(outputFormats, ", "))
+}
+
+// printJSONPath writes tmpl applied to v, with nothing after it (as
+// kubectl, so that $(kaironctl get ... -o jsonpath=...) is the value).
+func printJSONPath(w io.Writer, tmpl *jsonpath.JSONPath, v any) error {
+	if err := tmpl.Execute(w, v); err != nil {
+		return fmt.Errorf("-o jsonpath: %v", err)
+	}
+	return nil
 }
 
 // table is rows of cells under columns, ready to print.
@@ -57,10 +81,12 @@ func printTable(w io.Writer, t table, wide bool) error {
 // at least as wide as any of its cells printed so far, plus two spaces.
 // Written in one piece, a table comes out as text/tabwriter would align it.
 type rowStream struct {
-	w      io.Writer
-	wide   bool
-	widths []int // of each kept column, without the two-space gap
-	headed bool
+	w    io.Writer
+	wide bool
+	// noHeaders leaves the header out (and out of the column widths).
+	noHeaders bool
+	widths    []int // of each kept column, without the two-space gap
+	headed    bool
 }
 
 // write prints t's rows, after its header if none was printed yet.
@@ -86,10 +112,10 @@ func (s *rowStream) write(t table) error {
 		}
 		return line
 	}
-	if !s.headed {
+	if !s.headed && !s.noHeaders {
 		lines = append(lines, cells(func(i int) string { return strings.ToUpper(t.Columns[i].Header) }))
-		s.headed = true
 	}
+	s.headed = true
 	for _, row := range t.Rows {
 		lines = append(lines, cells(func(i int) string {
 			if i >= len(row) {

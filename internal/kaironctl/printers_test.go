@@ -349,12 +349,29 @@ func TestLookupKind(t *testing.T) {
 
 func TestParseOutput(t *testing.T) {
 	for _, f := range []string{"", "table", "wide", "json", "yaml", "name"} {
-		if _, err := parseOutput(f); err != nil {
-			t.Errorf("parseOutput(%q): %v", f, err)
+		if _, tmpl, err := parseOutput(f); err != nil || tmpl != nil {
+			t.Errorf("parseOutput(%q): %v %v", f, tmpl, err)
 		}
 	}
-	if _, err := parseOutput("xml"); err == nil || !strings.Contains(err.Error(), "-o/--output") {
-		t.Errorf("parseOutput(xml) = %v, want an error naming -o/--output", err)
+	for f, want := range map[string]string{
+		"xml":                 `unknown output format "xml" for -o/--output; valid formats: table, wide, json, yaml, name, jsonpath=TEMPLATE`,
+		"jsonpath":            "-o/--output jsonpath needs a template",
+		"jsonpath=":           "-o/--output jsonpath needs a template",
+		"jsonpath={.items[}":  `-o/--output jsonpath template "{.items[}": unterminated array`,
+		"jsonpath-as-json={}": "unknown output format",
+	} {
+		if _, _, err := parseOutput(f); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("parseOutput(%q) = %v, want an error containing %q", f, err, want)
+		}
+	}
+
+	format, tmpl, err := parseOutput("jsonpath={.status.phase}{' '}{.missing}")
+	if err != nil || format != outputJSONPath {
+		t.Fatalf("jsonpath: %q %v", format, err)
+	}
+	var b strings.Builder
+	if err := printJSONPath(&b, tmpl, map[string]any{"status": map[string]any{"phase": "Bound"}}); err != nil || b.String() != "Bound " {
+		t.Errorf("jsonpath printed %q, %v; want %q (a missing key prints as nothing)", b.String(), err, "Bound ")
 	}
 }
 
