@@ -28,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -88,21 +89,48 @@ func TestInstall(t *testing.T) {
 		}
 	})
 
-	// CRDs: all of them back, from the chart, and established.
+	// CRDs: all of them back, from the chart, established and in the API
+	// server's discovery. Established comes first: a client that looks a
+	// kind up between the two (env.Client below) is told it does not exist.
+	disco, err := discovery.NewDiscoveryClientForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, name := range crdNames {
 		var crd apiextensionsv1.CustomResourceDefinition
-		eventually(t, "CRD "+name+" established", func() (bool, string) {
+		eventually(t, "CRD "+name+" established and served", func() (bool, string) {
 			if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &crd); err != nil {
 				return false, err.Error()
 			}
-			for _, c := range crd.Status.Conditions {
-				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-					return true, ""
-				}
+			if !slices.ContainsFunc(crd.Status.Conditions, func(c apiextensionsv1.CustomResourceDefinitionCondition) bool {
+				return c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue
+			}) {
+				return false, fmt.Sprintf("conditions %+v", crd.Status.Conditions)
 			}
-			return false, fmt.Sprintf("conditions %+v", crd.Status.Conditions)
+			gv := crd.Spec.Group + "/" + crd.Spec.Versions[0].Name
+			list, err := disco.ServerResourcesForGroupVersion(gv)
+			if err != nil {
+				return false, fmt.Sprintf("discovery of %s: %v", gv, err)
+			}
+			served := slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == crd.Spec.Names.Plural })
+			return served, fmt.Sprintf("%s not in the discovery of %s yet", crd.Spec.Names.Plural, gv)
 		})
 	}
+	// The chart's MutatingAdmissionPolicy on MachineClaims needs the
+	// re-created CRD's schema, which the API server reads from its own
+	// OpenAPI every 5 s; until then it answers a claim create with 503
+	// "Resource kind ... MachineClaim not found. There can be a delay ...".
+	// A dry run goes through admission and writes nothing.
+	eventually(t, "a MachineClaim create to pass admission", func() (bool, string) {
+		probe := &kaironv1.MachineClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "admission-probe"},
+			Spec:       kaironv1.MachineClaimSpec{PoolName: "none"},
+		}
+		if err := env.Client.Create(ctx, probe, client.DryRunAll); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
 
 	controllerSA, nodeSA := installRelease+"-controller", installRelease+"-node"
 	var dep appsv1.Deployment
