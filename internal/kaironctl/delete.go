@@ -9,26 +9,31 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 func newDeleteCommand(o *Options) *cobra.Command {
 	var (
-		waitForGone bool
-		timeout     time.Duration
+		waitForGone, all bool
+		selector         string
+		timeout          time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "delete (KIND NAME... | KIND/NAME...)",
+		Use:   "delete (KIND NAME... | KIND/NAME... | KIND[,KIND...] (-l SELECTOR | --all))",
 		Short: "Delete objects by name and wait until they are gone",
 		Long: `Delete the named objects: KIND NAME... for objects of one kind, or
-KIND/NAME... (as -o name prints them) for any mix of kinds. By default
+KIND/NAME... (as -o name prints them) for any mix of kinds; or, with no
+names, every object of the kinds given that -l SELECTOR matches, or all of
+them with --all, in the namespace. By default
 kaironctl waits until each is really gone (a Machine is kept until its node
 agent has stopped the VM) and then prints "KIND/NAME deleted"; --wait=false
 returns once the API server has accepted the deletion.`,
 		Example: `  kaironctl delete machine web-1 web-2
   kaironctl delete mp agents --timeout 2m
   kaironctl delete machineclaim/job-42 machine/web-3
-  kaironctl delete machineclaim job-42 --wait=false`,
+  kaironctl delete machineclaim job-42 --wait=false
+  kaironctl delete mc -l team=ml`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usageError(cmd, "delete needs a KIND and at least one NAME (or KIND/NAME); valid kinds: %s", kindList())
@@ -37,13 +42,26 @@ returns once the API server has accepted the deletion.`,
 			if err != nil {
 				return err
 			}
-			if !named(groups) {
-				return usageError(cmd, "delete %s needs at least one NAME", args[0])
+			byName := named(groups)
+			switch {
+			case byName && (all || selector != ""):
+				return usageError(cmd, "delete takes NAMEs, or -l/--selector or --all, not both")
+			case !byName && !all && selector == "":
+				return usageError(cmd, "delete %s needs at least one NAME, or -l/--selector or --all", args[0])
+			case all && selector != "":
+				return usageError(cmd, "--all deletes every object of the kind; it cannot be used with -l/--selector")
+			}
+			if selector != "" {
+				if _, err := labels.Parse(selector); err != nil {
+					return fmt.Errorf("invalid -l/--selector %q: %v", selector, err)
+				}
 			}
 			if timeout < 0 {
 				return usageError(cmd, "--timeout must not be negative, got %s", timeout)
 			}
+			ctx := cmd.Context()
 			var targets []objectName
+			var found []kindItems
 			for _, g := range groups {
 				ns := ""
 				if g.kind.Namespaced {
@@ -51,15 +69,33 @@ returns once the API server has accepted the deletion.`,
 						return err
 					}
 				}
-				for _, name := range g.names {
+				names := g.names
+				if !byName {
+					items, err := o.listObjects(ctx, g.kind, ns, selector)
+					if err != nil {
+						return err
+					}
+					found = append(found, kindItems{kind: g.kind, namespace: ns, items: items})
+					names = nil
+					for _, item := range items {
+						names = append(names, item.GetName())
+					}
+				}
+				for _, name := range names {
 					targets = append(targets, objectName{kind: g.kind, namespace: ns, name: name})
 				}
 			}
-			return o.deleteObjects(cmd.Context(), targets, waitForGone, timeout)
+			if len(targets) == 0 {
+				o.printNothingFound(found, false)
+				return nil
+			}
+			return o.deleteObjects(ctx, targets, waitForGone, timeout)
 		},
 	}
 	cmd.Flags().BoolVar(&waitForGone, "wait", true, "Wait until the objects are gone before returning")
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "How long --wait waits for all of them (0 waits forever)")
+	cmd.Flags().StringVarP(&selector, "selector", "l", "", "Delete the objects of the kinds whose labels match this selector (e.g. team=ml)")
+	cmd.Flags().BoolVar(&all, "all", false, "Delete every object of the kinds in the namespace")
 	return cmd
 }
 

@@ -522,26 +522,32 @@ func TestGetWatch(t *testing.T) {
 		t.Errorf("%d headers, want 1:\n%s", n, r.stdout)
 	}
 
-	// --watch-only: changes only; -o name: one line each.
-	out, stop = watching("get", "machines", "--watch-only", "-o", "name")
+	// --watch-only: changes only; -o name: one line each; -l: only what
+	// matches.
+	out, stop = watching("get", "machines", "--watch-only", "-o", "name", "-l", "tier=web")
 	// c may be created before the watch has listed (and left it out as
-	// already there), so it is touched until a change of it is printed.
-	create(t, env, plainMachine(ns, "c"))
+	// already there), so it is touched until a change of it is printed;
+	// d, touched as often, does not match.
+	c := plainMachine(ns, "c")
+	c.Labels = map[string]string{"tier": "web"}
+	create(t, env, c)
+	create(t, env, plainMachine(ns, "d"))
 	touches := 0
 	testenv.Eventually(t, time.Minute, "machine/c printed", func() (bool, string) {
 		if strings.Contains(out.String(), "machine/c\n") {
 			return true, ""
 		}
 		touches++
-		c := plainMachine(ns, "c")
 		patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"metadata":{"annotations":{"touch":"%d"}}}`, touches))
-		if err := env.Client.Patch(bg, c, patch); err != nil {
-			return false, err.Error()
+		for _, name := range []string{"d", "c"} {
+			if err := env.Client.Patch(bg, plainMachine(ns, name), patch); err != nil {
+				return false, err.Error()
+			}
 		}
 		return false, "stdout so far: " + out.String()
 	})
-	if r := stop(); r.code != 0 || strings.Contains(r.stdout, "machine/a") {
-		t.Errorf("--watch-only printed what was there: %+v", r)
+	if r := stop(); r.code != 0 || strings.Contains(r.stdout, "machine/a") || strings.Contains(r.stdout, "machine/d") {
+		t.Errorf("--watch-only -l tier=web printed what was there or did not match: %+v", r)
 	}
 
 	// One object, -o json: the object as it is, then each version of it.
@@ -569,6 +575,7 @@ func TestGetWatch(t *testing.T) {
 
 	kctl(t, env, "get", "mach,mp", "-w", "-n", ns).failed(t, "-w/--watch", "one kind at a time")
 	kctl(t, env, "get", "machine", "a", "c", "-w", "-n", ns).failed(t, "-w/--watch", "one object")
+	kctl(t, env, "get", "machines", "-w", "-l", "a b", "-n", ns).failed(t, "-l/--selector")
 	kctl(t, env, "get", "machine", "ghost", "-w", "-n", ns).failed(t, `machine "ghost" not found`)
 }
 
@@ -920,8 +927,40 @@ func TestDelete(t *testing.T) {
 		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "pool2"}, &kaironv1.MachinePool{}); !apierrors.IsNotFound(err) {
 			t.Errorf("machinepool/pool2 is still there: %v", err)
 		}
-		kctl(t, env, "delete", "machine", "-n", ns).failed(t, "NAME")
+		kctl(t, env, "delete", "machine", "-n", ns).failed(t, "NAME", "-l/--selector or --all")
 		kctl(t, env, "delete", "machines,mp", "-n", ns).failed(t, "NAME")
+		kctl(t, env, "delete", "machine", "x", "--all", "-n", ns).failed(t, "not both")
+		kctl(t, env, "delete", "machine", "x", "-l", "a=b", "-n", ns).failed(t, "not both")
+		kctl(t, env, "delete", "machines", "--all", "-l", "a=b", "-n", ns).failed(t, "--all", "-l/--selector")
+		kctl(t, env, "delete", "machines", "-l", "a b", "-n", ns).failed(t, "-l/--selector")
+	})
+
+	t.Run("by selector and --all", func(t *testing.T) {
+		ns := env.Namespace(t)
+		for _, name := range []string{"tmp-1", "tmp-2", "keep"} {
+			m := plainMachine(ns, name)
+			if name != "keep" {
+				m.Labels = map[string]string{"tier": "tmp"}
+			}
+			create(t, env, m)
+		}
+		create(t, env, &kaironv1.MachinePool{ObjectMeta: meta(ns, "pool"), Spec: kaironv1.MachinePoolSpec{Template: template(nil)}})
+		exists := func(obj client.Object, name string) bool {
+			return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, obj) == nil
+		}
+
+		r := kctl(t, env, "delete", "machines", "-l", "tier=tmp", "-n", ns).ok(t)
+		if r.stdout != "machine/tmp-1 deleted\nmachine/tmp-2 deleted\n" || exists(&kaironv1.Machine{}, "tmp-1") || !exists(&kaironv1.Machine{}, "keep") {
+			t.Errorf("delete -l tier=tmp: %q", r.stdout)
+		}
+		r = kctl(t, env, "delete", "machines", "-l", "tier=tmp", "-n", ns)
+		if r.code != 0 || r.stdout != "" || r.stderr != "No resources found in "+ns+" namespace.\n" {
+			t.Errorf("delete -l matching nothing: %+v", r)
+		}
+		r = kctl(t, env, "delete", "machines,mp", "--all", "-n", ns).ok(t)
+		if r.stdout != "machine/keep deleted\nmachinepool/pool deleted\n" || exists(&kaironv1.Machine{}, "keep") || exists(&kaironv1.MachinePool{}, "pool") {
+			t.Errorf("delete machines,mp --all: %q", r.stdout)
+		}
 		kctl(t, env, "delete", "machine", "x", "--timeout", "soon", "-n", ns).failed(t, "--timeout")
 	})
 }
