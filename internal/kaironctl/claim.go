@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/util/jsonpath"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
@@ -40,6 +41,9 @@ type claimFlags struct {
 	claimLabels   map[string]string
 	machineLabels map[string]string
 	vetSpec       func(*kaironv1.MachineClaimSpec) error
+
+	// template is -o jsonpath's, parsed with the other flags.
+	template *jsonpath.JSONPath
 }
 
 // claimFlagOfField names the flag that set a spec field, so a refusal by the
@@ -106,7 +110,7 @@ once a warm Machine is ready; release it with 'kaironctl release CLAIM'.
 	fl.BoolVar(&f.icmp, "allow-icmp", false, "Allow ICMP")
 	fl.BoolVar(&f.retain, "retain", false, "Keep the Machine as a plain Machine when the claim is released (reclaimPolicy Retain)")
 	fl.StringVar(&f.name, "name", "", "Name of the claim (default POOL-claim-<6 hex digits>)")
-	fl.StringVarP(&f.output, "output", "o", "", "Print the claim as json or yaml instead of the bound line")
+	fl.StringVarP(&f.output, "output", "o", "", "Print the claim as json, yaml, name (machineclaim/NAME) or jsonpath=TEMPLATE instead of the bound line")
 	fl.Lookup("wait").DefValue = "60s" // not pflag's "1m0s"
 	return cmd
 }
@@ -176,10 +180,16 @@ func claimSpec(cmd *cobra.Command, pool string, f *claimFlags) (*kaironv1.Machin
 			return nil, usageError(cmd, "--name %q is longer than %d characters (a claim's name becomes the value of the %s label on its Machine)", f.name, maxClaimName, kaironv1.LabelMachineClaim)
 		}
 	}
-	switch f.output {
-	case "", outputJSON, outputYAML:
+	switch {
+	case f.output == "", f.output == outputJSON, f.output == outputYAML, f.output == outputName:
+	case f.output == outputJSONPath || strings.HasPrefix(f.output, outputJSONPath+"="):
+		_, tmpl, err := parseOutput(f.output)
+		if err != nil {
+			return nil, usageError(cmd, "%v", err)
+		}
+		f.template = tmpl
 	default:
-		return nil, usageError(cmd, "unknown output format %q for -o/--output; claim prints json or yaml (or, without -o, the bound line)", f.output)
+		return nil, usageError(cmd, "unknown output format %q for -o/--output; claim prints json, yaml, name or jsonpath=TEMPLATE (or, without -o, the bound line)", f.output)
 	}
 	return spec, nil
 }
@@ -217,7 +227,7 @@ func (o *Options) runClaim(cmd *cobra.Command, pool string, f *claimFlags) error
 		return err
 	}
 	if f.output != "" {
-		return o.printClaim(c, f.output)
+		return o.printClaim(c, f)
 	}
 	if f.wait == 0 {
 		fmt.Fprintf(o.Out, "%s created\n", claimKind.ref(c.Name))
@@ -311,14 +321,23 @@ func (o *Options) claimMachine(ctx context.Context, cmd *cobra.Command, pool str
 	return bound, nil
 }
 
-// printClaim prints the claim as the server has it, in the layout of
-// `get -o json|yaml`.
-func (o *Options) printClaim(c *kaironv1.MachineClaim, format string) error {
+// printClaim prints the claim as the server has it, as `get -o` would:
+// json, yaml, name (machineclaim/NAME, which exec, cp, logs and release
+// take) or jsonpath.
+func (o *Options) printClaim(c *kaironv1.MachineClaim, f *claimFlags) error {
+	if f.output == outputName {
+		claimKind, _ := lookupKind("machineclaims")
+		_, err := fmt.Fprintln(o.Out, claimKind.ref(c.Name))
+		return err
+	}
 	obj, err := printable(c, kaironv1.GroupVersion.WithKind("MachineClaim"))
 	if err != nil {
 		return err
 	}
-	if format == outputJSON {
+	switch {
+	case f.template != nil:
+		return printJSONPath(o.Out, f.template, obj)
+	case f.output == outputJSON:
 		return printJSON(o.Out, obj)
 	}
 	return printYAML(o.Out, obj)

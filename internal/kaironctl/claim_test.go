@@ -277,6 +277,33 @@ func TestClaimPrintsTheBoundClaim(t *testing.T) {
 	}
 }
 
+// -o name prints what exec, cp, logs and release take; -o jsonpath one
+// field, here the Machine to use.
+func TestClaimPrintsNameAndJSONPath(t *testing.T) {
+	env := testenv.Get(t)
+	for _, tc := range []struct{ output, want string }{
+		{"name", "machineclaim/c\n"},
+		{"jsonpath={.status.phase} {.status.machineName}", "Bound agents-x"},
+	} {
+		// A namespace each: the stand-in binder binds the first claim it sees.
+		ns := env.Namespace(t)
+		claimPool(t, env, ns)
+		done := fakeBinder(t, env, ns, bindAfterPending(env, "agents-x", 3))
+		r := kctl(t, env, "claim", "agents", "--name", "c", "-n", ns, "-o", tc.output).ok(t)
+		done()
+		if r.stdout != tc.want {
+			t.Errorf("-o %s printed %q, want %q", tc.output, r.stdout, tc.want)
+		}
+	}
+	ns := env.Namespace(t)
+	claimPool(t, env, ns)
+	kctl(t, env, "claim", "agents", "-n", ns, "-o", "jsonpath={.status").failed(t, "-o/--output jsonpath template")
+	kctl(t, env, "claim", "agents", "-n", ns, "-o", "jsonpath").failed(t, "needs a template")
+	if claims := listClaims(t, env, ns); len(claims) != 0 {
+		t.Errorf("%d claims after refused -o values, want none", len(claims))
+	}
+}
+
 func TestClaimRefusesBadInput(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
@@ -298,7 +325,7 @@ func TestClaimRefusesBadInput(t *testing.T) {
 		{[]string{"--wait", "forever"}, []string{"--wait", "forever"}},
 		{[]string{"--name", "Not_A_Name"}, []string{"--name", "Not_A_Name"}},
 		{[]string{"--name", strings.Repeat("a", 64)}, []string{"--name", "63", kaironv1.LabelMachineClaim}},
-		{[]string{"-o", "table"}, []string{"-o/--output", "json", "yaml"}},
+		{[]string{"-o", "table"}, []string{"-o/--output", "json", "yaml", "name", "jsonpath=TEMPLATE"}},
 		{[]string{"--frobnicate"}, []string{"--frobnicate"}},
 		// Values only the API server checks: one line, naming the field and the flag.
 		{[]string{"--allow-port", "443", "--allow-port", "70000"}, []string{"spec.egress.allowPorts[1] (--allow-port)", "1 <= N <= M <= 65535"}},
