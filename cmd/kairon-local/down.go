@@ -26,7 +26,7 @@ func down(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kairon-local down", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&f.dataDir, "data-dir", ".kairon", "the data dir whose kairon-local and VMs to stop")
-	fs.BoolVar(&f.purge, "purge", false, "then delete the data dir: every object, certificate, log and saved VM")
+	fs.BoolVar(&f.purge, "purge", false, "then remove its QEMU nodes' guest network (bridge, taps, nftables tables) and delete the data dir: every object, certificate, log and saved VM")
 	fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "how long the running kairon-local may take to save its VMs and stop")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `Usage: kairon-local down [flags]
@@ -34,7 +34,8 @@ func down(args []string, stdout, stderr io.Writer) int {
 Stops the kairon-local running on the data dir (as Ctrl-C would: its VMs are
 saved and resume at the next 'up'), then any VM still running from that data
 dir, such as those a killed kairon-local left behind. With --purge it then
-deletes the data dir.
+removes the guest network of its QEMU nodes (unless another kairon-local's
+agents or VMs use it) and deletes the data dir.
 
 Flags:
 `)
@@ -143,6 +144,11 @@ func runDown(f downFlags, out io.Writer) error {
 		}
 		if vms, err := findVMs(); err != nil || len(vmsOf(vms, dataDir)) > 0 {
 			return fmt.Errorf("VMs still run from %s (%v): not deleting it", dataDir, err)
+		}
+		// Before the data dir, which records where the network is: a
+		// failure here leaves both, for another try.
+		if err := purgeGuestNetwork(dataDir, out); err != nil {
+			return fmt.Errorf("%w; not deleting %s", err, dataDir)
 		}
 		if err := os.RemoveAll(dataDir); err != nil {
 			return fmt.Errorf("deleting %s: %w", dataDir, err)

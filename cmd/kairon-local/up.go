@@ -142,6 +142,13 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 		}
 		return err
 	}
+	if f.nodes > 0 && f.node.backend != "sim" {
+		// Where the agents put the guests' bridge, taps and nftables
+		// tables, for `down --purge` (guest_network.go).
+		if err := recordGuestNetwork(f.dataDir, f.node.netns); err != nil {
+			return errors.Join(err, cp.Stop())
+		}
+	}
 	set := newComponentSet(stderr)
 	if err := set.start(ctx, cp, comps); err != nil {
 		return errors.Join(err, cp.Stop())

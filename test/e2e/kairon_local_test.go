@@ -237,4 +237,19 @@ func kaironLocalSuspendsVMsAcrossRestarts(t *testing.T, c *localCluster) {
 	if _, err := os.Stat(c.dataDir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the data dir is still there after down --purge: %v", err)
 	}
+	// Nothing would reuse the guest network any more: the bridge, the
+	// VMs' taps and the nftables tables are gone with the data dir.
+	links, err := exec.Command("ip", "-n", c.netNS, "-o", "link", "show").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip link in %s: %v: %s", c.netNS, err, links)
+	}
+	for _, line := range strings.Split(string(links), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && (strings.HasPrefix(f[1], "kairon0") || strings.HasPrefix(f[1], "kt")) {
+			t.Errorf("down --purge left link %s in %s", strings.TrimSuffix(f[1], ":"), c.netNS)
+		}
+	}
+	tables, err := exec.Command("ip", "netns", "exec", c.netNS, "nft", "list", "tables").CombinedOutput()
+	if err != nil || strings.Contains(string(tables), "kairon") {
+		t.Errorf("down --purge left nftables tables in %s (%v):\n%s", c.netNS, err, tables)
+	}
 }

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/zyvor/kairon/internal/node/egress"
+	"github.com/zyvor/kairon/internal/node/network"
+)
+
+// The guest network of a data dir's QEMU nodes lives outside the data dir:
+// the bridge, a tap per VM, and the nftables tables of the guests'
+// baseline and egress rules, in the host's network namespace or in --netns.
+// `down` keeps it for the next `up`, whose VMs resume on their taps.
+// `down --purge` deletes the data dir, after which nothing would ever use
+// it again, so it removes it too, unless other Kairon processes still use
+// that namespace (another kairon-local's agents and VMs share the bridge).
+
+// guestBridge is the bridge every node of a kairon-local puts its guests on.
+const guestBridge = "kairon0"
+
+// guestNetworkFile records where up's nodes keep the guest network. Only
+// nodes with VMs of their own (not sim) have one.
+func guestNetworkFile(dataDir string) string { return filepath.Join(dataDir, "guest-network.json") }
+
+type guestNetwork struct {
+	// NetNS is --netns; empty for the host's namespace.
+	NetNS  string `json:"netns"`
+	Bridge string `json:"bridge"`
+}
+
+func recordGuestNetwork(dataDir, netns string) error {
+	data, err := json.Marshal(guestNetwork{NetNS: netns, Bridge: guestBridge})
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(guestNetworkFile(dataDir), data, 0o644)
+}
+
+// purgeGuestNetwork removes the guest network recorded in dataDir, saying
+// what it did on out. A data dir without a record (sim nodes, the control
+// plane alone, or a kairon-local older than the record) has none to remove.
+func purgeGuestNetwork(dataDir string, out io.Writer) error {
+	data, err := os.ReadFile(guestNetworkFile(dataDir))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var gn guestNetwork
+	if err := json.Unmarshal(data, &gn); err != nil || gn.Bridge == "" {
+		return fmt.Errorf("%s: not a guest network record (%v); delete it to purge the data dir without removing the network", guestNetworkFile(dataDir), err)
+	}
+	where := "this host's network namespace"
+	nsPath := "/proc/self/ns/net"
+	if gn.NetNS != "" {
+		where = "network namespace " + gn.NetNS
+		nsPath = filepath.Join("/run/netns", gn.NetNS)
+	}
+	ns, err := os.Stat(nsPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // the namespace, and everything in it, is gone already
+	}
+	if err != nil {
+		return err
+	}
+	if users := kaironProcessesIn(ns.Sys().(*syscall.Stat_t).Ino); len(users) > 0 {
+		fmt.Fprintf(out, "kairon-local: leaving the guest network (bridge %s, its taps, nftables tables %s and %s) in %s: other Kairon processes use it (%s)\n",
+			gn.Bridge, network.BaselineTable, egress.Table, where, strings.Join(users, ", "))
+		return nil
+	}
+
+	ipArgs := func(args ...string) []string {
+		if gn.NetNS != "" {
+			return append([]string{"-n", gn.NetNS}, args...)
+		}
+		return args
+	}
+	links, err := exec.Command("ip", ipArgs("-o", "link", "show")...).Output()
+	if err != nil {
+		return fmt.Errorf("listing the links in %s: %w", where, err)
+	}
+	var removed []string
+	for _, line := range strings.Split(string(links), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 2 {
+			continue
+		}
+		name := strings.TrimSuffix(strings.SplitN(fields[1], "@", 2)[0], ":")
+		if name != gn.Bridge && !strings.HasPrefix(name, network.TapPrefix) {
+			continue
+		}
+		if text, err := exec.Command("ip", ipArgs("link", "del", name)...).CombinedOutput(); err != nil {
+			return fmt.Errorf("removing %s in %s: %v: %s", name, where, err, strings.TrimSpace(string(text)))
+		}
+		removed = append(removed, name)
+	}
+	if err := network.RemoveBaseline(gn.NetNS); err != nil {
+		return fmt.Errorf("removing nftables table %s in %s: %w", network.BaselineTable, where, err)
+	}
+	if err := egress.RemoveTables(gn.NetNS); err != nil {
+		return fmt.Errorf("removing nftables table %s in %s: %w", egress.Table, where, err)
+	}
+	fmt.Fprintf(out, "kairon-local: removed the guest network in %s: %d links (bridge %s and the VMs' taps), nftables tables %s and %s\n",
+		where, len(removed), gn.Bridge, network.BaselineTable, egress.Table)
+	return nil
+}
+
+// kaironProcessesIn names the running kairon-local, kairon-node and QEMU
+// processes (other than this one) in the network namespace with inode
+// netns.
+func kaironProcessesIn(netns uint64) []string {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var found []string
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		argv := readArgv(pid)
+		if len(argv) == 0 {
+			continue
+		}
+		name := filepath.Base(argv[0])
+		if name != "kairon-local" && name != "kairon-node" && !strings.HasPrefix(name, "qemu-system") {
+			continue
+		}
+		st, err := os.Stat(filepath.Join("/proc", e.Name(), "ns", "net"))
+		if err != nil || st.Sys().(*syscall.Stat_t).Ino != netns {
+			continue
+		}
+		found = append(found, fmt.Sprintf("%s pid %d", name, pid))
+	}
+	return found
+}
