@@ -85,19 +85,14 @@ func purgeGuestNetwork(dataDir string, out io.Writer) error {
 		}
 		return args
 	}
-	links, err := exec.Command("ip", ipArgs("-o", "link", "show")...).Output()
+	taps, err := (&network.Links{NetNS: gn.NetNS}).Taps()
 	if err != nil {
-		return fmt.Errorf("listing the links in %s: %w", where, err)
+		return fmt.Errorf("listing the taps in %s: %w", where, err)
 	}
 	var removed []string
-	for _, line := range strings.Split(string(links), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) < 2 {
-			continue
-		}
-		name := strings.TrimSuffix(strings.SplitN(fields[1], "@", 2)[0], ":")
-		if name != gn.Bridge && !strings.HasPrefix(name, network.TapPrefix) {
-			continue
+	for _, name := range append(taps, gn.Bridge) {
+		if exec.Command("ip", ipArgs("link", "show", "dev", name)...).Run() != nil {
+			continue // not there
 		}
 		if text, err := exec.Command("ip", ipArgs("link", "del", name)...).CombinedOutput(); err != nil {
 			return fmt.Errorf("removing %s in %s: %v: %s", name, where, err, strings.TrimSpace(string(text)))
