@@ -119,9 +119,11 @@ func TestInstall(t *testing.T) {
 	// The chart's MutatingAdmissionPolicy on MachineClaims needs the
 	// re-created CRD's schema, which the API server reads from its own
 	// OpenAPI every 5 s; until then it answers a claim create with 503
-	// "Resource kind ... MachineClaim not found. There can be a delay ...".
-	// A dry run goes through admission and writes nothing.
-	eventually(t, "a MachineClaim create to pass admission", func() (bool, string) {
+	// "Resource kind ... MachineClaim not found. There can be a delay ..."
+	// (whatever the policy's failurePolicy). A dry run goes through
+	// admission and writes nothing; the policy is in force, schema and
+	// all, once the claim it returns has the finalizer the policy adds.
+	eventually(t, "the claim finalizer policy to admit a MachineClaim", func() (bool, string) {
 		probe := &kaironv1.MachineClaim{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "admission-probe"},
 			Spec:       kaironv1.MachineClaimSpec{PoolName: "none"},
@@ -129,7 +131,7 @@ func TestInstall(t *testing.T) {
 		if err := env.Client.Create(ctx, probe, client.DryRunAll); err != nil {
 			return false, err.Error()
 		}
-		return true, ""
+		return slices.Contains(probe.Finalizers, kaironv1.FinalizerMachineClaim), fmt.Sprintf("dry-run claim has finalizers %v", probe.Finalizers)
 	})
 
 	controllerSA, nodeSA := installRelease+"-controller", installRelease+"-node"
