@@ -29,9 +29,9 @@ func newLogsCommand(o *Options) *cobra.Command {
 		Use:   "logs ([machine] NAME | machine/NAME | mc/CLAIM)",
 		Short: "Print a Machine's serial console",
 		Long: `Print the serial console of a Machine's VM; mc/CLAIM names a claim's
-Machine, as for exec. kaironctl asks the API server,
-which forwards the request to the node agent on the Machine's node, the way
-kubectl logs reaches a kubelet (GET /api/v1/nodes/NODE/proxy/...).`,
+Machine, as for exec. kaironctl asks the API server, which forwards the
+request to the node agent on the Machine's node, the way kubectl logs
+reaches a kubelet (GET /api/v1/nodes/NODE/proxy/...).`,
 		Example: `  kaironctl logs machine web-1
   kaironctl logs web-1 --tail 20 -f
   kaironctl logs mc/job-42`,
