@@ -25,10 +25,10 @@ func newDeleteCommand(o *Options) *cobra.Command {
 		Long: `Delete the named objects: KIND NAME... for objects of one kind, or
 KIND/NAME... (as -o name prints them) for any mix of kinds; or, with no
 names, every object of the kinds given that -l SELECTOR matches, or all of
-them with --all, in the namespace. By default
-kaironctl waits until each is really gone (a Machine is kept until its node
-agent has stopped the VM) and then prints "KIND/NAME deleted"; --wait=false
-returns once the API server has accepted the deletion.`,
+them with --all, in the namespace. By default kaironctl waits until each is
+really gone (a Machine is kept until its node agent has stopped the VM) and
+then prints "KIND/NAME deleted"; --wait=false returns once the API server
+has accepted the deletion.`,
 		Example: `  kaironctl delete machine web-1 web-2
   kaironctl delete mp agents --timeout 2m
   kaironctl delete machineclaim/job-42 machine/web-3
