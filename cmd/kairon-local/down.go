@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -227,16 +226,12 @@ func isLeftover(argv []string, dataDir string) bool {
 
 // leftovers lists up's processes for dataDir still running.
 func leftovers(dataDir string) []leftover {
-	entries, _ := os.ReadDir(procRoot)
 	var found []leftover
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		if argv := readArgv(pid); isLeftover(argv, dataDir) {
+	_ = eachProcess(func(pid int, argv []string) bool {
+		if isLeftover(argv, dataDir) {
 			found = append(found, leftover{pid: pid, argv: argv})
 		}
-	}
+		return false
+	})
 	return found
 }

@@ -114,29 +114,17 @@ func purgeGuestNetwork(dataDir string, out io.Writer) error {
 // processes (other than this one) in the network namespace with inode
 // netns.
 func kaironProcessesIn(netns uint64) []string {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
 	var found []string
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		argv := readArgv(pid)
-		if len(argv) == 0 {
-			continue
-		}
+	_ = eachProcess(func(pid int, argv []string) bool {
 		name := filepath.Base(argv[0])
 		if name != "kairon-local" && name != "kairon-node" && !strings.HasPrefix(name, "qemu-system") {
-			continue
+			return false
 		}
-		st, err := os.Stat(filepath.Join("/proc", e.Name(), "ns", "net"))
-		if err != nil || st.Sys().(*syscall.Stat_t).Ino != netns {
-			continue
+		st, err := os.Stat(filepath.Join(procRoot, strconv.Itoa(pid), "ns", "net"))
+		if err == nil && st.Sys().(*syscall.Stat_t).Ino == netns {
+			found = append(found, fmt.Sprintf("%s pid %d", name, pid))
 		}
-		found = append(found, fmt.Sprintf("%s pid %d", name, pid))
-	}
+		return false
+	})
 	return found
 }

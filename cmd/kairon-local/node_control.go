@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -242,24 +241,18 @@ func vmsOfNode(vms []vmProcess, dataDir, node string) []vmProcess {
 // agentPID finds the kairon-node of node in dataDir: 0 if none runs.
 func agentPID(dataDir, node string) int {
 	stateDir := filepath.Join(dataDir, "nodes", node)
-	entries, err := os.ReadDir(procRoot)
-	if err != nil {
-		return 0
-	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		argv := readArgv(pid)
-		if len(argv) == 0 || filepath.Base(argv[0]) != "kairon-node" {
-			continue
+	found := 0
+	_ = eachProcess(func(pid int, argv []string) bool {
+		if filepath.Base(argv[0]) != "kairon-node" {
+			return false
 		}
 		for i, a := range argv {
 			if a == "--state-dir" && i+1 < len(argv) && argv[i+1] == stateDir {
-				return pid
+				found = pid
+				return true
 			}
 		}
-	}
-	return 0
+		return false
+	})
+	return found
 }

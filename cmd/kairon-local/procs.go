@@ -94,29 +94,41 @@ func readArgv(pid int) []string {
 	return strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
 }
 
-// findVMs lists the kairon-local VMs running on this host, by PID.
-func findVMs() ([]vmProcess, error) {
+// eachProcess calls fn with the PID and arguments of every process on
+// this host but this one (zombies and kernel threads left out), until fn
+// says stop.
+func eachProcess(fn func(pid int, argv []string) (stop bool)) error {
 	entries, err := os.ReadDir(procRoot)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var vms []vmProcess
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
+		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		argv := readArgv(pid)
-		if argv == nil {
-			continue
+		if argv := readArgv(pid); argv != nil && fn(pid, argv) {
+			return nil
 		}
-		cwd, err := os.Readlink(filepath.Join(procRoot, e.Name(), "cwd"))
+	}
+	return nil
+}
+
+// findVMs lists the kairon-local VMs running on this host, by PID.
+func findVMs() ([]vmProcess, error) {
+	var vms []vmProcess
+	err := eachProcess(func(pid int, argv []string) bool {
+		cwd, err := os.Readlink(filepath.Join(procRoot, strconv.Itoa(pid), "cwd"))
 		if err != nil {
-			continue // gone, or not ours to look at
+			return false // gone, or not ours to look at
 		}
 		if vm, ok := parseVMProcess(pid, argv, cwd); ok {
 			vms = append(vms, vm)
 		}
+		return false
+	})
+	if err != nil {
+		return nil, err
 	}
 	sort.Slice(vms, func(i, j int) bool { return vms[i].PID < vms[j].PID })
 	return vms, nil
