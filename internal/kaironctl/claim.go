@@ -6,19 +6,18 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/util/jsonpath"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
-	"github.com/zyvor/kairon/internal/rules"
 )
 
 // claimFlags are kaironctl claim's flags, as typed.
@@ -270,51 +269,21 @@ func (o *Options) claimMachine(ctx context.Context, cmd *cobra.Command, pool str
 	// A claim on a pool that does not exist would wait for nothing. Only a
 	// definite "not found" stops here: someone allowed to create claims but
 	// not to read pools still gets to try.
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: pool}, &kaironv1.MachinePool{}); apierrors.IsNotFound(err) {
+	switch err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: pool}, &kaironv1.MachinePool{}); {
+	case apierrors.IsNotFound(err):
 		return nil, o.objectError(poolKind, ns, pool, err)
+	case meta.IsNoMatchError(err):
+		return nil, err
 	}
 
-	var claim *kaironv1.MachineClaim
-	stamped := true
-	// A generated name that happens to be taken is drawn again.
-	for attempt := 0; ; attempt++ {
-		name := f.name
-		if !f.nameGiven {
-			name = generatedClaimName(pool)
-		}
-		// Stamped with the time to the millisecond, which the claim's
-		// bindMillis is measured from (creationTimestamp has whole seconds).
-		claim = &kaironv1.MachineClaim{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: maps.Clone(f.claimLabels)},
-			Spec:       *spec.DeepCopy(),
-		}
-		if stamped {
-			claim.Annotations = map[string]string{kaironv1.AnnotationClaimCreatedAt: time.Now().UTC().Format(rules.ClaimStampFormat)}
-		}
-		err = c.Create(ctx, claim)
-		if err == nil {
-			break
-		}
-		// The API server refuses a stamp its clock rules out: this
-		// machine's clock is off, or the request waited in an overloaded
-		// API server for more than a second. The claim is still wanted,
-		// unstamped.
-		if stamped && apierrors.IsInvalid(err) && strings.Contains(err.Error(), kaironv1.AnnotationClaimCreatedAt) {
-			fmt.Fprintf(o.ErrOut, "warning: the API server refused this machine's clock for %s: the clock is off, or the API server took over a second to create the claim (%v); creating the claim without it, so its bindMillis is measured from when the controller first saw it\n",
-				kaironv1.AnnotationClaimCreatedAt, err)
-			stamped = false
-			continue
-		}
-		if apierrors.IsAlreadyExists(err) && !f.nameGiven && attempt < 5 {
-			continue
-		}
-		return nil, claimCreateError(claimKind, ns, name, err)
+	claim, err := o.createClaim(ctx, c, ns, pool, spec, f)
+	if err != nil {
+		return nil, err
 	}
-
 	if f.wait == 0 {
 		return claim, nil
 	}
-	bound, err := waitForObject(ctx, c, claim, f.wait, claimBound)
+	bound, err := waitForWritten(ctx, c, claim, f.wait, claimBound)
 	if err != nil {
 		return nil, claimWaitError(claimKind, ns, claim.Name, f.wait, bound, err)
 	}

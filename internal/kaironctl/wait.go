@@ -135,6 +135,13 @@ const (
 // passes, waitFor lists once more (a change that raced the deadline still
 // counts) and then returns a *waitError.
 func waitFor(ctx context.Context, c watcher, sel selection, timeout time.Duration, cond func(objs []client.Object) (done bool, err error)) ([]client.Object, error) {
+	return waitFrom(ctx, c, sel, nil, timeout, cond)
+}
+
+// waitFrom is waitFor starting from written, the one object sel selects as
+// a write of this command's returned it, instead of from a list; nil
+// written lists first.
+func waitFrom(ctx context.Context, c watcher, sel selection, written client.Object, timeout time.Duration, cond func(objs []client.Object) (done bool, err error)) ([]client.Object, error) {
 	waitCtx := ctx
 	if timeout > 0 {
 		var cancel context.CancelFunc
@@ -142,6 +149,9 @@ func waitFor(ctx context.Context, c watcher, sel selection, timeout time.Duratio
 		defer cancel()
 	}
 	w := &waiter{c: c, sel: sel, cond: cond, objs: map[string]client.Object{}}
+	if written != nil {
+		w.objs[objectKey(written)], w.rv = written, written.GetResourceVersion()
+	}
 	err := w.run(waitCtx)
 	if err == nil || waitCtx.Err() == nil || !errors.Is(err, waitCtx.Err()) {
 		return w.current(), err
@@ -159,17 +169,30 @@ func waitFor(ctx context.Context, c watcher, sel selection, timeout time.Duratio
 	return w.current(), &waitError{cause: cause, lastErr: w.lastErr}
 }
 
+// waitForWritten is waitForObject for an object this command has just
+// written: written is the object as the API server returned it, so the
+// wait starts from it and watches from its resourceVersion, without a
+// list first. The condition is asked about written before anything else.
+func waitForWritten[T client.Object](ctx context.Context, c watcher, written T, timeout time.Duration, cond func(obj T) (done bool, err error)) (T, error) {
+	return waitForObjectFrom(ctx, c, written, written, timeout, cond)
+}
+
 // waitForObject is waitFor for the one object named like obj (for an
 // unstructured obj, of its kind). cond gets the object as it is now, or
 // nil while it does not exist; waitForObject returns the object as last
 // seen (nil if it never was).
 func waitForObject[T client.Object](ctx context.Context, c watcher, obj T, timeout time.Duration, cond func(obj T) (done bool, err error)) (T, error) {
+	return waitForObjectFrom(ctx, c, obj, nil, timeout, cond)
+}
+
+// waitForObjectFrom is waitForObject starting from written, unless nil.
+func waitForObjectFrom[T client.Object](ctx context.Context, c watcher, obj T, written client.Object, timeout time.Duration, cond func(obj T) (done bool, err error)) (T, error) {
 	var seen T
 	sel, err := selectionOf(obj)
 	if err != nil {
 		return seen, err
 	}
-	_, err = waitFor(ctx, c, sel, timeout, func(objs []client.Object) (bool, error) {
+	_, err = waitFrom(ctx, c, sel, written, timeout, func(objs []client.Object) (bool, error) {
 		var now T
 		if len(objs) > 0 {
 			var ok bool
@@ -195,7 +218,12 @@ type waiter struct {
 }
 
 func (w *waiter) run(ctx context.Context) error {
-	needList := true
+	needList := w.rv == ""
+	if !needList {
+		if done, err := w.check(); done || err != nil {
+			return err
+		}
+	}
 	for {
 		if needList {
 			if err := w.list(ctx); err != nil {

@@ -252,6 +252,55 @@ func TestWaitForObject(t *testing.T) {
 	}
 }
 
+// Waiting on an object just written starts from it: a watch from its
+// version, no list unless the watch needs one.
+func TestWaitForWritten(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		written    *kaironv1.MachineClaim
+		lists      []listAnswer
+		watches    []watchAnswer
+		wantPhase  kaironv1.MachineClaimPhase
+		wantLists  int
+		wantWatchs []string
+	}{{
+		name:      "done as written: nothing read",
+		written:   bound("5"),
+		wantPhase: kaironv1.ClaimBound,
+	}, {
+		name:       "watched from the written version",
+		written:    pending("5"),
+		watches:    []watchAnswer{{events: []watch.Event{{Type: watch.Modified, Object: bound("7")}}}},
+		wantPhase:  kaironv1.ClaimBound,
+		wantWatchs: []string{"5"},
+	}, {
+		name:       "a version too old to watch from lists",
+		written:    pending("5"),
+		lists:      []listAnswer{{objs: []client.Object{bound("20")}, rv: "20"}},
+		watches:    []watchAnswer{{events: []watch.Event{{Type: watch.Error, Object: &gone().(*apierrors.StatusError).ErrStatus}}}},
+		wantPhase:  kaironv1.ClaimBound,
+		wantLists:  1,
+		wantWatchs: []string{"5"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &scriptedServer{lists: tc.lists, watches: tc.watches}
+			last, err := waitForWritten(context.Background(), s, tc.written, time.Minute, claimBound)
+			if err != nil {
+				t.Fatalf("error %v, want none", err)
+			}
+			if last == nil || last.Status.Phase != tc.wantPhase {
+				t.Errorf("last seen %v, want phase %q", last, tc.wantPhase)
+			}
+			if len(s.listed) != tc.wantLists {
+				t.Errorf("listed %d times, want %d", len(s.listed), tc.wantLists)
+			}
+			if got := strings.Join(s.watchVersions(), ","); got != strings.Join(tc.wantWatchs, ",") {
+				t.Errorf("watched from versions [%s], want [%s]", got, strings.Join(tc.wantWatchs, ","))
+			}
+		})
+	}
+}
+
 // A cancelled wait stops at once, without the read after a deadline.
 func TestWaitForCancelled(t *testing.T) {
 	s := &scriptedServer{lists: []listAnswer{{objs: []client.Object{pending("5")}, rv: "5"}}}
