@@ -8,9 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/zyvor/kairon/internal/node/egress"
 	"github.com/zyvor/kairon/internal/node/network"
@@ -61,21 +59,23 @@ func purgeGuestNetwork(dataDir string, out io.Writer) error {
 		return fmt.Errorf("%s: not a guest network record (%v); delete it to purge the data dir without removing the network", guestNetworkFile(dataDir), err)
 	}
 	where := "this host's network namespace"
-	nsPath := "/proc/self/ns/net"
 	if gn.NetNS != "" {
 		where = "network namespace " + gn.NetNS
-		nsPath = filepath.Join("/run/netns", gn.NetNS)
 	}
-	ns, err := os.Stat(nsPath)
+	ns, err := netnsInode(gn.NetNS)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil // the namespace, and everything in it, is gone already
 	}
 	if err != nil {
 		return err
 	}
-	if users := kaironProcessesIn(ns.Sys().(*syscall.Stat_t).Ino); len(users) > 0 {
+	if users := guestNetworkUsers(ns, true); len(users) > 0 {
+		names := make([]string, len(users))
+		for i, u := range users {
+			names[i] = u.String()
+		}
 		fmt.Fprintf(out, "kairon-local: leaving the guest network (bridge %s, its taps, nftables tables %s and %s) in %s: other Kairon processes use it (%s)\n",
-			gn.Bridge, network.BaselineTable, egress.Table, where, strings.Join(users, ", "))
+			gn.Bridge, network.BaselineTable, egress.Table, where, strings.Join(names, ", "))
 		return nil
 	}
 
@@ -108,23 +108,4 @@ func purgeGuestNetwork(dataDir string, out io.Writer) error {
 	fmt.Fprintf(out, "kairon-local: removed the guest network in %s: %d links (bridge %s and the VMs' taps), nftables tables %s and %s\n",
 		where, len(removed), gn.Bridge, network.BaselineTable, egress.Table)
 	return nil
-}
-
-// kaironProcessesIn names the running kairon-local, kairon-node and QEMU
-// processes (other than this one) in the network namespace with inode
-// netns.
-func kaironProcessesIn(netns uint64) []string {
-	var found []string
-	_ = eachProcess(func(pid int, argv []string) bool {
-		name := filepath.Base(argv[0])
-		if name != "kairon-local" && name != "kairon-node" && !strings.HasPrefix(name, "qemu-system") {
-			return false
-		}
-		st, err := os.Stat(filepath.Join(procRoot, strconv.Itoa(pid), "ns", "net"))
-		if err == nil && st.Sys().(*syscall.Stat_t).Ino == netns {
-			found = append(found, fmt.Sprintf("%s pid %d", name, pid))
-		}
-		return false
-	})
-	return found
 }

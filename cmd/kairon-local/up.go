@@ -116,6 +116,12 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 
+	if f.nodes > 0 && f.node.backend != "sim" {
+		if err := guestNetworkFree(f.node.netns, f.dataDir); err != nil {
+			return err
+		}
+	}
+
 	// VMs of data dirs deleted under them run on, unmanaged, until killed:
 	// say so, since this is where someone who deleted one looks next.
 	if vms, err := findVMs(); err == nil {
