@@ -7,8 +7,6 @@ import (
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -96,16 +94,7 @@ func TestKindNotServed(t *testing.T) {
 	srv := &notServingKairon{}
 	ts := httptest.NewServer(srv)
 	t.Cleanup(ts.Close)
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, fmt.Appendf(nil, `apiVersion: v1
-kind: Config
-clusters: [{name: bare, cluster: {server: %q}}]
-users: [{name: anyone, user: {}}]
-contexts: [{name: bare, context: {cluster: bare, user: anyone, namespace: team-a}}]
-current-context: bare
-`, ts.URL), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := fakeKubeconfig(t, ts.URL)
 	for _, tc := range []struct {
 		args     []string
 		resource string
