@@ -24,6 +24,8 @@ import (
 // migrate --wait, evacuate --wait between its passes, release, delete)
 // waits with waitFor: a list, then a watch from the version listed, and the
 // condition asked after the list and after every change the watch brings.
+// Waiting on an object it has just written (claim), a command starts from
+// that object and its version instead of a list (waitForWritten).
 
 // watcher is the part of a controller-runtime client that waitFor uses.
 type watcher interface {
