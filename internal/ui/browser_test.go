@@ -219,6 +219,50 @@ func (b *browser) press(t *testing.T, what, sel, done string, before ...chromedp
 	}
 }
 
+// follow clicks the link sel and waits until done is true on the page it
+// leads to. Unlike press, it clicks only while the browser is still on the
+// page it started from, checked in the same script that clicks: once it
+// has left, the next page has a link of the same selector (the next
+// page's "Next page"), and a click there would go one page too far. On a
+// loaded machine the navigation alone can outlast press's pause between
+// clicks. The link is clicked again if the page stays (a live update
+// replaced the link under the click).
+func (b *browser) follow(t *testing.T, what, sel, done string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	from, err := chromedp.Run(ctx, chromedp.Evaluate[string](`location.href`))
+	if err != nil {
+		t.Fatalf("%s: reading the page's address: %v", what, err)
+	}
+	clickIfStill := fmt.Sprintf(`(() => {
+		if (location.href !== %q) return "left";
+		const a = document.querySelector(%q);
+		if (!a) return "no link";
+		a.click();
+		return "clicked";
+	})()`, from, sel)
+	left := fmt.Sprintf(`location.href !== %q`, from)
+	for {
+		state, err := chromedp.Run(ctx, chromedp.Evaluate[string](clickIfStill))
+		if err == nil && state == "left" {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%s: still on %s after clicking %s (%s, %v)", what, from, sel, state, err)
+		}
+		// Clicked, between two documents, or the link not there yet:
+		// give the navigation a moment before looking again.
+		pollCtx, cancelPoll := context.WithTimeout(ctx, 2*time.Second)
+		_, _ = chromedp.Run(pollCtx, chromedp.Poll[bool](left))
+		cancelPoll()
+	}
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](done)); err != nil {
+		at, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](`location.href`))
+		t.Fatalf("%s: %s never became true on %s, reached from %s: %v", what, done, at, from, err)
+	}
+}
+
 // openPanel opens the action panel details (a <details> element) by
 // clicking its summary, again if a live update swallowed the click.
 func (b *browser) openPanel(t *testing.T, details string) {

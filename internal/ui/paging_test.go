@@ -193,7 +193,7 @@ func TestBrowserPaging(t *testing.T) {
 	if got := rowNames(t, b); got != "vm-00 vm-01 vm-02" {
 		t.Errorf("first page rows: %s", got)
 	}
-	b.press(t, "following the next page link", "nav.pager a.next", `document.querySelector('#machines-count[data-from="4"]') !== null`)
+	b.follow(t, "following the next page link", "nav.pager a.next", `document.querySelector('#machines-count[data-from="4"]') !== null`)
 	b.waitFor(t, "the event stream of the second page", `document.body.dataset.live === "connected"`)
 	b.screenshot(t, "machines-page-2")
 	if got := rowNames(t, b); got != "vm-03 vm-04 vm-05" {
@@ -213,7 +213,7 @@ func TestBrowserPaging(t *testing.T) {
 	if !b.eval(t, `window.kaironNoReload === true`) {
 		t.Error("the page was reloaded")
 	}
-	b.press(t, "following the first page link", "nav.pager a.first", `document.querySelector('#machines-count[data-from="1"]') !== null`)
+	b.follow(t, "following the first page link", "nav.pager a.first", `document.querySelector('#machines-count[data-from="1"]') !== null`)
 	if q := locationSearch(t, b); strings.Contains(q, "continue") || !strings.Contains(q, "limit=3") {
 		t.Errorf("the first page link: %s", q)
 	}
