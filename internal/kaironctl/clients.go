@@ -137,10 +137,10 @@ func (o *Options) listMachines(ctx context.Context, ns string) ([]kaironv1.Machi
 // restMapper maps the kinds of the kinds table from the table itself, and
 // any other kind through the API server's discovery. Asking discovery
 // first costs every command two more round trips and the decoding of the
-// server's whole API list, before its first request: a third of the wall
-// time of a `get`. A kind of the table the server does not serve (Kairon
-// not installed) is then found out by the request itself: see
-// tellingUnservedKinds.
+// server's whole API list before its first request: about a fifth of the
+// wall time of a `get` (docs/benchmarks.md). A kind of the table the
+// server does not serve (Kairon not installed) is then found out by the
+// request itself: see tellingUnservedKinds.
 func restMapper(cfg *rest.Config, hc *http.Client) (meta.RESTMapper, error) {
 	discovered, err := apiutil.NewDynamicRESTMapper(cfg, hc)
 	if err != nil {
