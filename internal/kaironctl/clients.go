@@ -112,6 +112,16 @@ func (o *Options) Namespace() (string, error) {
 	return ns, nil
 }
 
+// namespaceOf is where kind k is read: -n (Namespace) for a namespaced
+// kind, "" (every namespace, or none) for a cluster-scoped one or with
+// -A/--all-namespaces.
+func (o *Options) namespaceOf(k *Kind, allNamespaces bool) (string, error) {
+	if !k.Namespaced || allNamespaces {
+		return metav1.NamespaceAll, nil
+	}
+	return o.Namespace()
+}
+
 // kubeconfigError says where the broken configuration came from.
 func kubeconfigError(err error) error {
 	return fmt.Errorf("loading the kubeconfig (--kubeconfig, else $KUBECONFIG, else ~/.kube/config; --context): %w", err)

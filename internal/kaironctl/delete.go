@@ -63,11 +63,9 @@ has accepted the deletion.`,
 			var targets []objectName
 			var found []kindItems
 			for _, g := range groups {
-				ns := ""
-				if g.kind.Namespaced {
-					if ns, err = o.Namespace(); err != nil {
-						return err
-					}
+				ns, err := o.namespaceOf(g.kind, false)
+				if err != nil {
+					return err
 				}
 				names := g.names
 				if !byName {

@@ -51,11 +51,9 @@ kaironctl get command that lists those Machines.`,
 			if len(names) > 1 {
 				return usageError(cmd, "describe takes one KIND and one NAME, got %d arguments", len(args))
 			}
-			ns := ""
-			if k.Namespaced {
-				if ns, err = o.Namespace(); err != nil {
-					return err
-				}
+			ns, err := o.namespaceOf(k, false)
+			if err != nil {
+				return err
 			}
 			ctx := cmd.Context()
 			obj, err := o.getObject(ctx, k, ns, names[0])

@@ -75,11 +75,9 @@ nodes are only the Nodes a Kairon node agent serves (label kairon.zyvor.dev/node
 			found := make([]kindItems, len(groups))
 			var errs []error
 			for i, g := range groups {
-				ns := metav1.NamespaceAll
-				if g.kind.Namespaced && !allNamespaces {
-					if ns, err = o.Namespace(); err != nil {
-						return err
-					}
+				ns, err := o.namespaceOf(g.kind, allNamespaces)
+				if err != nil {
+					return err
 				}
 				found[i] = kindItems{kind: g.kind, namespace: ns}
 				if !byName {
@@ -141,12 +139,9 @@ func (o *Options) runGetWatch(ctx context.Context, cmd *cobra.Command, groups []
 	if len(names) > 1 {
 		return usageError(cmd, "-w/--watch watches a whole kind or one object, got %d names", len(names))
 	}
-	ns := metav1.NamespaceAll
-	if k.Namespaced && !g.allNamespaces {
-		var err error
-		if ns, err = o.Namespace(); err != nil {
-			return err
-		}
+	ns, err := o.namespaceOf(k, g.allNamespaces)
+	if err != nil {
+		return err
 	}
 	name := ""
 	if len(names) == 1 {

@@ -50,29 +50,27 @@ func (o *Options) resolveMachine(ctx context.Context, what, arg string) (*machin
 		return nil, err
 	}
 	machines, _ := lookupKind("machines")
-	name := arg
-	if kindName, rest, found := strings.Cut(arg, "/"); found {
-		k, err := lookupKind(kindName)
-		if err != nil {
-			return nil, fmt.Errorf("%s %q: %w", what, arg, err)
-		}
-		if rest == "" || strings.Contains(rest, "/") {
-			return nil, fmt.Errorf("%s %q: want NAME, machine/NAME or mc/NAME", what, arg)
-		}
+	k, name, ok, err := splitKindName(arg)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("%s %q: want NAME, machine/NAME or mc/NAME", what, arg)
+	case err != nil:
+		return nil, fmt.Errorf("%s %q: %w", what, arg, err)
+	}
+	if k != nil {
 		switch k.Resource {
 		case "machines":
-			name = rest
 		case "machineclaims":
 			var claim kaironv1.MachineClaim
-			if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: rest}, &claim); err != nil {
-				return nil, fmt.Errorf("%s: %w", what, o.objectError(k, ns, rest, err))
+			if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &claim); err != nil {
+				return nil, fmt.Errorf("%s: %w", what, o.objectError(k, ns, name, err))
 			}
 			if claim.Status.MachineName == "" {
 				phase := claim.Status.Phase
 				if phase == "" {
 					phase = kaironv1.ClaimPending
 				}
-				return nil, fmt.Errorf("%s: machineclaim %s/%s is not bound to a Machine yet (phase %s)", what, ns, rest, phase)
+				return nil, fmt.Errorf("%s: machineclaim %s/%s is not bound to a Machine yet (phase %s)", what, ns, name, phase)
 			}
 			name = claim.Status.MachineName
 		default:

@@ -27,16 +27,14 @@ func parseObjectArgs(args []string) ([]kindNames, error) {
 	if strings.Contains(args[0], "/") {
 		var out []kindNames
 		for _, arg := range args {
-			kindName, name, found := strings.Cut(arg, "/")
-			if !found {
-				return nil, fmt.Errorf("%q is a bare NAME after %q: give every object as KIND/NAME, or one KIND and then NAMEs", arg, args[0])
-			}
-			if kindName == "" || name == "" || strings.Contains(name, "/") {
+			k, name, ok, err := splitKindName(arg)
+			switch {
+			case !ok:
 				return nil, fmt.Errorf("%q is not KIND/NAME", arg)
-			}
-			k, err := lookupKind(kindName)
-			if err != nil {
+			case err != nil:
 				return nil, err
+			case k == nil:
+				return nil, fmt.Errorf("%q is a bare NAME after %q: give every object as KIND/NAME, or one KIND and then NAMEs", arg, args[0])
 			}
 			out = withKind(out, k)
 			last := &out[kindIndex(out, k)]
@@ -69,6 +67,21 @@ func parseObjectArgs(args []string) ([]kindNames, error) {
 		out[0].names = names
 	}
 	return out, nil
+}
+
+// splitKindName reads one argument that is a NAME or a KIND/NAME. k is
+// nil for a bare NAME; ok is false for a malformed KIND/NAME (a part
+// empty, a second slash), and err is lookupKind's for an unknown KIND.
+func splitKindName(arg string) (k *Kind, name string, ok bool, err error) {
+	kindName, name, found := strings.Cut(arg, "/")
+	if !found {
+		return nil, arg, true, nil
+	}
+	if kindName == "" || name == "" || strings.Contains(name, "/") {
+		return nil, "", false, nil
+	}
+	k, err = lookupKind(kindName)
+	return k, name, true, err
 }
 
 // named tells whether the arguments named objects rather than whole kinds

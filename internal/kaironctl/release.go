@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -59,19 +58,14 @@ By default kaironctl waits for all of that and prints
 // claimName reads release's argument: a claim's NAME, or KIND/NAME with a
 // name of the machineclaims kind, as kaironctl claim -o name prints it.
 func claimName(arg string) (string, error) {
-	kindName, name, found := strings.Cut(arg, "/")
-	if !found {
-		return arg, nil
-	}
-	k, err := lookupKind(kindName)
-	if err != nil {
-		return "", err
-	}
-	if k.Resource != "machineclaims" {
-		return "", fmt.Errorf("release works on claims; %q names a %s (to delete it: kaironctl delete %s)", arg, k.Singular, arg)
-	}
-	if name == "" || strings.Contains(name, "/") {
+	k, name, ok, err := splitKindName(arg)
+	switch {
+	case !ok:
 		return "", fmt.Errorf("%q is not a CLAIM or mc/CLAIM", arg)
+	case err != nil:
+		return "", err
+	case k != nil && k.Resource != "machineclaims":
+		return "", fmt.Errorf("release works on claims; %q names a %s (to delete it: kaironctl delete %s)", arg, k.Singular, arg)
 	}
 	return name, nil
 }
