@@ -70,12 +70,8 @@ func purgeGuestNetwork(dataDir string, out io.Writer) error {
 		return err
 	}
 	if users := guestNetworkUsers(ns, true); len(users) > 0 {
-		names := make([]string, len(users))
-		for i, u := range users {
-			names[i] = u.String()
-		}
 		fmt.Fprintf(out, "kairon-local: leaving the guest network (bridge %s, its taps, nftables tables %s and %s) in %s: other Kairon processes use it (%s)\n",
-			gn.Bridge, network.BaselineTable, egress.Table, where, strings.Join(names, ", "))
+			gn.Bridge, network.BaselineTable, egress.Table, where, listUsers(users))
 		return nil
 	}
 

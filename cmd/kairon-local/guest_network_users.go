@@ -71,6 +71,15 @@ type guestNetworkUser struct {
 	dataDir string
 }
 
+// listUsers is users for a message: "kairon-node pid 12 of data dir D, ...".
+func listUsers(users []guestNetworkUser) string {
+	names := make([]string, len(users))
+	for i, u := range users {
+		names[i] = u.String()
+	}
+	return strings.Join(names, ", ")
+}
+
 func (u guestNetworkUser) String() string {
 	if u.dataDir != "" {
 		return fmt.Sprintf("%s pid %d of data dir %s", u.name, u.pid, u.dataDir)
@@ -106,8 +115,8 @@ func guestNetworkUsers(netns uint64, alsoKaironLocal bool) []guestNetworkUser {
 		}
 		if uses {
 			u := guestNetworkUser{pid: pid, name: name}
-			if state, ok := flagValue(argv, "state-dir"); ok && filepath.Base(filepath.Dir(state)) == "nodes" {
-				u.dataDir = filepath.Dir(filepath.Dir(state))
+			if state, ok := flagValue(argv, "state-dir"); ok {
+				u.dataDir = dataDirOf(state)
 			}
 			users = append(users, u)
 		}
@@ -136,14 +145,10 @@ func guestNetworkFree(netns, dataDir string) error {
 	if netns != "" {
 		where = "network namespace " + netns
 	}
-	names := make([]string, len(users))
 	stop := ""
-	for i, u := range users {
-		names[i] = u.String()
-		if u.dataDir != "" && stop == "" {
-			stop = fmt.Sprintf(" ('kairon-local down --data-dir %s')", u.dataDir)
-		}
+	if i := slices.IndexFunc(users, func(u guestNetworkUser) bool { return u.dataDir != "" }); i >= 0 {
+		stop = fmt.Sprintf(" ('kairon-local down --data-dir %s')", users[i].dataDir)
 	}
 	return fmt.Errorf("another kairon-local's nodes keep their VMs in %s (%s), on the same bridge %s, addresses and egress proxy ports this one's nodes would use: stop it first%s, or give this one a network namespace of its own ('ip netns add NAME', then 'kairon-local up --netns NAME')",
-		where, strings.Join(names, ", "), guestBridge, stop)
+		where, listUsers(users), guestBridge, stop)
 }

@@ -143,6 +143,19 @@ func controllerComponent(binDir, dataDir string, grace time.Duration, pprof stri
 // data dir's snapshots directory, which they all reach.
 const LocalSnapshotStore = "kairon-local"
 
+// nodeStateDir is where node's agent keeps its state in dataDir; dataDirOf
+// goes back.
+func nodeStateDir(dataDir, node string) string { return filepath.Join(dataDir, "nodes", node) }
+
+// dataDirOf is the data dir of an agent's --state-dir, or "" for a state
+// dir kairon-local did not make.
+func dataDirOf(stateDir string) string {
+	if filepath.Base(filepath.Dir(stateDir)) != "nodes" {
+		return ""
+	}
+	return filepath.Dir(filepath.Dir(stateDir))
+}
+
 // nodeComponent runs agent number i (1-based) with its own bridge, address
 // range, state directory and identity: a certificate that lets it write
 // only its own Node, the Machines on it and its migrations. It is ready
@@ -156,13 +169,13 @@ func nodeComponent(binDir, dataDir string, i int, o nodeOptions) Component {
 	args := []string{
 		"--kubeconfig", kubeconfig, "--node-name", name, "--register",
 		"--backend", o.backend, "--acceleration", o.acceleration,
-		"--state-dir", filepath.Join(dataDir, "nodes", name),
+		"--state-dir", nodeStateDir(dataDir, name),
 		"--guest-dir", o.guestDir,
 		"--cpu", strconv.Itoa(o.cpu), "--memory", o.memory,
 		// One guest network and bridge for all nodes, a pool of addresses
 		// each: a guest moved to another node keeps its address and stays
 		// reachable.
-		"--network-cidr", "10.88.0.0/16", "--address-pool", fmt.Sprintf("10.88.%d.0/24", i), "--bridge", "kairon0",
+		"--network-cidr", "10.88.0.0/16", "--address-pool", fmt.Sprintf("10.88.%d.0/24", i), "--bridge", guestBridge,
 		"--listen", "127.0.0.1:0",
 		// Its own certificate, CN = DNS SAN = its node name: the other
 		// agents send it only the guests migrating to it, and take from it

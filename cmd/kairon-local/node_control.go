@@ -228,7 +228,7 @@ func (s *componentSet) startAgent(ctx context.Context, cp *controlplane.ControlP
 
 // vmsOfNode are the VMs of one node of dataDir.
 func vmsOfNode(vms []vmProcess, dataDir, node string) []vmProcess {
-	prefix := filepath.Join(dataDir, "nodes", node, "instances") + "/"
+	prefix := filepath.Join(nodeStateDir(dataDir, node), "instances") + "/"
 	var out []vmProcess
 	for _, vm := range vmsOf(vms, dataDir) {
 		if strings.HasPrefix(vm.Dir, prefix) {
@@ -240,17 +240,15 @@ func vmsOfNode(vms []vmProcess, dataDir, node string) []vmProcess {
 
 // agentPID finds the kairon-node of node in dataDir: 0 if none runs.
 func agentPID(dataDir, node string) int {
-	stateDir := filepath.Join(dataDir, "nodes", node)
+	stateDir := nodeStateDir(dataDir, node)
 	found := 0
 	_ = eachProcess(func(pid int, argv []string) bool {
 		if filepath.Base(argv[0]) != "kairon-node" {
 			return false
 		}
-		for i, a := range argv {
-			if a == "--state-dir" && i+1 < len(argv) && argv[i+1] == stateDir {
-				found = pid
-				return true
-			}
+		if dir, _ := flagValue(argv, "state-dir"); dir == stateDir {
+			found = pid
+			return true
 		}
 		return false
 	})

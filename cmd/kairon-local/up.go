@@ -116,7 +116,9 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSignals()
 
-	if f.nodes > 0 && f.node.backend != "sim" {
+	// QEMU nodes put their VMs on a guest network; sim nodes have none.
+	guestVMs := f.nodes > 0 && f.node.backend != "sim"
+	if guestVMs {
 		if err := guestNetworkFree(f.node.netns, f.dataDir); err != nil {
 			return err
 		}
@@ -148,7 +150,7 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 		}
 		return err
 	}
-	if f.nodes > 0 && f.node.backend != "sim" {
+	if guestVMs {
 		// Where the agents put the guests' bridge, taps and nftables
 		// tables, for `down --purge` (guest_network.go).
 		if err := recordGuestNetwork(f.dataDir, f.node.netns); err != nil {
