@@ -69,15 +69,10 @@ type table struct {
 	Rows    [][]string
 }
 
-// printTable writes t aligned like kubectl: upper-case headers, columns
-// separated by at least two spaces, "-" for an empty cell. Wide columns are
-// left out unless wide.
-func printTable(w io.Writer, t table, wide bool) error {
-	return (&rowStream{w: w, wide: wide}).write(t)
-}
-
-// rowStream prints a table that may arrive a few rows at a time (get -w)
-// as one table: the header once, before the first rows, and every column
+// rowStream prints a table aligned like kubectl (upper-case headers,
+// columns separated by at least two spaces, "-" for an empty cell, wide
+// columns left out unless wide), also when it arrives a few rows at a time
+// (get -w): the header once, before the first rows, and every column
 // at least as wide as any of its cells printed so far, plus two spaces.
 // Written in one piece, a table comes out as text/tabwriter would align it.
 type rowStream struct {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"text/tabwriter"
@@ -475,4 +476,9 @@ func TestRowStream(t *testing.T) {
 	if b.String() != tw.String() {
 		t.Errorf("whole table\n%s\nwant, as tabwriter aligns it,\n%s", b.String(), tw.String())
 	}
+}
+
+// printTable writes t in one piece, as get does.
+func printTable(w io.Writer, t table, wide bool) error {
+	return (&rowStream{w: w, wide: wide}).write(t)
 }
