@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -25,6 +26,9 @@ import (
 // qmpTimeout bounds one QMP conversation when the caller's context has no
 // earlier deadline. A variable only for tests.
 var qmpTimeout = 5 * time.Second
+
+// qmpIDs numbers the commands this process sends, across connections.
+var qmpIDs atomic.Uint64
 
 type qmpConn struct {
 	c  *net.UnixConn
@@ -128,7 +132,13 @@ func (q *qmpConn) execute(cmd string, args any) (json.RawMessage, error) {
 
 // executeWithFile sends f's descriptor along with the command (for getfd).
 func (q *qmpConn) executeWithFile(cmd string, args any, f *os.File) (json.RawMessage, error) {
-	req := map[string]any{"execute": cmd}
+	// Every command carries an id of its own, and a reply with another
+	// id is skipped: a conversation that timed out while QEMU was busy
+	// (finishRestore asks again) can have its reply delivered after the
+	// next client connected, which would otherwise answer that client's
+	// next command.
+	id := fmt.Sprintf("kairon-%d", qmpIDs.Add(1))
+	req := map[string]any{"execute": cmd, "id": id}
 	if args != nil {
 		req["arguments"] = args
 	}
@@ -154,6 +164,7 @@ func (q *qmpConn) executeWithFile(cmd string, args any, f *os.File) (json.RawMes
 			Return json.RawMessage `json:"return"`
 			Error  *qmpError       `json:"error"`
 			Event  string          `json:"event"`
+			ID     *string         `json:"id"`
 		}
 		if err := json.Unmarshal(line, &resp); err != nil {
 			return nil, fmt.Errorf("%s: bad reply %q: %w", cmd, line, err)
@@ -161,6 +172,8 @@ func (q *qmpConn) executeWithFile(cmd string, args any, f *os.File) (json.RawMes
 		switch {
 		case resp.Event != "":
 			continue
+		case resp.ID != nil && *resp.ID != id:
+			continue // an earlier conversation's
 		case resp.Error != nil:
 			return nil, resp.Error
 		case resp.Return != nil:
