@@ -24,18 +24,21 @@ func newDescribeCommand(o *Options) *cobra.Command {
 		Long: `Print one object exactly as the API server returns it: indented JSON, with
 apiVersion and kind, and nothing else.
 
-Three exceptions add text after a blank line, recomputed now rather than read
+Four exceptions add text after a blank line, recomputed now rather than read
 from the status: describe quota lists the Machines the quota counts and why,
 describe budget the budget's numbers and every Machine it matches, in any
-namespace, as healthy or not and why, and describe migrationpolicy every
-Machine the policy selects and whether it or another policy (which) governs
-its migrations. When no Machine matches, each prints the same one-line hint
+namespace, as healthy or not and why, describe snapshotschedule every Machine
+the schedule matches with its newest Ready snapshot (or why it has none), and
+describe migrationpolicy every Machine the policy selects and whether it or
+another policy (which) governs its migrations. When no Machine matches, each
+prints the same one-line hint
 instead of an empty list: the object, what it selects and where, and the
 kaironctl get command that lists those Machines.`,
 		Example: `  kaironctl describe machine web-1
   kaironctl describe machineclaim/job-42
   kaironctl describe quota team-a -n team-a
   kaironctl describe budget web-tier
+  kaironctl describe snapshotschedule nightly
   kaironctl describe migrationpolicy slow-links`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {

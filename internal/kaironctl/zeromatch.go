@@ -7,8 +7,8 @@ import (
 )
 
 // machineMatch is which Machines a describe exception (describe budget,
-// describe quota, describe migrationpolicy, and the one to come for
-// snapshot schedules) lists after the object's JSON.
+// describe quota, describe snapshotschedule, describe migrationpolicy)
+// lists after the object's JSON.
 type machineMatch struct {
 	// Kind and Name are the described object as the user calls it, e.g.
 	// "budget" and "web-tier".
