@@ -41,6 +41,9 @@ type Network struct {
 	MAC     string
 	Address netip.Prefix // the guest's address and prefix, e.g. 10.88.0.5/24
 	Gateway netip.Addr
+	// Nameserver is the resolver the guest is configured with (its
+	// /etc/resolv.conf); the zero Addr configures none.
+	Nameserver netip.Addr
 }
 
 // Phase is what a backend observes of one VM.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -53,6 +54,8 @@ type Agent struct {
 	// sniProxy checks the server names of their allowSNI connections.
 	egress   EgressEnforcer
 	dnsProxy *egress.DNSProxy
+	// nameserver is what guests are told to resolve with (guestNameserver).
+	nameserver netip.Addr
 	sniProxy *egress.SNIProxy
 	// egressReported is what this agent last wrote in each policy's
 	// status.nodes, for the moments its cache is behind its own write.
@@ -115,6 +118,7 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 		a.ipam = ipam
 		if !n.NoLinks {
 			a.links = &network.Links{Bridge: n.Bridge, Gateway: ipam.Gateway(), NetNS: n.NetNS, Node: opts.NodeName}
+			a.nameserver = guestNameserver(opts.Egress, ipam.Gateway().Addr())
 			if err := a.links.EnsureBridge(); err != nil {
 				return nil, fmt.Errorf("node network: %w", err)
 			}

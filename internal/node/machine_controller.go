@@ -264,6 +264,7 @@ func (a *Agent) attach(machine *kaironv1.Machine, id string) (backend.Spec, erro
 				return spec, transient(err)
 			}
 			spec.Network.TapName = tap
+			spec.Network.Nameserver = a.nameserver
 			if err := a.ensureBaseline(machine.Namespace, id); err != nil {
 				return spec, transient(err)
 			}

@@ -174,8 +174,9 @@ spec:
 	tls := func(addr, sni string) string {
 		return "nc -w 5 " + addr + ` 443 -e /bin/sh -c 'exec 3<&0; printf "GET / HTTP/1.0\r\n\r\n" | ssl_client -s 3 -n ` + sni + ` >&2'`
 	}
-	// Any resolver: a confined guest's DNS goes to the node's proxy.
-	con.Expect(t, "echo nameserver 198.51.100.53 > /etc/resolv.conf; echo dns:$((1+1)).", regexp.MustCompile(`dns:2\.`), time.Minute)
+	// The guest booted with the node's resolver in its resolv.conf; being
+	// confined, its DNS goes to the node's proxy whatever address it asks.
+	expect("resolv-conf", "cat /etc/resolv.conf", `^nameserver 198\.51\.100\.2$`, "1")
 
 	expect("early", nc(pkgTest, "8050"), "^hi$", "0") // hard-coded, never resolved
 	expect("resolve", "nslookup pkg.test", pkgTest, "1")
@@ -190,6 +191,27 @@ spec:
 		out := kubectlQuiet(env, "-n", ns, "get", "events", "--field-selector", "involvedObject.name="+machine+",reason=EgressDenied", "-o", "jsonpath={.items[*].message}")
 		return strings.Contains(out, "dropped tcp "+pkgTest+":8050 (ip: no policy allows the destination)"), out
 	})
+
+	// An unconfined guest (the pool's new warm member) resolves with the
+	// same resolv.conf, straight through the node to the resolver.
+	var member string
+	testenv.Eventually(t, 4*time.Minute, "a Running warm member in place of the claimed one", func() (bool, string) {
+		var warm kaironv1.MachineList
+		if err := env.Client.List(ctx, &warm, client.InNamespace(ns), client.MatchingLabels{kaironv1.LabelPoolState: kaironv1.PoolStateWarm}); err != nil {
+			return false, err.Error()
+		}
+		for _, m := range warm.Items {
+			if m.Status.Phase == kaironv1.MachineRunning {
+				member = m.Name
+				return true, ""
+			}
+		}
+		return false, fmt.Sprint(len(warm.Items), " warm, none Running")
+	})
+	resolved, err := exec.Command(filepath.Join(env.BinDir, "kaironctl"), "--kubeconfig", env.Kubeconfig, "-n", ns, "exec", member, "--", "nslookup", "pkg.test").CombinedOutput()
+	if err != nil || !strings.Contains(string(resolved), pkgTest) {
+		t.Errorf("nslookup pkg.test in the unconfined guest %s: %v: %s", member, err, resolved)
+	}
 
 	// No agent: the rules stay in the kernel.
 	agents[first].kill()

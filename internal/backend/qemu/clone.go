@@ -76,9 +76,12 @@ func cloneConfigure(spec backend.Spec, nonce string) (*wire.Configure, error) {
 			cfg.Addresses = []string{n.Address.String()}
 		}
 		if n.Gateway.IsValid() {
-			// No DNS: a booted guest gets none from the backend either
-			// (no kairon.dns), so a clone keeps the template's.
 			cfg.Gateway = n.Gateway.String()
+		}
+		if n.Nameserver.IsValid() {
+			// Its own node's, as a booted guest gets with kairon.dns: the
+			// template may have been saved on a node with another.
+			cfg.DNS = []string{n.Nameserver.String()}
 		}
 	}
 	return cfg, cfg.Validate()

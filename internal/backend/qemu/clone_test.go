@@ -117,19 +117,24 @@ func TestRestoreClones(t *testing.T) {
 }
 
 // A clone's identity: the Machine's name as one DNS label, the spec's MAC,
-// address and gateway (no nameserver, as a boot gets none), a full seed
-// and the nonce.
+// address, gateway and nameserver, a full seed and the nonce.
 func TestCloneConfigure(t *testing.T) {
 	spec := backend.Spec{ID: "ns_web.1", Name: "ns/web.1", Network: &backend.Network{
 		MAC: "52:54:00:ab:cd:ef", Address: netip.MustParsePrefix("10.88.0.7/24"), Gateway: netip.MustParseAddr("10.88.0.1"),
+		Nameserver: netip.MustParseAddr("192.0.2.53"),
 	}}
 	cfg, err := cloneConfigure(spec, "n0nce")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Hostname != "web-1" || cfg.MAC != spec.Network.MAC || len(cfg.Addresses) != 1 || cfg.Addresses[0] != "10.88.0.7/24" ||
-		cfg.Gateway != "10.88.0.1" || cfg.DNS != nil || len(cfg.Seed) != cloneSeedBytes || cfg.Boot != "n0nce" {
+		cfg.Gateway != "10.88.0.1" || fmt.Sprint(cfg.DNS) != "[192.0.2.53]" || len(cfg.Seed) != cloneSeedBytes || cfg.Boot != "n0nce" {
 		t.Errorf("configure %+v", cfg)
+	}
+	// A network without a nameserver leaves the guest's as it is.
+	spec.Network.Nameserver = netip.Addr{}
+	if cfg, err := cloneConfigure(spec, "n0nce"); err != nil || cfg.DNS != nil {
+		t.Errorf("configure without a nameserver %+v %v", cfg, err)
 	}
 	other, err := cloneConfigure(spec, "n0nce")
 	if err != nil || string(other.Seed) == string(cfg.Seed) {

@@ -328,6 +328,9 @@ func (b *Backend) cmdline(accel, hostname string, n *backend.Network, extra []st
 		if n.Gateway.IsValid() {
 			args = append(args, "kairon.gw="+n.Gateway.String())
 		}
+		if n.Nameserver.IsValid() {
+			args = append(args, "kairon.dns="+n.Nameserver.String())
+		}
 	}
 	args = append(args, extra...)
 	if bootNonce != "" {

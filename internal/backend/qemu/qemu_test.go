@@ -413,9 +413,9 @@ func TestDecideAcceleration(t *testing.T) {
 func TestCmdline(t *testing.T) {
 	b := &Backend{tscKHz: 2096007}
 	got := b.cmdline("tcg", "web", &backend.Network{
-		Address: netip.MustParsePrefix("10.88.0.5/24"), Gateway: netip.MustParseAddr("10.88.0.1"),
+		Address: netip.MustParsePrefix("10.88.0.5/24"), Gateway: netip.MustParseAddr("10.88.0.1"), Nameserver: netip.MustParseAddr("192.0.2.53"),
 	}, []string{"foo=bar", "kairon.boot=forged"}, "n0nce")
-	for _, want := range []string{"console=ttyS0", "tsc_early_khz=2096007", "kairon.hostname=web", "kairon.ip=10.88.0.5/24", "kairon.gw=10.88.0.1"} {
+	for _, want := range []string{"console=ttyS0", "tsc_early_khz=2096007", "kairon.hostname=web", "kairon.ip=10.88.0.5/24", "kairon.gw=10.88.0.1", "kairon.dns=192.0.2.53"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("cmdline %q lacks %q", got, want)
 		}
@@ -426,6 +426,9 @@ func TestCmdline(t *testing.T) {
 	}
 	if kvm := b.cmdline("kvm", "", nil, nil, ""); strings.Contains(kvm, "tsc_early_khz") || strings.Contains(kvm, "kairon.ip") {
 		t.Errorf("kvm cmdline %q", kvm)
+	}
+	if none := b.cmdline("kvm", "", &backend.Network{Address: netip.MustParsePrefix("10.88.0.5/24")}, nil, ""); strings.Contains(none, "kairon.dns") {
+		t.Errorf("cmdline %q names a nameserver the network has not", none)
 	}
 	for in, want := range map[string]string{"ns/web": "web", "ns/Web_1": "web-1", "x": "x", "ns/": "kairon", "ns/" + strings.Repeat("a", 70): strings.Repeat("a", 63)} {
 		if got := hostnameFor(in); got != want {
