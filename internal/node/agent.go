@@ -56,7 +56,7 @@ type Agent struct {
 	dnsProxy *egress.DNSProxy
 	// nameserver is what guests are told to resolve with (guestNameserver).
 	nameserver netip.Addr
-	sniProxy *egress.SNIProxy
+	sniProxy   *egress.SNIProxy
 	// egressReported is what this agent last wrote in each policy's
 	// status.nodes, for the moments its cache is behind its own write.
 	egressReported egressReports
