@@ -223,6 +223,12 @@ func TestExecAndCpThroughTheNodeAgent(t *testing.T) {
 	if out, stderr, code := exec(nil, "exec", "mc/mine", "--", "sh", "-c", "echo via claim; exit 3"); out != "via claim\n" || code != 3 {
 		t.Errorf("exec mc/mine: %q %q exit %d", out, stderr, code)
 	}
+	// The claim's bare name is no Machine's, and the error says how to
+	// name it.
+	if _, stderr, code := exec(nil, "exec", "mine", "--", "true"); code != 1 ||
+		!strings.Contains(stderr, `MACHINE: machine "mine" not found in namespace "`+ns+`"; machineclaim "mine" is: name it mc/mine for the Machine bound to it`) {
+		t.Errorf("exec with a claim's bare name: %q exit %d", stderr, code)
+	}
 	if _, stderr, code := exec(nil, "cp", src, "machineclaim/mine:"+guestPath+".2"); code != 0 || testenv.FileSHA256(t, guestPath+".2") != want {
 		t.Errorf("cp to machineclaim/mine: %q exit %d", stderr, code)
 	}

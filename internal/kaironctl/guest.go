@@ -79,7 +79,13 @@ func (o *Options) resolveMachine(ctx context.Context, what, arg string) (*machin
 	}
 	var m kaironv1.Machine
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &m); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, o.objectError(machines, ns, name, err))
+		err = o.objectError(machines, ns, name, err)
+		if k == nil && claimNamed(ctx, c, ns, name) {
+			// `kaironctl claim` prints the claim's name first: the
+			// likeliest slip is to pass it as it is.
+			return nil, fmt.Errorf("%s: %w; machineclaim %q is: name it mc/%s for the Machine bound to it", what, err, name, name)
+		}
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	ref := &machineRef{machine: &m, arg: arg}
 	if m.Spec.NodeName == "" {
@@ -90,6 +96,11 @@ func (o *Options) resolveMachine(ctx context.Context, what, arg string) (*machin
 		return nil, fmt.Errorf("%s has no node yet (phase %s)", ref, phase)
 	}
 	return ref, nil
+}
+
+// claimNamed says whether namespace ns has a MachineClaim called name.
+func claimNamed(ctx context.Context, c client.Client, ns, name string) bool {
+	return c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &kaironv1.MachineClaim{}) == nil
 }
 
 // openStream asks the node agent of ref's Machine for a session at path
