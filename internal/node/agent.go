@@ -54,9 +54,9 @@ type Agent struct {
 	// sniProxy checks the server names of their allowSNI connections.
 	egress   EgressEnforcer
 	dnsProxy *egress.DNSProxy
+	sniProxy *egress.SNIProxy
 	// nameserver is what guests are told to resolve with (guestNameserver).
 	nameserver netip.Addr
-	sniProxy   *egress.SNIProxy
 	// egressReported is what this agent last wrote in each policy's
 	// status.nodes, for the moments its cache is behind its own write.
 	egressReported egressReports
