@@ -5,14 +5,12 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -22,7 +20,6 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
-	"github.com/zyvor/kairon/internal/rules"
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
@@ -154,7 +151,7 @@ func TestCordonEvacuation(t *testing.T) {
 	// Now play the node agents: carry out every migration, one at a time
 	// as the budget lets them come. The node empties, and never more than
 	// one web Machine is disrupted at once.
-	stop := executeMigrations(t, env, ns, nodeB.Name)
+	stop := testenv.RunMigrations(t, env, ns, nodeB.Name, moveTime)
 	testenv.Eventually(t, 3*time.Minute, "node "+nodeA.Name+" to empty", func() (bool, string) {
 		var on []string
 		for _, m := range listMachines(t, env, ns) {
@@ -302,91 +299,8 @@ func machineEvents(t *testing.T, env *testenv.Env, ns, name, typ, reason string)
 	return notes
 }
 
-// moveTime is how long the stand-in node agents of executeMigrations take
+// moveTime is how long the stand-in node agents of testenv.RunMigrations take
 // over a migration. It stands for the time a real move takes, during which
 // passes see the migration in flight and, were the budget not kept, would
 // start others beside it.
 const moveTime = 300 * time.Millisecond
-
-// executeMigrations stands in for the node agents until the returned
-// function is called: every non-terminal migration in ns moves its Machine
-// to target and then Succeeds, moveTime after it first saw it. The
-// function returns the most migrations it ever saw in flight at once.
-func executeMigrations(t *testing.T, env *testenv.Env, ns, target string) (stop func() int) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var (
-		wg   sync.WaitGroup
-		peak int
-		errs []error
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		ticker := time.NewTicker(testenv.PollInterval)
-		defer ticker.Stop()
-		seen := map[types.UID]time.Time{}
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-ticker.C:
-			}
-			var l kaironv1.MachineMigrationList
-			if err := env.Client.List(ctx, &l, client.InNamespace(ns)); err != nil {
-				continue
-			}
-			var inFlight []*kaironv1.MachineMigration
-			for i := range l.Items {
-				if mig := &l.Items[i]; rules.MigrationInFlight(mig) {
-					inFlight = append(inFlight, mig)
-					if _, ok := seen[mig.UID]; !ok {
-						seen[mig.UID] = time.Now()
-					}
-				}
-			}
-			peak = max(peak, len(inFlight))
-			for _, mig := range inFlight {
-				if time.Since(seen[mig.UID]) < moveTime {
-					continue
-				}
-				if err := finishMigration(ctx, env, mig, target); err != nil && ctx.Err() == nil {
-					errs = append(errs, err)
-				}
-			}
-		}
-	}()
-	return func() int {
-		cancel()
-		wg.Wait()
-		for _, err := range errs {
-			t.Errorf("executing migrations: %v", err)
-		}
-		return peak
-	}
-}
-
-// finishMigration moves mig's Machine to target and marks mig Succeeded, as
-// a node agent will.
-func finishMigration(ctx context.Context, env *testenv.Env, mig *kaironv1.MachineMigration, target string) error {
-	var m kaironv1.Machine
-	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: mig.Namespace, Name: mig.Spec.MachineName}, &m); err != nil {
-		return err
-	}
-	source := m.Spec.NodeName
-	orig := m.DeepCopy()
-	m.Spec.NodeName = target
-	if err := env.Client.Patch(ctx, &m, client.MergeFrom(orig)); err != nil {
-		return fmt.Errorf("moving %s: %w", m.Name, err)
-	}
-	origMig := mig.DeepCopy()
-	now := metav1.Now()
-	mig.Status = kaironv1.MachineMigrationStatus{
-		Phase: kaironv1.MigrationSucceeded, SourceNode: source, TargetNode: target,
-		StartTime: &now, CompletionTime: &now,
-	}
-	if err := env.Client.Status().Patch(ctx, mig, client.MergeFrom(origMig)); err != nil {
-		return fmt.Errorf("finishing %s: %w", mig.Name, err)
-	}
-	return nil
-}
