@@ -148,22 +148,7 @@ func serveTCP(t *testing.T, ns, addr string) {
 }
 
 func dialTCP(ns, addr string, timeout time.Duration) error {
-	return inNetNS(ns, func() error {
-		c, err := net.DialTimeout("tcp", addr, timeout)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(timeout))
-		buf := make([]byte, 2)
-		if _, err := c.Read(buf); err != nil {
-			return err
-		}
-		if string(buf) != "hi" {
-			return fmt.Errorf("greeting %q", buf)
-		}
-		return nil
-	})
+	return netlab.DialGreeting(ns, addr, "hi", timeout)
 }
 
 func mustReach(t *testing.T, g *testGuest, addr string) {

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/zyvor/kairon/internal/testenv"
+	"github.com/zyvor/kairon/internal/testenv/netlab"
 )
 
 // blockedWindow is how long a packet the baseline must drop is given to
@@ -224,41 +225,12 @@ func inNetNS(ns string, fn func() error) error {
 // serveTCP listens on addr in ns and answers every connection with "hi".
 func serveTCP(t *testing.T, ns, addr string) {
 	t.Helper()
-	var ln net.Listener
-	if err := inNetNS(ns, func() (err error) { ln, err = net.Listen("tcp", addr); return err }); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte("hi"))
-			_ = c.Close()
-		}
-	}()
+	netlab.ServeGreeting(t, ns, addr, "hi")
 }
 
 // dialTCP connects from ns to addr and reads the greeting.
 func dialTCP(ns, addr string, timeout time.Duration) error {
-	return inNetNS(ns, func() error {
-		c, err := net.DialTimeout("tcp", addr, timeout)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(timeout))
-		buf := make([]byte, 2)
-		if _, err := c.Read(buf); err != nil {
-			return err
-		}
-		if string(buf) != "hi" {
-			return fmt.Errorf("greeting %q", buf)
-		}
-		return nil
-	})
+	return netlab.DialGreeting(ns, addr, "hi", timeout)
 }
 
 func mustReach(t *testing.T, from *testGuest, addr string) {

@@ -272,3 +272,24 @@ func ServeDNS(t testing.TB, ns, addr string, ttl uint32, records map[string]stri
 		}
 	}()
 }
+
+// DialGreeting connects from ns to the TCP address addr and reads what a
+// ServeGreeting of greeting sends, within timeout.
+func DialGreeting(ns, addr, greeting string, timeout time.Duration) error {
+	return In(ns, func() error {
+		c, err := net.DialTimeout("tcp", addr, timeout)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(timeout))
+		buf := make([]byte, len(greeting))
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return err
+		}
+		if string(buf) != greeting {
+			return fmt.Errorf("greeting %q, want %q", buf, greeting)
+		}
+		return nil
+	})
+}
