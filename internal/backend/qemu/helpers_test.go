@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -100,6 +101,20 @@ func shortTempDir(tb testing.TB) string {
 }
 
 const tempPrefix = "kairon-qemu-test-"
+
+// fakeMonitor listens where a VM's QMP socket would be, in a new state
+// dir, for tests that play QEMU's monitor; it returns the dir and the
+// listener, closed when the test ends.
+func fakeMonitor(tb testing.TB) (string, net.Listener) {
+	tb.Helper()
+	dir := shortTempDir(tb)
+	ln, err := net.Listen("unix", filepath.Join(dir, qmpSock))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { ln.Close() })
+	return dir, ln
+}
 
 func TestMain(m *testing.M) {
 	reapOrphans()

@@ -15,12 +15,7 @@ import (
 // one and serves one client at a time; a connect while another client holds
 // it fails with EAGAIN, and dialQMP must try again rather than fail a save.
 func TestDialQMPWaitsForAFullBacklog(t *testing.T) {
-	dir, err := os.MkdirTemp("", "qmpd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	path := filepath.Join(dir, "qmp.sock")
+	path := filepath.Join(shortTempDir(t), qmpSock)
 	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
-	"os"
 	"path/filepath"
 	"testing"
 )
@@ -15,17 +13,7 @@ import (
 // was busy, answered only after the next client connected) does not answer
 // this client's commands: each is matched to its reply by id.
 func TestQMPSkipsAnEarlierConversationsReply(t *testing.T) {
-	dir, err := os.MkdirTemp("", "qmpid")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, qmpSock)
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
+	dir, ln := fakeMonitor(t)
 	go func() {
 		c, err := ln.Accept()
 		if err != nil {
@@ -56,7 +44,7 @@ func TestQMPSkipsAnEarlierConversationsReply(t *testing.T) {
 		}
 	}()
 
-	q, err := dialQMP(context.Background(), sock)
+	q, err := dialQMP(context.Background(), filepath.Join(dir, qmpSock))
 	if err != nil {
 		t.Fatal(err)
 	}

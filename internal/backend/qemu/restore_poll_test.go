@@ -3,9 +3,6 @@ package qemu
 import (
 	"bufio"
 	"context"
-	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 )
@@ -18,16 +15,7 @@ func TestFinishRestoreOutlastsAMonitorBusyLoading(t *testing.T) {
 	qmpTimeout = 200 * time.Millisecond
 	t.Cleanup(func() { qmpTimeout = saved })
 
-	dir, err := os.MkdirTemp("", "qmpr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	ln, err := net.Listen("unix", filepath.Join(dir, qmpSock))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
+	dir, ln := fakeMonitor(t)
 	served := make(chan int, 8)
 	go func() {
 		for conn := 0; ; conn++ {
