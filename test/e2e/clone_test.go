@@ -91,19 +91,8 @@ func TestPoolClonesOfARealGuest(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	ctx := context.Background()
-	netNS := netns(t)
-	state := t.TempDir()
-	t.Cleanup(func() { killVMs(t, state) })
-	startController(t, env)
-	a := startAgentWithCapacity(t, env, "e2e-clone", state, netNS, 6, "3Gi")
-	deleteNodeAtEnd(t, env, "e2e-clone")
-	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := os.ReadFile(a.log)
-			t.Logf("kairon-node log:\n%s", tail(string(out), 60))
-			t.Logf("objects:\n%s", kubectlQuiet(env, "-n", ns, "get", "machinepools,machineclaims,machines", "-o", "wide"))
-		}
-	})
+	node := startPoolNode(t, env, ns, "e2e-clone", 6, "3Gi")
+	netNS, state := node.netNS, node.state
 	kubectl(t, env, clonePool("agents", "Snapshot", 0), "-n", ns, "apply", "-f", "-")
 	snap := waitPoolSnapshot(t, env, ns, "agents")
 	if snap.NodeName != "e2e-clone" || !strings.HasPrefix(snap.Path, state) || snap.SizeBytes <= 0 {

@@ -60,6 +60,34 @@ func startAgent(t testing.TB, env *testenv.Env, nodeName, stateDir, ns string) *
 	return startAgentWithCapacity(t, env, nodeName, stateDir, ns, 2, "2Gi")
 }
 
+// poolNode is one QEMU node, in a network namespace of its own, with
+// kairon-controller running: what the tests of pools on real guests stand
+// on.
+type poolNode struct {
+	netNS string // the node network's namespace
+	state string // the agent's state dir, where its VMs' files are
+}
+
+// startPoolNode starts kairon-controller and node name offering cpu vCPUs
+// and memory. When the test ends its VMs are killed and its Node deleted;
+// when it failed, the agent's log and ns's pool objects are logged first.
+func startPoolNode(t *testing.T, env *testenv.Env, ns, name string, cpu int, memory string) poolNode {
+	t.Helper()
+	n := poolNode{netNS: netns(t), state: t.TempDir()}
+	t.Cleanup(func() { killVMs(t, n.state) })
+	startController(t, env)
+	a := startAgentWithCapacity(t, env, name, n.state, n.netNS, cpu, memory)
+	deleteNodeAtEnd(t, env, name)
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := os.ReadFile(a.log)
+			t.Logf("kairon-node log:\n%s", tail(string(out), 60))
+			t.Logf("objects:\n%s", kubectlQuiet(env, "-n", ns, "get", "machinepools,machineclaims,machines", "-o", "wide"))
+		}
+	})
+	return n
+}
+
 // startAgentWithCapacity runs bin/kairon-node offering cpu vCPUs and memory.
 func startAgentWithCapacity(t testing.TB, env *testenv.Env, nodeName, stateDir, ns string, cpu int, memory string) *agent {
 	t.Helper()

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -32,21 +31,10 @@ func TestPoolClaimGetsARunningVM(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	ctx := context.Background()
-	netNS := netns(t)
-	state := t.TempDir()
-	t.Cleanup(func() { killVMs(t, state) })
-	startController(t, env)
 	// Two warm members, job-42's Machine and ours: four 1-vCPU Machines at
 	// once, plus room for a replacement booting.
-	a := startAgentWithCapacity(t, env, "e2e-pool", state, netNS, 6, "3Gi")
-	deleteNodeAtEnd(t, env, "e2e-pool")
-	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := os.ReadFile(a.log)
-			t.Logf("kairon-node log:\n%s", tail(string(out), 40))
-			t.Logf("objects:\n%s", kubectlQuiet(env, "-n", ns, "get", "machinepools,machineclaims,machines", "-o", "wide"))
-		}
-	})
+	node := startPoolNode(t, env, ns, "e2e-pool", 6, "3Gi")
+	netNS, state := node.netNS, node.state
 
 	// The example as a user applies it: pool "agents" and claim "job-42".
 	example, err := filepath.Abs("../../examples/machinepool.yaml")

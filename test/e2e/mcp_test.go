@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -28,20 +27,8 @@ func TestMCPAgentSessionOnARealGuest(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	ctx := context.Background()
-	netNS := netns(t)
-	state := t.TempDir()
-	t.Cleanup(func() { killVMs(t, state) })
-	startController(t, env)
 	// The warm member and the replacement the pool boots once it is claimed.
-	a := startAgentWithCapacity(t, env, "e2e-mcp", state, netNS, 4, "2Gi")
-	deleteNodeAtEnd(t, env, "e2e-mcp")
-	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := os.ReadFile(a.log)
-			t.Logf("kairon-node log:\n%s", tail(string(out), 40))
-			t.Logf("objects:\n%s", kubectlQuiet(env, "-n", ns, "get", "machinepools,machineclaims,machines", "-o", "wide"))
-		}
-	})
+	startPoolNode(t, env, ns, "e2e-mcp", 4, "2Gi")
 	kubectl(t, env, "apiVersion: kairon.zyvor.dev/v1alpha1\nkind: MachinePool\nmetadata: {name: agents}\nspec:\n  replicas: 1\n  template:\n    spec: {cpu: 1, memory: 256Mi}\n", "-n", ns, "apply", "-f", "-")
 	testenv.Eventually(t, 4*time.Minute, "a Running warm member", func() (bool, string) {
 		out := kubectlQuiet(env, "-n", ns, "get", "machines", "-l", kaironv1.LabelPoolState+"="+kaironv1.PoolStateWarm, "-o", "jsonpath={.items[*].status.phase}")
