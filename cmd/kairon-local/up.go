@@ -57,7 +57,7 @@ func up(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.node.netns, "netns", "", "keep every node's bridge, taps and VMs in this existing network namespace")
 	fs.IntVar(&f.node.cpu, "node-cpu", 4, "vCPUs each node offers to Machines")
 	fs.StringVar(&f.node.memory, "node-memory", "4Gi", "memory each node offers to Machines")
-	fs.StringVar(&f.node.dnsUpstream, "egress-dns-upstream", "auto", "resolver (host:port) the nodes' egress DNS proxies forward the allowed queries of confined guests to, and guests' nameserver; auto: the first nameserver of /etc/resolv.conf")
+	fs.StringVar(&f.node.dnsUpstream, "egress-dns-upstream", "auto", "resolver (host:port) the nodes' egress DNS proxies forward the allowed queries of confined guests to, and guests' nameserver; auto: the first nameserver of /etc/resolv.conf, or of systemd-resolved's list when that is its local stub")
 	fs.DurationVar(&f.nodeGrace, "node-grace-period", rules.DefaultNodeGracePeriod, "how long an agent may go without renewing its Lease before its node is Unknown (kairon-controller's -node-grace-period; docs/guides/node-failure.md)")
 	fs.StringVar(&f.controllerPprof, "controller-pprof-address", "", "serve kairon-controller's Go profiles (/debug/pprof/) on this loopback address, for example 127.0.0.1:6060 (off by default; unauthenticated, so loopback only)")
 	fs.BoolVar(&f.apiServerProfiling, "apiserver-profiling", false, "serve kube-apiserver's Go profiles at /debug/pprof/ on the API server's port, to the admin kubeconfig (for benchmarks)")

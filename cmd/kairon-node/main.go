@@ -110,7 +110,7 @@ func run(args []string) error {
 	fs.IntVar(&f.vxlanID, "vxlan-id", 4242, "VXLAN network id of --cross-node-routing=vxlan (the same on every node)")
 	fs.IntVar(&f.vxlanPort, "vxlan-port", 4789, "UDP port of --cross-node-routing=vxlan (the same on every node)")
 	fs.UintVar(&f.egressDNS, "egress-dns-port", 0, "port of the DNS proxy for guests confined by a MachineNetworkPolicy, in the bridge's namespace; their DNS is redirected to it (0: no proxy, allowFqdns learns nothing; docs/guides/egress.md)")
-	fs.StringVar(&f.egressUp, "egress-dns-upstream", "auto", "resolver (host:port) the egress DNS proxy forwards allowed queries to, and guests' nameserver (docs/guides/networking.md); \"auto\": the first nameserver of /etc/resolv.conf")
+	fs.StringVar(&f.egressUp, "egress-dns-upstream", "auto", "resolver (host:port) the egress DNS proxy forwards allowed queries to, and guests' nameserver (docs/guides/networking.md); \"auto\": the first nameserver of /etc/resolv.conf, or of systemd-resolved's list when that is its local stub")
 	fs.UintVar(&f.egressSNI, "egress-sni-port", 0, "port of the SNI proxy for guests confined by a MachineNetworkPolicy with allowSNI, in the bridge's namespace (0: no proxy, and TCP that only an allowSNI grant allows is dropped; docs/guides/egress.md)")
 	fs.StringVar(&f.masquerade, "egress-masquerade", "auto", "uplink interface on which guests' traffic leaves with the node's address (masquerade), with IPv4 forwarding on;\n\"auto\": the interface of the default route, if there is one; \"none\": no NAT (docs/guides/egress.md)")
 	fs.StringVar(&f.metrics, "metrics-bind-address", "", "address serving Prometheus metrics (kairon_egress_denied_total) over plain HTTP (empty: off); bind it to the node's own address, not the guests' gateway")
@@ -189,7 +189,7 @@ func run(args []string) error {
 		// Also without the DNS proxy: guests are told to resolve with it
 		// (docs/guides/networking.md). Only the proxy cannot do without it.
 		var resolvErr error
-		if upstream, resolvErr = egress.ResolvConfUpstream("/etc/resolv.conf"); resolvErr != nil && f.egressDNS != 0 {
+		if upstream, resolvErr = egress.AutoUpstream(); resolvErr != nil && f.egressDNS != 0 {
 			return fmt.Errorf("--egress-dns-upstream auto: %w; name the resolver", resolvErr)
 		}
 	}
