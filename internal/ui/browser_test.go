@@ -69,6 +69,10 @@ func newBrowser(t *testing.T) *browser {
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path),
 		chromedp.UserDataDir(t.TempDir()),
+		// Chromium makes its singleton socket's directory in TMPDIR and
+		// leaves it there when it is killed: in the test's own, it goes
+		// with the test.
+		chromedp.Env("TMPDIR="+t.TempDir()),
 		chromedp.WindowSize(1400, 1000),
 		chromedp.DisableGPU,
 	)
