@@ -99,17 +99,8 @@ func TestDialQMPTakesAMonitorAlreadyInCommandMode(t *testing.T) {
 		{"refused", `{"error": {"class": "GenericError", "desc": "no"}}`, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			dir, err := os.MkdirTemp("", "qmpn")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { os.RemoveAll(dir) })
-			path := filepath.Join(dir, "qmp.sock")
-			ln, err := net.Listen("unix", path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { ln.Close() })
+			dir, ln := fakeMonitor(t)
+			path := filepath.Join(dir, qmpSock)
 			go func() {
 				c, err := ln.Accept()
 				if err != nil {
