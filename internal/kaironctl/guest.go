@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -79,8 +80,9 @@ func (o *Options) resolveMachine(ctx context.Context, what, arg string) (*machin
 	}
 	var m kaironv1.Machine
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &m); err != nil {
+		notFound := apierrors.IsNotFound(err)
 		err = o.objectError(machines, ns, name, err)
-		if k == nil && claimNamed(ctx, c, ns, name) {
+		if k == nil && notFound && claimNamed(ctx, c, ns, name) {
 			// `kaironctl claim` prints the claim's name first: the
 			// likeliest slip is to pass it as it is.
 			return nil, fmt.Errorf("%s: %w; machineclaim %q is: name it mc/%s for the Machine bound to it", what, err, name, name)
