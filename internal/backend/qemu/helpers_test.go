@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"log/slog"
@@ -114,6 +115,13 @@ func fakeMonitor(tb testing.TB) (string, net.Listener) {
 	}
 	tb.Cleanup(func() { ln.Close() })
 	return dir, ln
+}
+
+// greetQMP sends a new monitor connection QEMU's greeting and returns a
+// reader of what the client sends.
+func greetQMP(c net.Conn) *bufio.Reader {
+	_, _ = c.Write([]byte(`{"QMP": {"version": {}, "capabilities": []}}` + "\n"))
+	return bufio.NewReader(c)
 }
 
 func TestMain(m *testing.M) {

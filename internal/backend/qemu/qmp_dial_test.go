@@ -107,8 +107,7 @@ func TestDialQMPTakesAMonitorAlreadyInCommandMode(t *testing.T) {
 					return
 				}
 				defer c.Close()
-				rd := bufio.NewReader(c)
-				_, _ = c.Write([]byte(`{"QMP": {"version": {}, "capabilities": []}}` + "\n"))
+				rd := greetQMP(c)
 				if _, err := rd.ReadBytes('\n'); err != nil {
 					return
 				}

@@ -1,7 +1,6 @@
 package qemu
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,8 +19,7 @@ func TestQMPSkipsAnEarlierConversationsReply(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		rd := bufio.NewReader(c)
-		_, _ = fmt.Fprintln(c, `{"QMP": {"version": {}, "capabilities": []}}`)
+		rd := greetQMP(c)
 		// The earlier client's query-status, answered late.
 		_, _ = fmt.Fprintln(c, `{"return": {"status": "inmigrate", "running": false}, "id": "kairon-0"}`)
 		for {

@@ -1,7 +1,6 @@
 package qemu
 
 import (
-	"bufio"
 	"context"
 	"testing"
 	"time"
@@ -24,8 +23,7 @@ func TestFinishRestoreOutlastsAMonitorBusyLoading(t *testing.T) {
 				return
 			}
 			served <- conn
-			rd := bufio.NewReader(c)
-			_, _ = c.Write([]byte(`{"QMP": {"version": {}, "capabilities": []}}` + "\n"))
+			rd := greetQMP(c)
 			if _, err := rd.ReadBytes('\n'); err == nil { // qmp_capabilities
 				_, _ = c.Write([]byte(`{"return": {}}` + "\n"))
 			}
