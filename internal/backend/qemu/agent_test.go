@@ -380,6 +380,12 @@ func TestGuestAgentConfigureNetwork(t *testing.T) {
 	}
 	waitPhase(t, b, spec.ID, backend.Running, bootTimeout)
 	c := dialAgent(t, b, spec.ID)
+	// A second address in the subnet, as a template a user gave one has:
+	// deleting the first takes it along, which a single flush reports as
+	// a failure.
+	if res, _, errOut := guestExec(t, c, nil, "ip", "addr", "add", "10.88.0.6/24", "dev", "eth0"); res.Code != 0 {
+		t.Fatalf("adding a second address in the guest: exit %d: %s", res.Code, errOut)
+	}
 	err := c.Configure(ctx, &wire.Configure{
 		Hostname: "clone-2", Addresses: []string{"10.88.0.9/24"}, Gateway: "10.88.0.1",
 		DNS: []string{"10.88.0.1"}, Seed: []byte("this clone's own randomness"),
@@ -388,7 +394,7 @@ func TestGuestAgentConfigureNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, out, _ := guestExec(t, c, nil, "sh", "-c", "hostname; ip -4 addr show dev eth0 | grep inet; ip route | grep default")
-	if !strings.HasPrefix(out, "clone-2\n") || !strings.Contains(out, "10.88.0.9/24") || strings.Contains(out, "10.88.0.5") ||
+	if !strings.HasPrefix(out, "clone-2\n") || !strings.Contains(out, "10.88.0.9/24") || strings.Contains(out, "10.88.0.5") || strings.Contains(out, "10.88.0.6") ||
 		!strings.Contains(out, "default via 10.88.0.1") {
 		t.Errorf("guest after configure:\n%s", out)
 	}

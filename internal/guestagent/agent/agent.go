@@ -58,6 +58,12 @@ type Agent struct {
 	wbuf []byte
 
 	boot atomic.Pointer[string]
+
+	// configuring serializes configure requests. A host that reconnects
+	// (a second Hello) sends its configure again while the first may still
+	// run; two at once race each other's address flush and add, and one
+	// fails with a guest left half configured.
+	configuring sync.Mutex
 }
 
 // New returns an Agent.
@@ -93,6 +99,8 @@ func (a *Agent) status() *wire.Status {
 // configure applies c, and takes its boot nonce even if a part of the rest
 // failed: the guest is the clone the host names either way.
 func (a *Agent) configure(c *wire.Configure) error {
+	a.configuring.Lock()
+	defer a.configuring.Unlock()
 	if c.Boot != "" {
 		boot := c.Boot
 		a.boot.Store(&boot)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +23,12 @@ import (
 // after Hello.
 func hostEnd(t *testing.T) (host *os.File, rd *wire.Reader, served chan error, guest *os.File) {
 	t.Helper()
+	return hostEndOf(t, New(Options{}))
+}
+
+// hostEndOf is hostEnd with agent a serving.
+func hostEndOf(t *testing.T, a *Agent) (host *os.File, rd *wire.Reader, served chan error, guest *os.File) {
+	t.Helper()
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +36,7 @@ func hostEnd(t *testing.T) (host *os.File, rd *wire.Reader, served chan error, g
 	host, guest = os.NewFile(uintptr(fds[0]), "host"), os.NewFile(uintptr(fds[1]), "guest")
 	t.Cleanup(func() { host.Close(); guest.Close() })
 	served = make(chan error, 1)
-	go func() { served <- New(Options{}).Serve(guest) }()
+	go func() { served <- a.Serve(guest) }()
 	send(t, host, 0, &wire.Hello{Versions: []int{1}})
 	rd = wire.NewReader(host)
 	if f := next(t, rd); f.Type != wire.TypeHello {
@@ -153,5 +160,62 @@ func TestServeSkipsFramesBeforeHello(t *testing.T) {
 	host.Close()
 	if err := <-served; !errors.Is(err, io.EOF) {
 		t.Errorf("Serve ended with %v", err)
+	}
+}
+
+// A host that reconnects (a second Hello on the port) and sends its
+// configure again while the first still runs gets the second applied after
+// the first, never alongside it: two at once race each other's address
+// flush, and one fails.
+func TestConfigureRequestsRunOneAtATime(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		events  []string
+		entered = make(chan struct{}, 2)
+		ended   = make(chan struct{}, 2)
+		release = make(chan struct{})
+	)
+	a := New(Options{Configure: func(c *wire.Configure) error {
+		mu.Lock()
+		events = append(events, "begin "+c.Hostname)
+		mu.Unlock()
+		entered <- struct{}{}
+		if c.Hostname == "first" {
+			<-release
+		}
+		mu.Lock()
+		events = append(events, "end "+c.Hostname)
+		mu.Unlock()
+		ended <- struct{}{}
+		return nil
+	}})
+	host, rd, _, _ := hostEndOf(t, a)
+	expect := func(want wire.Type) wire.Frame {
+		t.Helper()
+		f := next(t, rd)
+		if f.Type != want {
+			t.Fatalf("got a %s frame on stream %d, want %s", f.Type, f.Stream, want)
+		}
+		return f
+	}
+	send(t, host, 1, &wire.Request{Op: wire.OpConfigure, Configure: &wire.Configure{Hostname: "first"}})
+	expect(wire.TypeResponse)
+	<-entered
+	send(t, host, 0, &wire.Hello{Versions: []int{1}})
+	expect(wire.TypeHello)
+	send(t, host, 1, &wire.Request{Op: wire.OpConfigure, Configure: &wire.Configure{Hostname: "second"}})
+	expect(wire.TypeResponse)
+	// A ping's round trip gives the second request's session the time to
+	// reach its configure before the first is let go.
+	send(t, host, 3, &wire.Request{Op: wire.OpPing})
+	expect(wire.TypeResponse)
+	expect(wire.TypeExit)
+	close(release)
+	<-ended
+	<-ended
+	mu.Lock()
+	defer mu.Unlock()
+	if got, want := strings.Join(events, ", "), "begin first, end first, begin second, end second"; got != want {
+		t.Errorf("configure calls: %s; want %s", got, want)
 	}
 }

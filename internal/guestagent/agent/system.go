@@ -44,16 +44,18 @@ func (sys System) Configure(c *wire.Configure) error {
 		}
 	}
 	if len(c.Addresses) > 0 {
-		cmds := [][]string{{"addr", "flush", "dev", ifname}}
+		err := flushAddresses(ifname)
 		for _, a := range c.Addresses {
-			cmds = append(cmds, []string{"addr", "add", a, "dev", ifname})
-		}
-		cmds = append(cmds, []string{"link", "set", ifname, "up"})
-		for _, args := range cmds {
-			if err := ip(args...); err != nil {
-				errs = append(errs, err)
+			if err != nil {
 				break
 			}
+			err = ip("addr", "add", a, "dev", ifname)
+		}
+		if err == nil {
+			err = ip("link", "set", ifname, "up")
+		}
+		if err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if c.Gateway != "" {
@@ -76,6 +78,21 @@ func (sys System) Configure(c *wire.Configure) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// flushAddresses removes every address of ifname. busybox's flush lists
+// the addresses, then deletes them in one batch; deleting a primary IPv4
+// address takes the secondaries of its subnet with it, so their deletes in
+// that batch fail ("Cannot assign requested address") though nothing is
+// left. The next flush lists what really is left.
+func flushAddresses(ifname string) error {
+	var err error
+	for range 3 {
+		if err = ip("addr", "flush", "dev", ifname); err == nil {
+			return nil
+		}
+	}
+	return err
 }
 
 func ip(args ...string) error {
