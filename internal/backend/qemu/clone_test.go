@@ -203,3 +203,33 @@ func TestAdoptedCloneTakesItsIdentity(t *testing.T) {
 		t.Errorf("adopted clone's hostname %q", out)
 	}
 }
+
+// A Get or List while a start runs (the node agent lists its VMs all the
+// time) does not take the VM being started for one to adopt: QEMU runs
+// before the start records it as its own, and the adoption's watcher then
+// configured a clone alongside the start's own configure.
+func TestAVMBeingStartedIsNotAdopted(t *testing.T) {
+	vmPrereqs(t)
+	b := newTestBackend(t, Options{Log: testLogger(t)})
+	ctx := context.Background()
+	spec := backend.Spec{ID: "p_starting", Name: "p/starting", CPU: 1, MemoryMiB: 128}
+	listed := false
+	launchedHook = func(id string) {
+		if _, err := b.List(ctx); err != nil {
+			t.Errorf("List while %s starts: %v", id, err)
+		}
+		_, adopted := adoptedWatchers.Load(b.dir(id))
+		if adopted {
+			t.Errorf("a List while %s starts adopted it", id)
+		}
+		listed = true
+	}
+	t.Cleanup(func() { launchedHook = nil })
+	if _, err := b.Start(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if !listed {
+		t.Fatal("the start never reached the hook")
+	}
+	waitPhase(t, b, spec.ID, backend.Running, bootTimeout)
+}

@@ -330,6 +330,9 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 	if p, err = b.launch(ls); err != nil {
 		return backend.Instance{}, err
 	}
+	if launchedHook != nil {
+		launchedHook(spec.ID)
+	}
 	m.PID = p.pid
 	if err := writeJSON(filepath.Join(dir, specFile), m); err != nil {
 		return backend.Instance{}, err
@@ -364,6 +367,10 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 	}
 	return b.get(ctx, spec.ID, v, false)
 }
+
+// launchedHook, set only by tests, runs as soon as a start launched QEMU,
+// before the Backend records the process as its own.
+var launchedHook func(id string)
 
 // startFailpoint, set only by tests, runs once a start has done everything
 // but report the instance, and fails the start with its error: the latest a

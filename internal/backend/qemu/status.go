@@ -90,10 +90,14 @@ func (b *Backend) get(ctx context.Context, id string, v *vmState, useQMP bool) (
 
 	var rr readyRecord
 	ready := readJSON(filepath.Join(dir, readyFile), &rr) == nil
-	if !ready && p == nil && m.AgentPort {
+	// A VM an operation of this Backend holds is not adopted: a start
+	// launches QEMU before it records the process as its own, and an
+	// adoption's watcher then configured a clone alongside the start.
+	adopted := p == nil && !v.busy.Load()
+	if !ready && adopted && m.AgentPort {
 		// No watcher of ours (an adopted VM): start one.
 		b.watchAdopted(id, m)
-	} else if !ready && p == nil {
+	} else if !ready && adopted && !m.AgentPort {
 		// An adopted VM without the agent's port: look for the marker now and
 		// take the log's last write as the moment it appeared.
 		var sc markerScanner
