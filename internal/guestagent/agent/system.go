@@ -3,8 +3,9 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
-	"os/exec"
 	"strings"
 	"unsafe"
 
@@ -14,8 +15,8 @@ import (
 )
 
 // System applies configure requests to the guest itself: hostname, the
-// interface's addresses and default route (with the guest's `ip`), DNS
-// servers and the kernel's entropy pool.
+// interface's hardware address, addresses and default route (through
+// rtnetlink), DNS servers and the kernel's entropy pool.
 type System struct {
 	// Interface is the network interface configured; empty: eth0.
 	Interface string
@@ -36,30 +37,8 @@ func (sys System) Configure(c *wire.Configure) error {
 			_ = os.WriteFile("/etc/hostname", []byte(c.Hostname+"\n"), 0o644)
 		}
 	}
-	if c.MAC != "" {
-		// virtio-net changes it live (and tells the device, so the device
-		// filters on the new one).
-		if err := ip("link", "set", "dev", ifname, "address", c.MAC); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if len(c.Addresses) > 0 {
-		err := flushAddresses(ifname)
-		for _, a := range c.Addresses {
-			if err != nil {
-				break
-			}
-			err = ip("addr", "add", a, "dev", ifname)
-		}
-		if err == nil {
-			err = ip("link", "set", ifname, "up")
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if c.Gateway != "" {
-		if err := ip("route", "replace", "default", "via", c.Gateway, "dev", ifname); err != nil {
+	if c.MAC != "" || len(c.Addresses) > 0 || c.Gateway != "" {
+		if err := configureLink(ifname, c); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -80,27 +59,65 @@ func (sys System) Configure(c *wire.Configure) error {
 	return errors.Join(errs...)
 }
 
-// flushAddresses removes every address of ifname. busybox's flush lists
-// the addresses, then deletes them in one batch; deleting a primary IPv4
-// address takes the secondaries of its subnet with it, so their deletes in
-// that batch fail ("Cannot assign requested address") though nothing is
-// left. The next flush lists what really is left.
-func flushAddresses(ifname string) error {
-	var err error
-	for range 3 {
-		if err = ip("addr", "flush", "dev", ifname); err == nil {
-			return nil
+// configureLink gives ifname c's hardware address, addresses and default
+// route. A default route is not tried once the addresses failed: it could
+// only fail too, and hide the cause.
+func configureLink(ifname string, c *wire.Configure) error {
+	l, err := openLink(ifname)
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	var errs []error
+	if c.MAC != "" {
+		if err := setMAC(l, c.MAC); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	return err
+	if len(c.Addresses) > 0 {
+		if err := setAddresses(l, c.Addresses); err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+	}
+	if c.Gateway != "" {
+		gw, err := netip.ParseAddr(c.Gateway)
+		if err == nil {
+			err = l.replaceDefaultRoute(gw)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("gateway: %w", err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
-func ip(args ...string) error {
-	out, err := exec.Command("ip", args...).CombinedOutput()
+func setMAC(l *link, s string) error {
+	mac, err := net.ParseMAC(s)
 	if err != nil {
-		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("mac: %w", err)
 	}
-	return nil
+	return l.setMAC(mac)
+}
+
+// setAddresses replaces the interface's addresses with addrs and sets it
+// up.
+func setAddresses(l *link, addrs []string) error {
+	prefixes := make([]netip.Prefix, len(addrs))
+	for i, a := range addrs {
+		var err error
+		if prefixes[i], err = netip.ParsePrefix(a); err != nil {
+			return fmt.Errorf("addresses[%d]: %w", i, err)
+		}
+	}
+	if err := l.flushAddresses(); err != nil {
+		return err
+	}
+	for _, p := range prefixes {
+		if err := l.addAddress(p); err != nil {
+			return err
+		}
+	}
+	return l.up()
 }
 
 // addEntropy mixes seed into the kernel's pool and credits it
