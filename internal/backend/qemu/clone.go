@@ -88,14 +88,17 @@ func cloneConfigure(spec backend.Spec, nonce string) (*wire.Configure, error) {
 }
 
 // configureClone gives the restored guest of spec its identity through its
-// agent, which it reaches again as soon as the guest runs.
-func (b *Backend) configureClone(ctx context.Context, spec backend.Spec, nonce string) error {
+// agent, which it reaches again as soon as the guest runs. It returns when
+// the guest reported itself ready with nonce on the same connection (the
+// template was saved ready, so a clone usually is at once), or the zero
+// time if it did not: a readiness watcher waits for it then.
+func (b *Backend) configureClone(ctx context.Context, spec backend.Spec, nonce string) (time.Time, error) {
 	if skip := cloneConfigureSkipped.Load(); skip != nil && (*skip)(spec.ID) {
-		return nil
+		return time.Time{}, nil
 	}
 	cfg, err := cloneConfigure(spec, nonce)
 	if err != nil {
-		return fmt.Errorf("qemu: clone %s: %w", spec.ID, err)
+		return time.Time{}, fmt.Errorf("qemu: clone %s: %w", spec.ID, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, cloneConfigureTimeout)
 	defer cancel()
@@ -107,19 +110,29 @@ func (b *Backend) configureClone(ctx context.Context, spec backend.Spec, nonce s
 		cancel()
 		if err == nil {
 			err = c.Configure(ctx, cfg)
+			var readyAt time.Time
+			if err == nil {
+				// The ping a readiness watcher would dial for, without
+				// another connection's handshake.
+				sctx, cancel := context.WithTimeout(ctx, agentStatusTimeout)
+				if st, serr := c.Status(sctx); serr == nil && st.Ready && st.Boot == nonce {
+					readyAt = time.Now()
+				}
+				cancel()
+			}
 			_ = c.Close()
 			if err == nil {
-				b.log.Info("clone configured", "id", spec.ID, "hostname", cfg.Hostname, "mac", cfg.MAC, "addresses", cfg.Addresses, "took", time.Since(began))
-				return nil
+				b.log.Info("clone configured", "id", spec.ID, "hostname", cfg.Hostname, "mac", cfg.MAC, "addresses", cfg.Addresses, "took", time.Since(began), "ready", !readyAt.IsZero())
+				return readyAt, nil
 			}
 			if ctx.Err() == nil && !errors.Is(err, client.ErrProtocol) && !errors.Is(err, client.ErrClosed) {
 				// The agent answered and refused or failed a part.
-				return fmt.Errorf("qemu: clone %s: configure: %w", spec.ID, err)
+				return time.Time{}, fmt.Errorf("qemu: clone %s: configure: %w", spec.ID, err)
 			}
 		}
 		last = err
 		if !sleepCtx(ctx, agentPollInterval) {
-			return fmt.Errorf("qemu: clone %s: the guest agent did not take its identity within %s: %v", spec.ID, cloneConfigureTimeout, last)
+			return time.Time{}, fmt.Errorf("qemu: clone %s: the guest agent did not take its identity within %s: %v", spec.ID, cloneConfigureTimeout, last)
 		}
 	}
 }

@@ -350,8 +350,12 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 		}
 		if hdr.clone {
 			// Its own identity and nonce before anything counts it ready.
-			if err := b.configureClone(ctx, spec, m.BootNonce); err != nil {
+			readyAt, err := b.configureClone(ctx, spec, m.BootNonce)
+			if err != nil {
 				return backend.Instance{}, err
+			}
+			if !readyAt.IsZero() {
+				_ = writeJSON(filepath.Join(dir, readyFile), readyRecord{ReadyAfter: readyAt.Sub(m.StartedAt), At: readyAt})
 			}
 		} else if hdr.Ready {
 			_ = writeJSON(filepath.Join(dir, readyFile), readyRecord{ReadyAfter: time.Since(m.StartedAt), At: time.Now()})

@@ -118,8 +118,13 @@ func (b *Backend) watchAdopted(id string, m meta) {
 		if m.Clone {
 			// The Backend that restored it may have stopped before its
 			// guest took the clone's identity; once more does no harm.
-			if err := b.configureClone(ctx, m.Spec, m.BootNonce); err != nil {
+			at, err := b.configureClone(ctx, m.Spec, m.BootNonce)
+			if err != nil {
 				b.log.Warn("an adopted clone did not take its identity", "id", id, "err", err)
+			}
+			if !at.IsZero() && same() {
+				_ = writeJSON(filepath.Join(dir, readyFile), readyRecord{ReadyAfter: at.Sub(m.StartedAt), At: at})
+				return
 			}
 		}
 		at, ok := b.awaitAgentReady(ctx, id, m.BootNonce)
