@@ -225,6 +225,7 @@ func TestCordonEvacuationAutoMovesAQEMUGuestLive(t *testing.T) {
 	var node string
 	testenv.Eventually(t, 3*time.Minute, "machine mover Running", func() (bool, string) {
 		state := c.jsonpath("machine", "mover", "{.status.phase} {.spec.nodeName}")
+		c.stopIfFailed("mover", state)
 		fields := strings.Fields(state)
 		if len(fields) != 2 {
 			return false, state

@@ -82,6 +82,7 @@ func kaironLocalRunsRealVMs(t *testing.T, c *localCluster) {
 	var address string
 	testenv.Eventually(t, 3*time.Minute, "machine local Running", func() (bool, string) {
 		state := c.jsonpath("machine", "local", "{.status.phase} {.status.addresses[0].address}")
+		c.stopIfFailed("local", state)
 		phase, addr, _ := strings.Cut(state, " ")
 		address = addr
 		return phase == "Running" && addr != "", state
@@ -124,6 +125,7 @@ func kaironLocalSuspendsVMsAcrossRestarts(t *testing.T, c *localCluster) {
 	for _, name := range machines {
 		testenv.Eventually(t, 3*time.Minute, "machine "+name+" Running", func() (bool, string) {
 			state := c.jsonpath("machine", name, "{.status.phase} {.spec.nodeName}")
+			c.stopIfFailed(name, state)
 			phase, node, _ := strings.Cut(state, " ")
 			nodes[name] = node
 			return phase == "Running" && node != "", state
@@ -206,6 +208,7 @@ func kaironLocalSuspendsVMsAcrossRestarts(t *testing.T, c *localCluster) {
 	for _, name := range machines {
 		testenv.Eventually(t, time.Minute, name+" Running after the kill", func() (bool, string) {
 			state := c.jsonpath("machine", name, "{.status.phase}")
+			c.stopIfFailed(name, state)
 			return state == "Running", state
 		})
 		checkGuestKeptState(t, consoles[name], before[name], name+" after kairon-local was killed")

@@ -25,6 +25,7 @@ func migrationPolicyCancelsALiveMigration(t *testing.T, c *localCluster) {
 	var node string
 	testenv.Eventually(t, 3*time.Minute, "machine policed Running", func() (bool, string) {
 		state := c.jsonpath("machine", "policed", "{.status.phase} {.spec.nodeName}")
+		c.stopIfFailed("policed", state)
 		fields := strings.Fields(state)
 		if len(fields) != 2 {
 			return false, state

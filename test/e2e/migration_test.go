@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
@@ -184,6 +185,17 @@ func (c *localCluster) jsonpath(kind, name, path string) string {
 	return c.kubectl("", "get", kind, name, "-o", "jsonpath="+path)
 }
 
+// stopIfFailed ends the test at once when machine, which the test waits to
+// see run, is Failed (state starts with its phase): a Failed Machine stays
+// failed, so waiting out the deadline would only cost minutes.
+func (c *localCluster) stopIfFailed(machine, state string) {
+	c.t.Helper()
+	if strings.HasPrefix(state, string(kaironv1.MachineFailed)) {
+		c.t.Fatalf("machine %s failed while the test waited for it to run: %s",
+			machine, c.jsonpath("machine", machine, `on {.spec.nodeName}, {.status.conditions[?(@.type=="Ready")].reason}: {.status.message}`))
+	}
+}
+
 // agentPID finds the kairon-node process serving node.
 func (c *localCluster) agentPID(node string) int {
 	c.t.Helper()
@@ -317,6 +329,7 @@ func TestMigrationKeepsTheGuestState(t *testing.T) {
 	var node, address string
 	testenv.Eventually(t, 3*time.Minute, "machine mover Running", func() (bool, string) {
 		state := c.jsonpath("machine", "mover", "{.status.phase} {.spec.nodeName} {.status.addresses[0].address}")
+		c.stopIfFailed("mover", state)
 		fields := strings.Fields(state)
 		if len(fields) != 3 {
 			return false, state

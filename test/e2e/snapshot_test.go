@@ -77,6 +77,7 @@ spec: {nodeSelector: {kubernetes.io/hostname: node-1}}
 `, "apply", "-f", "-")
 	testenv.Eventually(t, 3*time.Minute, "machine origin Running on node-1", func() (bool, string) {
 		state := c.jsonpath("machine", "origin", "{.status.phase} {.spec.nodeName}")
+		c.stopIfFailed("origin", state)
 		return state == "Running node-1", state
 	})
 	con := c.console("node-1", "default", "origin")
@@ -136,6 +137,7 @@ spec: {nodeSelector: {kubernetes.io/hostname: node-1}}
 	}
 	testenv.Eventually(t, 3*time.Minute, "machine restored Running", func() (bool, string) {
 		state := c.jsonpath("machine", "restored", "{.status.phase} {.spec.nodeName} {.status.message}")
+		c.stopIfFailed("restored", state)
 		return strings.HasPrefix(state, "Running "), state
 	})
 	if node := c.jsonpath("machine", "restored", "{.spec.nodeName}"); node != "node-2" {
