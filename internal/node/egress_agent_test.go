@@ -214,6 +214,14 @@ func TestAgentEnforcesAndReportsMachineNetworkPolicies(t *testing.T) {
 	if p, ok := rec.policyOf("vm-free"); ok && p != nil {
 		t.Fatalf("vm-free, selected by no policy, is confined to %+v", p)
 	}
+	// Timed, for this node: a transaction per attached Machine, a write
+	// per policy's entry at least.
+	if n := histogramCount(t, "kairon_egress_apply_duration_seconds", "sim-egress"); n < 3 {
+		t.Errorf("kairon_egress_apply_duration_seconds{node=sim-egress} counts %d applies, want one for each of the 3 Machines at least", n)
+	}
+	if n := histogramCount(t, "kairon_egress_report_duration_seconds", "sim-egress"); n < 2 {
+		t.Errorf("kairon_egress_report_duration_seconds{node=sim-egress} counts %d writes, want one for each of the 2 policies at least", n)
+	}
 
 	t.Run("an edit is enforced and reported at the new generation", func(t *testing.T) {
 		editPolicy(t, env, client.ObjectKeyFromObject(byName), func(p *kaironv1.MachineNetworkPolicy) {
@@ -367,4 +375,27 @@ func TestAgentExportsEgressDenials(t *testing.T) {
 		got := values()
 		return got["port"] == 3 && got["ip"] == 5 && len(got) == 2, fmt.Sprint(got)
 	})
+}
+
+// histogramCount is the number of observations of the histogram name for
+// node in the process's registry.
+func histogramCount(t *testing.T, name, node string) uint64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "node" && l.GetValue() == node {
+					return m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return 0
 }

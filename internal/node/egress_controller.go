@@ -212,7 +212,9 @@ func (a *Agent) reconcileMachineEgress(ctx context.Context, key types.Namespaced
 		rec.err = err.Error()
 		compiled = &egress.Policy{}
 	}
+	began := time.Now()
 	applyErr := a.egress.Apply(target, compiled)
+	observeSince(egressApplyDuration, a.opts.NodeName, began)
 	if applyErr != nil {
 		rec.err = applyErr.Error()
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -71,7 +72,10 @@ func (a *Agent) reportEgress(ctx context.Context, p *kaironv1.MachineNetworkPoli
 		return nil
 	}
 	key := client.ObjectKeyFromObject(p)
-	if err := writeEgressEntry(ctx, a.client, a.mgr.GetAPIReader(), p, want, none); err != nil {
+	began := time.Now()
+	err := writeEgressEntry(ctx, a.client, a.mgr.GetAPIReader(), p, want, none)
+	observeSince(egressReportDuration, a.opts.NodeName, began)
+	if err != nil {
 		a.egressReported.forget(key)
 		return client.IgnoreNotFound(err)
 	}
