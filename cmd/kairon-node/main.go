@@ -113,7 +113,7 @@ func run(args []string) error {
 	fs.StringVar(&f.egressUp, "egress-dns-upstream", "auto", "resolver (host:port) the egress DNS proxy forwards allowed queries to, and guests' nameserver (docs/guides/networking.md); \"auto\": the first nameserver of /etc/resolv.conf, or of systemd-resolved's list when that is its local stub")
 	fs.UintVar(&f.egressSNI, "egress-sni-port", 0, "port of the SNI proxy for guests confined by a MachineNetworkPolicy with allowSNI, in the bridge's namespace (0: no proxy, and TCP that only an allowSNI grant allows is dropped; docs/guides/egress.md)")
 	fs.StringVar(&f.masquerade, "egress-masquerade", "auto", "uplink interface on which guests' traffic leaves with the node's address (masquerade), with IPv4 forwarding on;\n\"auto\": the interface of the default route, if there is one; \"none\": no NAT (docs/guides/egress.md)")
-	fs.StringVar(&f.metrics, "metrics-bind-address", "", "address serving Prometheus metrics (kairon_egress_denied_total) over plain HTTP (empty: off); bind it to the node's own address, not the guests' gateway")
+	fs.StringVar(&f.metrics, "metrics-bind-address", "", "address serving Prometheus metrics (kairon_egress_denied_total, the egress apply and report durations) over plain HTTP (empty: off); bind it to the node's own address, not the guests' gateway")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:10250", "address serving consoles to the API server's node proxy")
 	fs.StringVar(&f.healthProbe, "health-probe-bind-address", "", "address serving /healthz and /readyz for liveness and readiness probes (empty: off); bind it to the node's own address, not the guests' gateway")
 	fs.StringVar(&f.clientCA, "client-ca-file", "", "accept console requests only with a client certificate signed by this CA")

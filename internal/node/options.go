@@ -37,7 +37,7 @@ type Options struct {
 	Network *NetworkOptions
 	// Egress tunes MachineNetworkPolicy enforcement (nil: defaults).
 	Egress *EgressOptions
-	// MetricsAddress serves Prometheus metrics (kairon_egress_denied_total)
+	// MetricsAddress serves Prometheus metrics (the egress ones)
 	// on host:port (empty: off).
 	MetricsAddress string
 	// ListenAddress serves consoles to the API server's node proxy (host:port).
