@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -216,10 +217,10 @@ func TestAgentEnforcesAndReportsMachineNetworkPolicies(t *testing.T) {
 	}
 	// Timed, for this node: a transaction per attached Machine, a write
 	// per policy's entry at least.
-	if n := histogramCount(t, "kairon_egress_apply_duration_seconds", "sim-egress"); n < 3 {
+	if n := nodeHistogram(t, "kairon_egress_apply_duration_seconds", "sim-egress").GetSampleCount(); n < 3 {
 		t.Errorf("kairon_egress_apply_duration_seconds{node=sim-egress} counts %d applies, want one for each of the 3 Machines at least", n)
 	}
-	if n := histogramCount(t, "kairon_egress_report_duration_seconds", "sim-egress"); n < 2 {
+	if n := nodeHistogram(t, "kairon_egress_report_duration_seconds", "sim-egress").GetSampleCount(); n < 2 {
 		t.Errorf("kairon_egress_report_duration_seconds{node=sim-egress} counts %d writes, want one for each of the 2 policies at least", n)
 	}
 
@@ -377,9 +378,9 @@ func TestAgentExportsEgressDenials(t *testing.T) {
 	})
 }
 
-// histogramCount is the number of observations of the histogram name for
-// node in the process's registry.
-func histogramCount(t *testing.T, name, node string) uint64 {
+// nodeHistogram is the histogram name for node in the process's registry
+// (nil: nothing observed).
+func nodeHistogram(t *testing.T, name, node string) *dto.Histogram {
 	t.Helper()
 	families, err := ctrlmetrics.Registry.Gather()
 	if err != nil {
@@ -390,12 +391,10 @@ func histogramCount(t *testing.T, name, node string) uint64 {
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "node" && l.GetValue() == node {
-					return m.GetHistogram().GetSampleCount()
-				}
+			if slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == "node" && l.GetValue() == node }) {
+				return m.GetHistogram()
 			}
 		}
 	}
-	return 0
+	return nil
 }

@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -30,7 +29,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
@@ -300,38 +298,22 @@ func TestEgressBindLatency(t *testing.T) {
 	}
 }
 
-// histogramSummary is the count and mean of the histogram name for node in
-// the process's registry, and how many observations took over 25, 50 and
-// 100 ms.
+// histogramSummary is the count and mean of the histogram name for node,
+// and how many observations took over 25, 50 and 100 ms.
 func histogramSummary(t *testing.T, name, node string) string {
 	t.Helper()
-	families, err := ctrlmetrics.Registry.Gather()
-	if err != nil {
-		t.Fatal(err)
+	h := nodeHistogram(t, name, node)
+	n := h.GetSampleCount()
+	if n == 0 {
+		return "none"
 	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == "node" && l.GetValue() == node }) {
-				continue
-			}
-			h := m.GetHistogram()
-			n := h.GetSampleCount()
-			if n == 0 {
-				return "none"
-			}
-			out := fmt.Sprintf("%d, mean %.1f ms", n, 1000*h.GetSampleSum()/float64(n))
-			for _, b := range h.GetBucket() {
-				if le := b.GetUpperBound(); le == 0.025 || le == 0.05 || le == 0.1 {
-					out += fmt.Sprintf(", over %.0f ms %d", 1000*le, n-b.GetCumulativeCount())
-				}
-			}
-			return out
+	out := fmt.Sprintf("%d, mean %.1f ms", n, 1000*h.GetSampleSum()/float64(n))
+	for _, b := range h.GetBucket() {
+		if le := b.GetUpperBound(); le == 0.025 || le == 0.05 || le == 0.1 {
+			out += fmt.Sprintf(", over %.0f ms %d", 1000*le, n-b.GetCumulativeCount())
 		}
 	}
-	return "none"
+	return out
 }
 
 // watchList calls handle with every version of every object of list's
