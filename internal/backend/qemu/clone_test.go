@@ -214,7 +214,7 @@ func TestAVMBeingStartedIsNotAdopted(t *testing.T) {
 	ctx := context.Background()
 	spec := backend.Spec{ID: "p_starting", Name: "p/starting", CPU: 1, MemoryMiB: 128}
 	listed := false
-	launchedHook = func(id string) {
+	hook := func(id string) {
 		if _, err := b.List(ctx); err != nil {
 			t.Errorf("List while %s starts: %v", id, err)
 		}
@@ -224,7 +224,8 @@ func TestAVMBeingStartedIsNotAdopted(t *testing.T) {
 		}
 		listed = true
 	}
-	t.Cleanup(func() { launchedHook = nil })
+	launchedHook.Store(&hook)
+	t.Cleanup(func() { launchedHook.Store(nil) })
 	if _, err := b.Start(ctx, spec); err != nil {
 		t.Fatal(err)
 	}

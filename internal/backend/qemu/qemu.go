@@ -330,8 +330,8 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 	if p, err = b.launch(ls); err != nil {
 		return backend.Instance{}, err
 	}
-	if launchedHook != nil {
-		launchedHook(spec.ID)
+	if hook := launchedHook.Load(); hook != nil {
+		(*hook)(spec.ID)
 	}
 	m.PID = p.pid
 	if err := writeJSON(filepath.Join(dir, specFile), m); err != nil {
@@ -374,7 +374,7 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 
 // launchedHook, set only by tests, runs as soon as a start launched QEMU,
 // before the Backend records the process as its own.
-var launchedHook func(id string)
+var launchedHook atomic.Pointer[func(id string)]
 
 // startFailpoint, set only by tests, runs once a start has done everything
 // but report the instance, and fails the start with its error: the latest a

@@ -24,8 +24,12 @@ import (
 )
 
 // qmpTimeout bounds one QMP conversation when the caller's context has no
-// earlier deadline. A variable only for tests.
-var qmpTimeout = 5 * time.Second
+// earlier deadline, in nanoseconds. A variable only for tests, and atomic:
+// a test shortens it while the watchers of an earlier test's VMs may still
+// be talking to their monitors.
+var qmpTimeout atomic.Int64
+
+func init() { qmpTimeout.Store(int64(5 * time.Second)) }
 
 // qmpIDs numbers the commands this process sends, across connections.
 var qmpIDs atomic.Uint64
@@ -47,8 +51,8 @@ func (e *qmpError) Error() string { return "qmp: " + e.Class + ": " + e.Desc }
 // capabilities negotiation done.
 func dialQMP(ctx context.Context, path string) (*qmpConn, error) {
 	deadline, ok := ctx.Deadline()
-	if !ok || time.Until(deadline) > qmpTimeout {
-		deadline = time.Now().Add(qmpTimeout)
+	if limit := time.Duration(qmpTimeout.Load()); !ok || time.Until(deadline) > limit {
+		deadline = time.Now().Add(limit)
 	}
 	// QEMU's monitor takes one client at a time, with a backlog of one:
 	// while another QMP connection of this process (a status query, a

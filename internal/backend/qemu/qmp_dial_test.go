@@ -82,7 +82,7 @@ func TestDialQMPWaitsForAFullBacklog(t *testing.T) {
 		if err != nil {
 			t.Fatalf("dialQMP with the backlog full at first: %v", err)
 		}
-	case <-time.After(qmpTimeout + 5*time.Second):
+	case <-time.After(time.Duration(qmpTimeout.Load()) + 5*time.Second):
 		t.Fatal("dialQMP did not return")
 	}
 }

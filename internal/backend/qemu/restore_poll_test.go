@@ -10,9 +10,8 @@ import (
 // QEMU loads an incoming stream is busy, not broken: finishRestore asks
 // again, and the restore goes on once the monitor answers.
 func TestFinishRestoreOutlastsAMonitorBusyLoading(t *testing.T) {
-	saved := qmpTimeout
-	qmpTimeout = 200 * time.Millisecond
-	t.Cleanup(func() { qmpTimeout = saved })
+	saved := qmpTimeout.Swap(int64(200 * time.Millisecond))
+	t.Cleanup(func() { qmpTimeout.Store(saved) })
 
 	dir, ln := fakeMonitor(t)
 	served := make(chan int, 8)
