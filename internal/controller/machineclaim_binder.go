@@ -972,6 +972,15 @@ func returnToPool(ctx context.Context, c client.Client, live client.Reader, reco
 		if m.Labels[kaironv1.LabelMachineClaim] != claim.Name || m.Labels[kaironv1.LabelPoolState] != kaironv1.PoolStateClaimed || m.DeletionTimestamp != nil {
 			return nil // not (or no longer) held for this claim
 		}
+		// Read after the Machine: the claim reconciler may have recorded
+		// this very bind meanwhile (a bind whose status write looked
+		// lost), and a Machine the claim is Bound to is never handed back.
+		var cur kaironv1.MachineClaim
+		if err := live.Get(ctx, client.ObjectKeyFromObject(claim), &cur); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		} else if err == nil && cur.UID == claim.UID && cur.Status.Phase == kaironv1.ClaimBound && cur.Status.MachineName == machine {
+			return nil
+		}
 		if pool == nil || pool.DeletionTimestamp != nil || pool.Name != m.Labels[kaironv1.LabelMachinePool] {
 			err := c.Delete(ctx, &m, client.Preconditions{UID: ptr.To(m.UID), ResourceVersion: ptr.To(m.ResourceVersion)})
 			if apierrors.IsConflict(err) {
