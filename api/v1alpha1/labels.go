@@ -31,6 +31,15 @@ const (
 	// seconds; the claim's bindMillis is measured from this instead. A stamp
 	// that creationTimestamp rules out is ignored (rules.ClaimCreatedAt).
 	AnnotationClaimCreatedAt = "kairon.zyvor.dev/created-at"
+	// AnnotationRecordingBindOf is on a claimed Machine: the UID of the
+	// claim whose bind kairon-controller's claim reconciler is recording
+	// because the binder that took the Machine did not (it crashed, or its
+	// writes failed). It is written, guarded by the Machine's
+	// resourceVersion, before the claim's status names the Machine. While
+	// that claim is Pending, nobody hands the Machine back to its pool: the
+	// hand-back and the recording would otherwise both succeed, and the
+	// Machine go to a second claim.
+	AnnotationRecordingBindOf = "kairon.zyvor.dev/recording-bind-of"
 )
 
 // Values of LabelPoolState.

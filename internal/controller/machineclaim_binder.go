@@ -582,6 +582,7 @@ func (b *MachineClaimBinder) tryBind(ctx context.Context, pass *bindingPass, cla
 	}
 	if finalizerErr != nil {
 		if takeErr == nil {
+			log.FromContext(ctx).Info("Writing the claim's finalizer failed; handing the machine back", "claim", klog.KObj(claim), "machine", klog.KObj(m), "error", finalizerErr.Error())
 			b.handBack(ctx, pass.pool, claim, claimed)
 		}
 		if apierrors.IsConflict(finalizerErr) || apierrors.IsNotFound(finalizerErr) {
@@ -972,14 +973,23 @@ func returnToPool(ctx context.Context, c client.Client, live client.Reader, reco
 		if m.Labels[kaironv1.LabelMachineClaim] != claim.Name || m.Labels[kaironv1.LabelPoolState] != kaironv1.PoolStateClaimed || m.DeletionTimestamp != nil {
 			return nil // not (or no longer) held for this claim
 		}
-		// Read after the Machine: the claim reconciler may have recorded
-		// this very bind meanwhile (a bind whose status write looked
-		// lost), and a Machine the claim is Bound to is never handed back.
+		// Read after the Machine: the claim reconciler may be recording
+		// this very bind (a bind whose status write looked lost). A
+		// Machine the claim is Bound to is never handed back, nor one it
+		// is being recorded on: that recording marked the Machine before
+		// writing the claim (markRecordingBind), so either the mark is
+		// seen here or the patch below conflicts and the next turn sees it.
 		var cur kaironv1.MachineClaim
 		if err := live.Get(ctx, client.ObjectKeyFromObject(claim), &cur); err != nil && !apierrors.IsNotFound(err) {
 			return err
-		} else if err == nil && cur.UID == claim.UID && cur.Status.Phase == kaironv1.ClaimBound && cur.Status.MachineName == machine {
-			return nil
+		} else if err == nil && cur.UID == claim.UID && cur.DeletionTimestamp == nil {
+			if cur.Status.Phase == kaironv1.ClaimBound && cur.Status.MachineName == machine {
+				return nil
+			}
+			if claimPending(&cur) && m.Annotations[kaironv1.AnnotationRecordingBindOf] == string(cur.UID) {
+				log.FromContext(ctx).Info("Not handing back a machine whose bind the claim reconciler is recording", "machine", klog.KObj(&m), "claim", klog.KObj(&cur))
+				return nil
+			}
 		}
 		if pool == nil || pool.DeletionTimestamp != nil || pool.Name != m.Labels[kaironv1.LabelMachinePool] {
 			err := c.Delete(ctx, &m, client.Preconditions{UID: ptr.To(m.UID), ResourceVersion: ptr.To(m.ResourceVersion)})
@@ -1000,6 +1010,7 @@ func returnToPool(ctx context.Context, c client.Client, live client.Reader, reco
 			}
 		}
 		delete(warm.Labels, kaironv1.LabelMachineClaim)
+		delete(warm.Annotations, kaironv1.AnnotationRecordingBindOf)
 		warm.Labels[kaironv1.LabelPoolState] = kaironv1.PoolStateWarm
 		warm.OwnerReferences = append(withoutControllerRef(m.OwnerReferences), *metav1.NewControllerRef(pool, machinePoolKind))
 		err := c.Patch(ctx, warm, client.MergeFromWithOptions(&m, client.MergeFromWithOptimisticLock{}))

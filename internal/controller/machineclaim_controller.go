@@ -175,6 +175,11 @@ func (r *MachineClaimReconciler) reconcilePending(ctx context.Context, claim *ka
 		log.FromContext(ctx).V(1).Info("The cache showed a Machine labelled for the claim that the API server does not", "machines", len(labelled))
 		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
+	// A Conflict here means the Machine changed since read, most often
+	// handed back by the binder undoing this bind: look again.
+	if err := markRecordingBind(ctx, r.Client, adopted, claim); err != nil {
+		return reconcile.Result{}, err
+	}
 	claim, err := ensureClaimFinalizer(ctx, r.Client, claim)
 	if err != nil {
 		return reconcile.Result{}, err
@@ -196,6 +201,28 @@ func (r *MachineClaimReconciler) reconcilePending(ctx context.Context, claim *ka
 	r.Recorder.Eventf(claim, adopted, corev1.EventTypeNormal, kaironv1.ClaimReasonBound, "Bind",
 		"Bound to machine %s in %dms", adopted.Name, claim.Status.BindMillis)
 	return reconcile.Result{RequeueAfter: r.Interval}, r.handBackStrays(ctx, claim, labelled, adopted.Name)
+}
+
+// markRecordingBind writes AnnotationRecordingBindOf on m, guarded by the
+// resourceVersion m was read at, before the claim's status names m. The
+// guard orders this recording against a hand-back of m (returnToPool): if
+// the hand-back's patch lands first this write conflicts and nothing is
+// recorded; if this write lands first the hand-back's patch conflicts, and
+// on reading m again it finds the mark and leaves m to the claim.
+func markRecordingBind(ctx context.Context, c client.Client, m *kaironv1.Machine, claim *kaironv1.MachineClaim) error {
+	if m.Annotations[kaironv1.AnnotationRecordingBindOf] == string(claim.UID) {
+		return nil
+	}
+	marked := m.DeepCopy()
+	if marked.Annotations == nil {
+		marked.Annotations = map[string]string{}
+	}
+	marked.Annotations[kaironv1.AnnotationRecordingBindOf] = string(claim.UID)
+	if err := c.Patch(ctx, marked, client.MergeFromWithOptions(m, client.MergeFromWithOptimisticLock{})); err != nil {
+		return err
+	}
+	*m = *marked
+	return nil
 }
 
 // reconcileBound watches over a bound claim: its Machine, its egress
@@ -448,6 +475,7 @@ func (r *MachineClaimReconciler) retain(ctx context.Context, claim *kaironv1.Mac
 		for _, k := range []string{kaironv1.LabelMachinePool, kaironv1.LabelMachinePoolTemplateHash, kaironv1.LabelPoolState, kaironv1.LabelMachineClaim} {
 			delete(plain.Labels, k)
 		}
+		delete(plain.Annotations, kaironv1.AnnotationRecordingBindOf)
 		plain.OwnerReferences = nil
 		for _, ref := range m.OwnerReferences {
 			if ref.UID != claim.UID {
