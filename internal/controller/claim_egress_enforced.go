@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -115,23 +116,32 @@ func (r *ClaimEgressEnforcedReconciler) Reconcile(ctx context.Context, req recon
 
 // egressEnforceTimeout bounds how long a bind waits for the node to report
 // the claim's egress policy in force; the Machine then goes back to its
-// pool and the claim stays Pending, to be tried again.
-var egressEnforceTimeout = 20 * time.Second
+// pool and the claim stays Pending, to be tried again. Atomic, as the
+// intervals below: tests shorten them while other tests' binders run.
+var egressEnforceTimeout = atomicDuration(20 * time.Second)
 
 // egressEnforcePoll is how often the bind looks at the policy in the cache
 // without a watch to wake it (policyWaiters), where the agent's status
 // write arrives by watch; with one, it looks again after each new version
 // and, as a safety net, every egressEnforceRecheck.
 var (
-	egressEnforcePoll    = 5 * time.Millisecond
-	egressEnforceRecheck = time.Second
+	egressEnforcePoll    = atomicDuration(5 * time.Millisecond)
+	egressEnforceRecheck = atomicDuration(time.Second)
 )
+
+// atomicDuration is a time.Duration variable safe to change while read.
+func atomicDuration(d time.Duration) *atomic.Int64 {
+	v := &atomic.Int64{}
+	v.Store(int64(d))
+	return v
+}
 
 // waitEgressEnforced returns the EgressEnforced condition once the node
 // running m reports policy in force for it, so that a claim is never Bound
 // while its Machine could still send what spec.egress forbids.
 func waitEgressEnforced(ctx context.Context, c client.Reader, waiters *policyWaiters, namespace, policy string, m *kaironv1.Machine) (metav1.Condition, error) {
-	ctx, cancel := context.WithTimeout(ctx, egressEnforceTimeout)
+	timeout := time.Duration(egressEnforceTimeout.Load())
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	key := client.ObjectKey{Namespace: namespace, Name: policy}
 	var last metav1.Condition
@@ -139,7 +149,7 @@ func waitEgressEnforced(ctx context.Context, c client.Reader, waiters *policyWai
 		if last.Message == "" {
 			return last, err
 		}
-		return last, fmt.Errorf("egress policy not enforced within %v: %s", egressEnforceTimeout, last.Message)
+		return last, fmt.Errorf("egress policy not enforced within %v: %s", timeout, last.Message)
 	}
 	for {
 		var changed <-chan struct{}
@@ -162,9 +172,9 @@ func waitEgressEnforced(ctx context.Context, c client.Reader, waiters *policyWai
 			stop()
 			return last, nil
 		}
-		recheck := egressEnforcePoll
+		recheck := time.Duration(egressEnforcePoll.Load())
 		if changed != nil {
-			recheck = egressEnforceRecheck
+			recheck = time.Duration(egressEnforceRecheck.Load())
 		}
 		timer := time.NewTimer(recheck)
 		select {

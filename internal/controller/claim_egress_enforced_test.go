@@ -176,9 +176,8 @@ func (failingEnforcer) Remove(string) error { return nil }
 func TestClaimNotBoundWhenEgressNotEnforced(t *testing.T) {
 	env := testenv.Get(t)
 	ns := prepareNamespace(t, env)
-	old := egressEnforceTimeout
-	egressEnforceTimeout = 2 * time.Second
-	t.Cleanup(func() { egressEnforceTimeout = old })
+	old := egressEnforceTimeout.Swap(int64(2 * time.Second))
+	t.Cleanup(func() { egressEnforceTimeout.Store(old) })
 	nodeName := ns + "-broken"
 	state := t.TempDir()
 	backend, err := sim.New(sim.Options{StateDir: filepath.Join(state, "instances"), BootDelay: simBootDelay})

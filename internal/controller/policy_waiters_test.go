@@ -17,9 +17,9 @@ import (
 // version of the policy, not by polling: with the safety-net recheck
 // pushed out of reach, the wait still ends as soon as the report lands.
 func TestWaitEgressEnforcedWakesOnThePolicysNewVersion(t *testing.T) {
-	oldRecheck, oldTimeout := egressEnforceRecheck, egressEnforceTimeout
-	egressEnforceRecheck, egressEnforceTimeout = time.Hour, 30*time.Second
-	t.Cleanup(func() { egressEnforceRecheck, egressEnforceTimeout = oldRecheck, oldTimeout })
+	oldRecheck := egressEnforceRecheck.Swap(int64(time.Hour))
+	oldTimeout := egressEnforceTimeout.Swap(int64(30 * time.Second))
+	t.Cleanup(func() { egressEnforceRecheck.Store(oldRecheck); egressEnforceTimeout.Store(oldTimeout) })
 
 	policy := &kaironv1.MachineNetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "claim-egress-job", Generation: 1},
