@@ -122,6 +122,9 @@ type MachineClaimBinder struct {
 	Interval  time.Duration
 
 	tracker *bindTracker
+	// heldEvents holds Recorder's events while binds run (bind_events.go);
+	// nil when the binder was not set up with a manager.
+	heldEvents *eventsAfterBinds
 
 	mu               sync.Mutex
 	pendingRefreshed map[types.NamespacedName]time.Time
@@ -156,6 +159,8 @@ func (b *MachineClaimBinder) SetupWithManager(mgr manager.Manager) error {
 	}
 	b.pendingRefreshed = map[types.NamespacedName]time.Time{}
 	b.policies = &policyWaiters{}
+	b.heldEvents = newEventsAfterBinds(b.Recorder)
+	b.Recorder = b.heldEvents
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &kaironv1.MachineClaim{}, pendingClaimPoolIndex, pendingClaimPool); err != nil {
 		return fmt.Errorf("indexing machine claims by pool: %w", err)
 	}
@@ -535,6 +540,10 @@ type bindResult struct {
 // bindClaim tries to bind claim to member m.
 func (b *MachineClaimBinder) bindClaim(ctx context.Context, pass *bindingPass, claim *kaironv1.MachineClaim, m *kaironv1.Machine) bindResult {
 	b.tracker.startBind(claim.UID)
+	if b.heldEvents != nil {
+		b.heldEvents.bindStarted()
+		defer b.heldEvents.bindEnded()
+	}
 	r := b.tryBind(ctx, pass, claim, m)
 	if r.outcome != bindDone {
 		b.tracker.abandonBind(claim.UID)
