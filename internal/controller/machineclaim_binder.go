@@ -270,7 +270,7 @@ type bindingPass struct {
 
 // Reconcile runs one binding pass over the pool named by req.
 func (b *MachineClaimBinder) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	pass, err := b.snapshot(ctx, req.NamespacedName)
+	pass, err := b.snapshot(ctx, req.NamespacedName, nil)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -389,12 +389,6 @@ func (b *MachineClaimBinder) takeInArrivals(ctx context.Context, pass *bindingPa
 	if b.poolEvents(pass.key) == pass.events {
 		return needy, candidates // nothing arrived since the pass last looked
 	}
-	fresh, err := b.snapshot(ctx, pass.key)
-	if err != nil || fresh.pool == nil || pass.pool == nil || fresh.pool.UID != pass.pool.UID || fresh.hash != pass.hash || fresh.pool.DeletionTimestamp != nil {
-		// The next pass sorts out a pool that changed.
-		return needy, candidates
-	}
-	pass.warming, pass.unplaced, pass.events = fresh.warming, fresh.unplaced, fresh.events
 	known := map[types.UID]bool{}
 	for _, c := range needy {
 		known[c.UID] = true
@@ -406,27 +400,31 @@ func (b *MachineClaimBinder) takeInArrivals(ctx context.Context, pass *bindingPa
 		rv, wasSpent := spent[o.GetUID()]
 		return !known[o.GetUID()] && !inFlight[o.GetUID()] && (!wasSpent || (rv != "" && rv != o.GetResourceVersion()))
 	}
-	added := false
-	for _, c := range fresh.pending {
-		if usable(c) {
-			needy = append(needy, c)
-			added = true
-		}
+	fresh, err := b.snapshot(ctx, pass.key, usable)
+	if err != nil || fresh.pool == nil || pass.pool == nil || fresh.pool.UID != pass.pool.UID || fresh.hash != pass.hash || fresh.pool.DeletionTimestamp != nil {
+		// The next pass sorts out a pool that changed.
+		return needy, candidates
 	}
-	for _, m := range fresh.candidates {
-		if usable(m) {
-			candidates = append(candidates, m)
-			added = true
-		}
-	}
-	if added {
+	pass.warming, pass.unplaced, pass.events = fresh.warming, fresh.unplaced, fresh.events
+	if len(fresh.pending) > 0 || len(fresh.candidates) > 0 {
+		needy = append(needy, fresh.pending...)
+		candidates = append(candidates, fresh.candidates...)
 		sortOldestFirst(b.tracker, needy)
 		sortOldestFirst(b.tracker, candidates)
 	}
 	return needy, candidates
 }
 
-func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedName) (*bindingPass, error) {
+// snapshot reads the pool's bindable claims and members from the cache.
+// With usable, it leaves out the claims and members usable rejects (those
+// a pass already holds), before the work of checking and copying them: a
+// pass in a burst reads the pool again after every bind, and a thousand
+// waiting claims each checked for a labelled member every time made the
+// pass's cost grow with the square of the burst.
+func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedName, usable func(client.Object) bool) (*bindingPass, error) {
+	if usable == nil {
+		usable = func(client.Object) bool { return true }
+	}
 	pass := &bindingPass{key: key, events: b.poolEvents(key)}
 	var pool kaironv1.MachinePool
 	switch err := b.Client.Get(ctx, key, &pool); {
@@ -469,7 +467,9 @@ func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedN
 		case rules.WarmMemberReady(pass.pool, m):
 			// Not copied: a pool may hold hundreds of them and a pass
 			// takes a few; the take copies the one it writes.
-			pass.candidates = append(pass.candidates, m)
+			if usable(m) {
+				pass.candidates = append(pass.candidates, m)
+			}
 		case machineWarming(m) || m.Status.Phase == kaironv1.MachineRunning:
 			// Running but not yet ready by the pool's spec.readiness (its
 			// guest agent not answering) counts as warming too.
@@ -479,7 +479,7 @@ func (b *MachineClaimBinder) snapshot(ctx context.Context, key types.NamespacedN
 	}
 	for i := range claims.Items {
 		c := &claims.Items[i]
-		if c.DeletionTimestamp != nil || !claimPending(c) || b.tracker.claimInFlight(c) {
+		if c.DeletionTimestamp != nil || !claimPending(c) || !usable(c) || b.tracker.claimInFlight(c) {
 			continue
 		}
 		// A claim that already has a Machine labelled for it is being, or

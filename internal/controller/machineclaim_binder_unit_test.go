@@ -590,7 +590,7 @@ func TestMachineClaimBinderSnapshot(t *testing.T) {
 		WithIndex(&kaironv1.Machine{}, poolUnclaimedMachineIndex, poolOfUnclaimedMember).WithIndex(&kaironv1.Machine{}, claimedMachineIndex, claimOfClaimedMachine).Build()
 	b := &MachineClaimBinder{Client: c, APIReader: c, Recorder: events.NewFakeRecorder(20), Interval: time.Minute, tracker: newBindTracker()}
 
-	pass, err := b.snapshot(context.Background(), types.NamespacedName{Namespace: "team", Name: "agents"})
+	pass, err := b.snapshot(context.Background(), types.NamespacedName{Namespace: "team", Name: "agents"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
