@@ -254,3 +254,14 @@ func testControllerConfig() config.Controller {
 	c.SkipNameValidation = ptr.To(true)
 	return c
 }
+
+// directClient is a client of the test's API server that an interceptor
+// can wrap.
+func directClient(t *testing.T, env *testenv.Env) client.WithWatch {
+	t.Helper()
+	c, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}

@@ -269,8 +269,8 @@ func TestBudgetStatusPatchFailureWaitsForTick(t *testing.T) {
 			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
 		},
 	}
-	working := interceptor.NewClient(mdbDirectClient(t, env), inNamespace)
-	failing := interceptor.NewClient(mdbDirectClient(t, env), failingPatches)
+	working := interceptor.NewClient(directClient(t, env), inNamespace)
+	failing := interceptor.NewClient(directClient(t, env), failingPatches)
 
 	// A first pass that succeeds: 1 Running, none required, 1 allowed.
 	r := &MachineDisruptionBudgetReconciler{Client: working, Interval: 7 * time.Second}
@@ -364,15 +364,6 @@ func TestInvalidBudgetStatus(t *testing.T) {
 	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != kaironv1.BudgetReasonInvalid || c.Message != want || c.ObservedGeneration != 3 {
 		t.Errorf("Ready condition %s", fmtJSON(c))
 	}
-}
-
-func mdbDirectClient(t *testing.T, env *testenv.Env) client.WithWatch {
-	t.Helper()
-	c, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
 }
 
 type mdbLogLines struct {

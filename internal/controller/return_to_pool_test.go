@@ -101,17 +101,6 @@ func newRecordingBindFixture(t *testing.T) *recordingBindFixture {
 	return f
 }
 
-// directClient is a client of the test's API server that an interceptor
-// can wrap.
-func directClient(t *testing.T, env *testenv.Env) client.WithWatch {
-	t.Helper()
-	c, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 // onFirstMachinePatch runs before, once, ahead of the first Machine patch
 // sent through the returned client.
 func onFirstMachinePatch(t *testing.T, env *testenv.Env, before func()) client.Client {
