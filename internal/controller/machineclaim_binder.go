@@ -991,11 +991,13 @@ func returnToPool(ctx context.Context, c client.Client, live client.Reader, reco
 		var cur kaironv1.MachineClaim
 		if err := live.Get(ctx, client.ObjectKeyFromObject(claim), &cur); err != nil && !apierrors.IsNotFound(err) {
 			return err
-		} else if err == nil && cur.UID == claim.UID && cur.DeletionTimestamp == nil {
+		} else if err == nil && cur.UID == claim.UID {
 			if cur.Status.Phase == kaironv1.ClaimBound && cur.Status.MachineName == machine {
+				// Being deleted or not: its user had it, so it never
+				// goes back warm (the release deletes or retains it).
 				return nil
 			}
-			if claimPending(&cur) && m.Annotations[kaironv1.AnnotationRecordingBindOf] == string(cur.UID) {
+			if cur.DeletionTimestamp == nil && claimPending(&cur) && m.Annotations[kaironv1.AnnotationRecordingBindOf] == string(cur.UID) {
 				log.FromContext(ctx).Info("Not handing back a machine whose bind the claim reconciler is recording", "machine", klog.KObj(&m), "claim", klog.KObj(&cur))
 				return nil
 			}

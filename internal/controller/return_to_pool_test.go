@@ -63,6 +63,31 @@ func TestReturnToPoolKeepsTheMachineTheClaimIsBoundTo(t *testing.T) {
 	if got := state(stray); got != kaironv1.PoolStateWarm+"/" {
 		t.Errorf("the stray: %s, want it back to warm", got)
 	}
+
+	// Nor while the claim is being deleted: its user had the Machine, and
+	// the release deletes or retains it, never hands it back warm.
+	claim.Finalizers = []string{"kairon.zyvor.dev/test-hold"}
+	if err := env.Client.Update(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Delete(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		live := &kaironv1.MachineClaim{}
+		if env.Client.Get(context.Background(), client.ObjectKeyFromObject(claim), live) == nil {
+			live.Finalizers = nil
+			if err := env.Client.Update(context.Background(), live); err != nil {
+				t.Errorf("releasing the test's finalizer: %v", err)
+			}
+		}
+	})
+	if err := returnToPool(ctx, env.Client, env.Client, recorder, pool, claim, bound.Name); err != nil {
+		t.Fatalf("returning %s: %v", bound.Name, err)
+	}
+	if got := state(bound); got != kaironv1.PoolStateClaimed+"/job" {
+		t.Errorf("the Machine a claim being deleted is Bound to: %s, want it kept claimed by job", got)
+	}
 }
 
 // recordingBindFixture is a Pending claim "job" with a Machine labelled for
