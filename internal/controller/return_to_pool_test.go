@@ -7,7 +7,6 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -26,20 +25,8 @@ func TestReturnToPoolKeepsTheMachineTheClaimIsBoundTo(t *testing.T) {
 	ns := env.Namespace(t)
 	ctx := context.Background()
 	pool := createPool(t, env, ns, "agents", 0)
-	claim := &kaironv1.MachineClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "job"}, Spec: kaironv1.MachineClaimSpec{PoolName: "agents"}}
-	if err := env.Client.Create(ctx, claim); err != nil {
-		t.Fatal(err)
-	}
-	held := func(name string) *kaironv1.Machine {
-		m := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{
-			kaironv1.LabelMachinePool: "agents", kaironv1.LabelMachineClaim: "job", kaironv1.LabelPoolState: kaironv1.PoolStateClaimed,
-		}}}
-		if err := env.Client.Create(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
-	bound, stray := held("bound"), held("stray")
+	claim := createClaim(t, env, ns, "job", "agents")
+	bound, stray := createHeldMachine(t, env, ns, "bound", "agents", "job"), createHeldMachine(t, env, ns, "stray", "agents", "job")
 	claim.Status = kaironv1.MachineClaimStatus{Phase: kaironv1.ClaimBound, MachineName: bound.Name}
 	if err := env.Client.Status().Update(ctx, claim); err != nil {
 		t.Fatal(err)
@@ -90,6 +77,15 @@ func TestReturnToPoolKeepsTheMachineTheClaimIsBoundTo(t *testing.T) {
 	}
 }
 
+// createHeldMachine creates a Machine of pool labelled as claimed by claim,
+// as a binder's take leaves it.
+func createHeldMachine(t *testing.T, env *testenv.Env, ns, name, pool, claim string) *kaironv1.Machine {
+	t.Helper()
+	return createMachine(t, env, ns, name, 1, "64Mi", func(m *kaironv1.Machine) {
+		m.Labels = map[string]string{kaironv1.LabelMachinePool: pool, kaironv1.LabelMachineClaim: claim, kaironv1.LabelPoolState: kaironv1.PoolStateClaimed}
+	})
+}
+
 // recordingBindFixture is a Pending claim "job" with a Machine labelled for
 // it whose bind nobody recorded, and a claim reconciler ready to record it
 // (its adoptGrace already over).
@@ -105,18 +101,9 @@ func newRecordingBindFixture(t *testing.T) *recordingBindFixture {
 	t.Helper()
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
-	ctx := context.Background()
 	f := &recordingBindFixture{env: env, pool: createPool(t, env, ns, "agents", 0)}
-	f.claim = &kaironv1.MachineClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "job"}, Spec: kaironv1.MachineClaimSpec{PoolName: "agents"}}
-	if err := env.Client.Create(ctx, f.claim); err != nil {
-		t.Fatal(err)
-	}
-	f.machine = &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "m", Labels: map[string]string{
-		kaironv1.LabelMachinePool: "agents", kaironv1.LabelMachineClaim: "job", kaironv1.LabelPoolState: kaironv1.PoolStateClaimed,
-	}}}
-	if err := env.Client.Create(ctx, f.machine); err != nil {
-		t.Fatal(err)
-	}
+	f.claim = createClaim(t, env, ns, "job", "agents")
+	f.machine = createHeldMachine(t, env, ns, "m", "agents", "job")
 	clock := newTestClock(time.Now())
 	tracker := newBindTracker()
 	tracker.now = clock.Now
