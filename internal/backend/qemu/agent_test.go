@@ -215,8 +215,8 @@ func TestGuestAgent(t *testing.T) {
 			t.Fatal(err)
 		}
 		c2 := dialAgent(t, b, spec.ID)
-		if _, out, _ := guestExec(t, c2, nil, "cat", "/tmp/kept"); out != "kept\n" {
-			t.Errorf("restored guest: %q", out)
+		if res, out, errOut := guestExec(t, c2, nil, "cat", "/tmp/kept"); out != "kept\n" {
+			t.Errorf("restored guest: %q (%+v, stderr %q)", out, res, errOut)
 		}
 	})
 

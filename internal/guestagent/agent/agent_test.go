@@ -219,3 +219,38 @@ func TestConfigureRequestsRunOneAtATime(t *testing.T) {
 		t.Errorf("configure calls: %s; want %s", got, want)
 	}
 }
+
+// What a command wrote before it exited is sent even when the pump reads
+// it only after the drain's deadline passed, as it does when the guest
+// stalls between the exit and the read. Here the pump waits for the host's
+// window while the command exits, and there is no grace at all.
+func TestOutputBufferedAtExitIsSentAfterTheGrace(t *testing.T) {
+	exited := make(chan struct{})
+	oldGrace, oldHook := drainGrace, afterExitHook
+	drainGrace, afterExitHook = 0, func() { close(exited) }
+	t.Cleanup(func() { drainGrace, afterExitHook = oldGrace, oldHook })
+
+	host, rd, _, _ := hostEnd(t)
+	send(t, host, 1, &wire.Request{Op: wire.OpExec, Exec: &wire.Exec{Args: []string{"sh", "-c", fmt.Sprintf("head -c %d /dev/zero; echo tail", wire.InitialWindow)}}})
+	if f := next(t, rd); f.Type != wire.TypeResponse {
+		t.Fatalf("got %s", f.Type)
+	}
+	for got := 0; got < wire.InitialWindow; {
+		f := next(t, rd)
+		if f.Type != wire.TypeStdout {
+			t.Fatalf("got a %s frame after %d bytes of stdout", f.Type, got)
+		}
+		got += len(f.Payload)
+	}
+	// The window is spent: "tail" waits in the pipe until the command has
+	// exited and its pipes' deadlines have passed.
+	<-exited
+	send(t, host, 1, &wire.Window{Stream: "stdout", Bytes: 1 << 10})
+	f := next(t, rd)
+	if f.Type != wire.TypeStdout || string(f.Payload) != "tail\n" {
+		t.Fatalf("after the window: a %s frame %q, want stdout %q", f.Type, f.Payload, "tail\n")
+	}
+	if f := next(t, rd); f.Type != wire.TypeExit {
+		t.Fatalf("then a %s frame, want exit", f.Type)
+	}
+}

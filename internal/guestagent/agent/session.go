@@ -14,13 +14,20 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/zyvor/kairon/internal/guestagent/wire"
 )
 
-// drainGrace is how long output pipes are still read once a command
-// exited: what it wrote before is read at once; a child it left running
-// with the pipe open does not hold the session past this.
-const drainGrace = 250 * time.Millisecond
+// drainGrace is how long output pipes are still waited on once a command
+// exited: a child it left running with the pipe open does not hold the
+// session past this. What the command itself wrote is in the pipe by then
+// and is sent however late the pump gets to it (drainBuffered).
+var drainGrace = 250 * time.Millisecond
+
+// afterExitHook, when set (by tests), runs once a command has exited and its
+// pipes' deadlines are set.
+var afterExitHook func()
 
 // Output streams, as indexes into session.credit.
 const (
@@ -212,7 +219,7 @@ func failed(err error) *wire.Exit { return &wire.Exit{Code: 1, Error: clip(err.E
 
 // pump sends what r yields as t frames, within the host's window, until r
 // ends or the session does. Once exited is set, a read that waits longer
-// than drainGrace ends it.
+// than drainGrace ends it, after sending what the pipe still holds.
 func (s *session) pump(idx int, t wire.Type, r *os.File, exited *atomic.Bool) {
 	buf := make([]byte, wire.MaxPayload)
 	for {
@@ -230,7 +237,44 @@ func (s *session) pump(idx int, t wire.Type, r *os.File, exited *atomic.Bool) {
 				return
 			}
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			s.drainBuffered(idx, t, r, buf)
+		}
 		if err != nil {
+			return
+		}
+	}
+}
+
+// drainBuffered sends what r's pipe holds now, within the host's window.
+// A read whose deadline passed before it ran reads nothing: the guest may
+// stall longer than drainGrace between a command's exit and the pump's
+// next read (a loaded host, a VM just restored), and what the command
+// wrote before it exited must not be lost to that. Only what is buffered
+// when it starts is sent, so a child still writing cannot keep it going.
+func (s *session) drainBuffered(idx int, t wire.Type, r *os.File, buf []byte) {
+	rc, err := r.SyscallConn()
+	if err != nil {
+		return
+	}
+	var left int // FIONREAD, which Linux names TIOCINQ: bytes waiting in the pipe or PTY
+	if cerr := rc.Control(func(fd uintptr) { left, err = unix.IoctlGetInt(int(fd), unix.TIOCINQ) }); cerr != nil || err != nil {
+		return
+	}
+	for left > 0 {
+		n := min(s.waitCredit(idx), left)
+		if n == 0 {
+			return
+		}
+		var k int
+		// Control does not look at the deadline; the descriptor is
+		// non-blocking, so this read never waits.
+		if cerr := rc.Control(func(fd uintptr) { k, err = unix.Read(int(fd), buf[:n]) }); cerr != nil || err != nil || k <= 0 {
+			return
+		}
+		left -= k
+		s.spend(idx, k)
+		if s.c.write(wire.Frame{Type: t, Stream: s.id, Payload: buf[:k]}) != nil {
 			return
 		}
 	}
@@ -370,6 +414,9 @@ func (s *session) exec(e *wire.Exec) *wire.Exit {
 	exited.Store(true)
 	for _, r := range outs {
 		_ = r.SetReadDeadline(time.Now().Add(drainGrace))
+	}
+	if afterExitHook != nil {
+		afterExitHook()
 	}
 	wg.Wait()
 
