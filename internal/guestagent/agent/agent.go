@@ -117,12 +117,21 @@ var ErrProtocol = errors.New("agent: protocol violation")
 // before Serve returns.
 func (a *Agent) Serve(rw io.ReadWriter) error {
 	c := &conn{a: a, w: rw, sessions: map[uint32]*session{}}
-	defer c.shutdown()
+	defer func() { c.shutdown() }()
 	rd := wire.NewReader(rw)
 	for {
 		f, err := rd.ReadFrame()
 		if err != nil {
 			return err
+		}
+		if f.Type == wire.TypeHello && c.hello {
+			// A second Hello: the host starts over (it hung up and another
+			// connected without the port reading EOF in between). The old
+			// sessions end, and nothing of theirs is sent from now on: it
+			// would reach the new connection after its Hello, where their
+			// streams may be the new sessions'.
+			c.shutdown()
+			c = &conn{a: a, w: rw, sessions: map[uint32]*session{}}
 		}
 		if err := c.handle(f); err != nil {
 			a.log.Warn("host broke the protocol; dropping the connection's sessions", "err", err)
@@ -176,10 +185,6 @@ func (c *conn) handle(f wire.Frame) error {
 			return err
 		}
 		h := m.(*wire.Hello)
-		if c.hello {
-			// A second Hello: the host starts over.
-			c.endSessions()
-		}
 		c.hello = true
 		v, _ := h.Shared()
 		c.a.log.Debug("host connected", "host", h.Agent, "version", v)

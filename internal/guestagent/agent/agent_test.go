@@ -254,3 +254,52 @@ func TestOutputBufferedAtExitIsSentAfterTheGrace(t *testing.T) {
 		t.Fatalf("then a %s frame, want exit", f.Type)
 	}
 }
+
+// A second Hello starts a new connection on the same port: the old one's
+// sessions are killed, and nothing of theirs follows the new Hello, where
+// their streams may already be the new connection's.
+func TestSecondHelloDropsTheOldSessions(t *testing.T) {
+	host, rd, _, _ := hostEnd(t)
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	send(t, host, 1, &wire.Request{Op: wire.OpExec, Exec: &wire.Exec{Args: []string{"sh", "-c", "echo $$ > " + pidFile + "; echo started; exec sleep 60"}}})
+	if f := next(t, rd); f.Type != wire.TypeResponse {
+		t.Fatalf("got %s", f.Type)
+	}
+	if f := next(t, rd); f.Type != wire.TypeStdout || string(f.Payload) != "started\n" {
+		t.Fatalf("got %s %q", f.Type, f.Payload)
+	}
+	pid, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(pid)))
+	if err != nil {
+		t.Fatalf("pid file %q", pid)
+	}
+
+	send(t, host, 0, &wire.Hello{Versions: []int{1}})
+	if f := next(t, rd); f.Type != wire.TypeHello {
+		t.Fatalf("got a %s frame on stream %d, want the Hello", f.Type, f.Stream)
+	}
+	testenv.Eventually(t, 30*time.Second, "the old session's program to be killed", func() (bool, string) {
+		err := syscall.Kill(n, 0)
+		return errors.Is(err, syscall.ESRCH), fmt.Sprintf("kill -0 %d: %v", n, err)
+	})
+	// Stream 1 again, now the new connection's: only its own frames.
+	send(t, host, 1, &wire.Request{Op: wire.OpPing})
+	for _, want := range []wire.Type{wire.TypeResponse, wire.TypeExit} {
+		f := next(t, rd)
+		if f.Type != want || f.Stream != 1 {
+			t.Fatalf("got a %s frame on stream %d (%q), want the ping's %s", f.Type, f.Stream, f.Payload, want)
+		}
+		if want == wire.TypeExit {
+			m, err := wire.Decode(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e := m.(*wire.Exit); e.Status == nil || e.Signal != "" {
+				t.Fatalf("the ping's exit: %+v, want a status", e)
+			}
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -97,6 +98,10 @@ func Dial(ctx context.Context, path string, opts Options) (*Client, error) {
 	return New(ctx, conn, opts)
 }
 
+// firstStream is where a Client's stream numbers start (the first session
+// gets the next one): far from 1, where every other connection starts.
+func firstStream() uint32 { return 1<<16 + rand.Uint32N(1<<31) }
+
 // maxSunPath is the longest socket path Dial connects to by name; a VM's
 // state directory can make agent.sock's longer (a long namespace and
 // Machine name under a long state directory).
@@ -116,7 +121,11 @@ func New(ctx context.Context, conn net.Conn, opts Options) (_ *Client, err error
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = DefaultWriteTimeout
 	}
-	c := &Client{conn: conn, writeTimeout: opts.WriteTimeout, sessions: map[uint32]*session{}, done: make(chan struct{})}
+	c := &Client{conn: conn, writeTimeout: opts.WriteTimeout, sessions: map[uint32]*session{}, done: make(chan struct{}),
+		// Streams are numbered from a random start: the agent's port
+		// outlives connections, and frames an earlier connection's
+		// sessions left in it, either way, must not match this one's.
+		next: firstStream()}
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	rd, err := c.hello(opts.Name)
 	if !stop() {

@@ -520,3 +520,51 @@ func TestHelloRefusals(t *testing.T) {
 		}
 	})
 }
+
+// Frames an earlier connection's sessions left in the agent's port (here
+// the end of a killed session on stream 1, where every connection used to
+// start) do not end this connection's first session.
+func TestFramesLeftByAnEarlierConnection(t *testing.T) {
+	c, guest, rd := fakeGuest(t)
+	type result struct {
+		res Result
+		out string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var out bytes.Buffer
+		res, err := c.Exec(context.Background(), &wire.Exec{Args: []string{"cat", "/tmp/kept"}}, nil, &out, nil)
+		done <- result{res, out.String(), err}
+	}()
+	f, err := rd.ReadFrame()
+	if err != nil || f.Type != wire.TypeRequest {
+		t.Fatalf("guest read %v, %v", f.Type, err)
+	}
+	stream := f.Stream
+	if err := send(guest, 1, &wire.Response{OK: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := send(guest, 1, &wire.Exit{Code: -1, Signal: "KILL"}); err != nil {
+		t.Fatal(err)
+	}
+	if stream == 1 {
+		// What the earlier connection's frames did to this one's session:
+		// it ended killed, without its output.
+		r := <-done
+		t.Fatalf("this connection's first session is on stream 1 too: it ended with %+v %q %v", r.res, r.out, r.err)
+	}
+	if err := send(guest, stream, &wire.Response{OK: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wire.WriteData(guest, wire.TypeStdout, stream, []byte("kept\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := send(guest, stream, &wire.Exit{Code: 0}); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.res.Code != 0 || r.res.Signal != "" || r.out != "kept\n" {
+		t.Errorf("the session ended with %+v %q %v, want code 0 and %q", r.res, r.out, r.err, "kept\n")
+	}
+}
