@@ -69,8 +69,23 @@ func next(t *testing.T, rd *wire.Reader) wire.Frame {
 // with ErrProtocol and kills the session's program.
 func TestServeRefusesStdinPastTheWindow(t *testing.T) {
 	host, rd, served, guest := hostEnd(t)
+	pid := startSleep(t, host, rd, 1)
+	// sleep never reads stdin: once the window and the pipe's buffer are
+	// full, more is past the window. The write is cut when Serve gives up.
+	go func() { _ = wire.WriteData(host, wire.TypeStdin, 1, make([]byte, 4<<20)) }()
+	if err := <-served; !errors.Is(err, ErrProtocol) {
+		t.Fatalf("Serve ended with %v", err)
+	}
+	guest.Close()
+	// The program was killed (and reaped by its session).
+	waitKilled(t, pid)
+}
+
+// startSleep runs a long sleep on stream and returns its pid once it runs.
+func startSleep(t *testing.T, host io.Writer, rd *wire.Reader, stream uint32) int {
+	t.Helper()
 	pidFile := filepath.Join(t.TempDir(), "pid")
-	send(t, host, 1, &wire.Request{Op: wire.OpExec, Exec: &wire.Exec{Args: []string{"sh", "-c", "echo $$ > " + pidFile + "; echo started; exec sleep 60"}}})
+	send(t, host, stream, &wire.Request{Op: wire.OpExec, Exec: &wire.Exec{Args: []string{"sh", "-c", "echo $$ > " + pidFile + "; echo started; exec sleep 60"}}})
 	if f := next(t, rd); f.Type != wire.TypeResponse {
 		t.Fatalf("got %s", f.Type)
 	}
@@ -81,21 +96,19 @@ func TestServeRefusesStdinPastTheWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// sleep never reads stdin: once the window and the pipe's buffer are
-	// full, more is past the window. The write is cut when Serve gives up.
-	go func() { _ = wire.WriteData(host, wire.TypeStdin, 1, make([]byte, 4<<20)) }()
-	if err := <-served; !errors.Is(err, ErrProtocol) {
-		t.Fatalf("Serve ended with %v", err)
-	}
-	guest.Close()
-	// The program was killed (and reaped by its session).
 	n, err := strconv.Atoi(strings.TrimSpace(string(pid)))
 	if err != nil {
 		t.Fatalf("pid file %q", pid)
 	}
+	return n
+}
+
+// waitKilled waits until the process pid is gone.
+func waitKilled(t *testing.T, pid int) {
+	t.Helper()
 	testenv.Eventually(t, 30*time.Second, "the session's program to be killed", func() (bool, string) {
-		err := syscall.Kill(n, 0)
-		return errors.Is(err, syscall.ESRCH), fmt.Sprintf("kill -0 %d: %v", n, err)
+		err := syscall.Kill(pid, 0)
+		return errors.Is(err, syscall.ESRCH), fmt.Sprintf("kill -0 %d: %v", pid, err)
 	})
 }
 
@@ -260,31 +273,12 @@ func TestOutputBufferedAtExitIsSentAfterTheGrace(t *testing.T) {
 // their streams may already be the new connection's.
 func TestSecondHelloDropsTheOldSessions(t *testing.T) {
 	host, rd, _, _ := hostEnd(t)
-	pidFile := filepath.Join(t.TempDir(), "pid")
-	send(t, host, 1, &wire.Request{Op: wire.OpExec, Exec: &wire.Exec{Args: []string{"sh", "-c", "echo $$ > " + pidFile + "; echo started; exec sleep 60"}}})
-	if f := next(t, rd); f.Type != wire.TypeResponse {
-		t.Fatalf("got %s", f.Type)
-	}
-	if f := next(t, rd); f.Type != wire.TypeStdout || string(f.Payload) != "started\n" {
-		t.Fatalf("got %s %q", f.Type, f.Payload)
-	}
-	pid, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(string(pid)))
-	if err != nil {
-		t.Fatalf("pid file %q", pid)
-	}
-
+	pid := startSleep(t, host, rd, 1)
 	send(t, host, 0, &wire.Hello{Versions: []int{1}})
 	if f := next(t, rd); f.Type != wire.TypeHello {
 		t.Fatalf("got a %s frame on stream %d, want the Hello", f.Type, f.Stream)
 	}
-	testenv.Eventually(t, 30*time.Second, "the old session's program to be killed", func() (bool, string) {
-		err := syscall.Kill(n, 0)
-		return errors.Is(err, syscall.ESRCH), fmt.Sprintf("kill -0 %d: %v", n, err)
-	})
+	waitKilled(t, pid)
 	// Stream 1 again, now the new connection's: only its own frames.
 	send(t, host, 1, &wire.Request{Op: wire.OpPing})
 	for _, want := range []wire.Type{wire.TypeResponse, wire.TypeExit} {
