@@ -261,6 +261,12 @@ func (c *Client) read(rd *wire.Reader) {
 func (c *Client) dispatch(f wire.Frame) error {
 	switch f.Type {
 	case wire.TypeStdout, wire.TypeStderr, wire.TypeResponse, wire.TypeExit, wire.TypeClose, wire.TypeWindow:
+	case wire.TypeHello:
+		// The agent answers every Hello its port reads, those of earlier
+		// connections included: the one this side took may have been an
+		// earlier connection's, and this one's comes later. It starts
+		// nothing and names no stream.
+		return nil
 	default:
 		return fmt.Errorf("a %s frame from the guest", f.Type)
 	}

@@ -419,9 +419,6 @@ func TestHostileGuest(t *testing.T) {
 		{"invalid exit", func(g *os.File, stream uint32) error {
 			return wire.WriteFrame(g, wire.Frame{Type: wire.TypeExit, Stream: stream, Payload: []byte(`{"code":999}`)})
 		}},
-		{"a second hello", func(g *os.File, _ uint32) error {
-			return send(g, 0, &wire.Hello{Versions: []int{1}})
-		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -566,5 +563,33 @@ func TestFramesLeftByAnEarlierConnection(t *testing.T) {
 	r := <-done
 	if r.err != nil || r.res.Code != 0 || r.res.Signal != "" || r.out != "kept\n" {
 		t.Errorf("the session ended with %+v %q %v, want code 0 and %q", r.res, r.out, r.err, "kept\n")
+	}
+}
+
+// A Hello after the handshake is dropped: the agent answers every Hello its
+// port read, an earlier connection's too, so the one Dial took may not have
+// been the answer to its own. The channel and its sessions go on.
+func TestHelloAfterTheHandshake(t *testing.T) {
+	c, guest, rd := fakeGuest(t)
+	done := make(chan error, 1)
+	go func() { done <- c.Ping(context.Background()) }()
+	f, err := rd.ReadFrame()
+	if err != nil || f.Type != wire.TypeRequest {
+		t.Fatalf("guest read %v, %v", f.Type, err)
+	}
+	for _, m := range []struct {
+		stream uint32
+		msg    any
+	}{
+		{0, &wire.Hello{Versions: []int{1}, Agent: "the answer to this connection's Hello"}},
+		{f.Stream, &wire.Response{OK: true}},
+		{f.Stream, &wire.Exit{Status: &wire.Status{Ready: true}}},
+	} {
+		if err := send(guest, m.stream, m.msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Errorf("ping: %v (channel: %v)", err, c.Err())
 	}
 }
