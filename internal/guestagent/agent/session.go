@@ -166,10 +166,17 @@ func (s *session) waitCredit(idx int) int {
 	return min(s.credit[idx], wire.MaxPayload)
 }
 
-func (s *session) spend(idx, n int) {
+// sendOutput sends p as output on idx (stdout or stderr), spending as much
+// of the host's window, which waitCredit granted.
+func (s *session) sendOutput(idx int, p []byte) error {
 	s.mu.Lock()
-	s.credit[idx] -= n
+	s.credit[idx] -= len(p)
 	s.mu.Unlock()
+	t := wire.TypeStdout
+	if idx == outStderr {
+		t = wire.TypeStderr
+	}
+	return s.c.write(wire.Frame{Type: t, Stream: s.id, Payload: p})
 }
 
 func (s *session) end() {
@@ -217,10 +224,10 @@ func (s *session) run(req *wire.Request) {
 
 func failed(err error) *wire.Exit { return &wire.Exit{Code: 1, Error: clip(err.Error())} }
 
-// pump sends what r yields as t frames, within the host's window, until r
-// ends or the session does. Once exited is set, a read that waits longer
-// than drainGrace ends it, after sending what the pipe still holds.
-func (s *session) pump(idx int, t wire.Type, r *os.File, exited *atomic.Bool) {
+// pump sends what r yields as output on idx, within the host's window,
+// until r ends or the session does. Once exited is set, a read that waits
+// longer than drainGrace ends it, after sending what the pipe still holds.
+func (s *session) pump(idx int, r *os.File, exited *atomic.Bool) {
 	buf := make([]byte, wire.MaxPayload)
 	for {
 		n := s.waitCredit(idx)
@@ -231,14 +238,11 @@ func (s *session) pump(idx int, t wire.Type, r *os.File, exited *atomic.Bool) {
 			_ = r.SetReadDeadline(time.Now().Add(drainGrace))
 		}
 		k, err := r.Read(buf[:n])
-		if k > 0 {
-			s.spend(idx, k)
-			if s.c.write(wire.Frame{Type: t, Stream: s.id, Payload: buf[:k]}) != nil {
-				return
-			}
+		if k > 0 && s.sendOutput(idx, buf[:k]) != nil {
+			return
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			s.drainBuffered(idx, t, r, buf)
+			s.drainBuffered(idx, r, buf)
 		}
 		if err != nil {
 			return
@@ -252,7 +256,7 @@ func (s *session) pump(idx int, t wire.Type, r *os.File, exited *atomic.Bool) {
 // next read (a loaded host, a VM just restored), and what the command
 // wrote before it exited must not be lost to that. Only what is buffered
 // when it starts is sent, so a child still writing cannot keep it going.
-func (s *session) drainBuffered(idx int, t wire.Type, r *os.File, buf []byte) {
+func (s *session) drainBuffered(idx int, r *os.File, buf []byte) {
 	rc, err := r.SyscallConn()
 	if err != nil {
 		return
@@ -273,8 +277,7 @@ func (s *session) drainBuffered(idx int, t wire.Type, r *os.File, buf []byte) {
 			return
 		}
 		left -= k
-		s.spend(idx, k)
-		if s.c.write(wire.Frame{Type: t, Stream: s.id, Payload: buf[:k]}) != nil {
+		if s.sendOutput(idx, buf[:k]) != nil {
 			return
 		}
 	}
@@ -394,15 +397,7 @@ func (s *session) exec(e *wire.Exec) *wire.Exit {
 	var exited atomic.Bool
 	var wg sync.WaitGroup
 	for i, r := range outs {
-		t := wire.TypeStdout
-		if i == outStderr {
-			t = wire.TypeStderr
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.pump(i, t, r, &exited)
-		}()
+		wg.Go(func() { s.pump(i, r, &exited) })
 	}
 	werr := cmd.Wait()
 	// The program is gone: a Cancel or a hang-up from now on must not
@@ -470,11 +465,8 @@ func (s *session) readFile(f *wire.File) *wire.Exit {
 			return nil
 		}
 		k, err := fh.Read(buf[:n])
-		if k > 0 {
-			s.spend(outStdout, k)
-			if s.c.write(wire.Frame{Type: wire.TypeStdout, Stream: s.id, Payload: buf[:k]}) != nil {
-				return nil
-			}
+		if k > 0 && s.sendOutput(outStdout, buf[:k]) != nil {
+			return nil
 		}
 		if err == io.EOF {
 			return &wire.Exit{}
