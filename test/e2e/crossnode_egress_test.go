@@ -33,10 +33,13 @@ type blockedPath struct {
 	what, cmd, answer string
 }
 
+// dialPath is a TCP connection to address:port whose server greets "hi".
 func dialPath(address, port string) blockedPath {
 	return blockedPath{what: "greeted at " + address + ":" + port, cmd: "nc -w 3 " + address + " " + port + " </dev/null", answer: "hi\n"}
 }
 
+// fetchPath is a fetch of the guest page at address (nc; busybox's wget
+// is no use, as in egress_test.go).
 func fetchPath(address string) blockedPath {
 	return blockedPath{what: "fetched the page at " + address, cmd: `printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 ` + address + " 8080", answer: "kairon guest"}
 }
