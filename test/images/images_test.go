@@ -14,7 +14,6 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -312,10 +311,7 @@ func imageFiles(t testing.TB, tarball string, names ...string) (map[string][]byt
 	got := map[string][]byte{}
 	all := map[string]bool{}
 	for _, l := range manifest.Layers {
-		zr, err := gzip.NewReader(bytes.NewReader(blob(l.Digest)))
-		if err != nil {
-			t.Fatal(err)
-		}
+		zr := gunzip(t, blob(l.Digest))
 		tr := tar.NewReader(zr)
 		for {
 			h, err := tr.Next()
@@ -334,8 +330,53 @@ func imageFiles(t testing.TB, tarball string, names ...string) (map[string][]byt
 				got[h.Name] = b
 			}
 		}
+		if err := zr.Close(); err != nil {
+			t.Fatalf("layer %s: %v", short(l.Digest), err)
+		}
 	}
 	return got, all
+}
+
+// gunzip decompresses a layer with the system's gzip: compress/flate
+// built with the race detector takes about a minute for the node image's
+// layers, gzip a second or two.
+func gunzip(t testing.TB, compressed []byte) io.ReadCloser {
+	t.Helper()
+	cmd := exec.Command("gzip", "-dc")
+	cmd.Stdin = bytes.NewReader(compressed)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("gzip: %v", err)
+	}
+	// A test that fails mid-layer leaves no gzip blocked on its pipe.
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	return &gunzipReader{ReadCloser: out, cmd: cmd, stderr: &stderr}
+}
+
+type gunzipReader struct {
+	io.ReadCloser
+	cmd    *exec.Cmd
+	stderr *bytes.Buffer
+}
+
+// Close reads what the tar reader left (the end-of-archive padding), so
+// that gzip never blocks on a full pipe, and reports gzip's own failure.
+func (g *gunzipReader) Close() error {
+	_, _ = io.Copy(io.Discard, g.ReadCloser)
+	if err := g.cmd.Wait(); err != nil {
+		return fmt.Errorf("gzip -dc: %v: %s", err, g.stderr.String())
+	}
+	return nil
 }
 
 // Every Debian package in the node image is recorded with its version, in
