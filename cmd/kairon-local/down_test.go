@@ -393,7 +393,7 @@ func TestDownStopsUpAndWhatItLeft(t *testing.T) {
 	up := startUp(t, exe, "--data-dir", dataDir, "--port", "0", "--bin-dir", binDir, "--nodes", "1", "--backend", "sim")
 	kubectl(t, binDir, kubeconfig, "apply", "-f", writeTemp(t, "apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata: {name: hello, namespace: default}\nspec: {}\n"))
 	testenv.Eventually(t, time.Minute, "machine hello Running", func() (bool, string) {
-		phase := kubectl(t, binDir, kubeconfig, "get", "machine", "hello", "-o", "jsonpath={.status.phase}")
+		phase := jsonpath(t, kubeconfig, "machine", "hello", "{.status.phase}")
 		return phase == "Running", phase
 	})
 	// A VM an earlier, killed kairon-local left in this data dir.

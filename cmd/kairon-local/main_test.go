@@ -189,6 +189,18 @@ func kubectl(t *testing.T, binDir, kubeconfig string, args ...string) string {
 	return string(out)
 }
 
+// jsonpath reads a field of one object of the kubeconfig's namespace, as
+// kubectl get -o jsonpath prints it, without a kubectl process: the tests
+// poll with it.
+func jsonpath(t *testing.T, kubeconfig, resource, name, template string) string {
+	t.Helper()
+	out, err := testenv.JSONPath(kubeconfig, testenv.Query{Resource: resource, Name: name}, template)
+	if err != nil {
+		t.Fatalf("get %s %s -o jsonpath=%s: %v", resource, name, template, err)
+	}
+	return out
+}
+
 func TestUpServesKaironAndKeepsStateAcrossRestarts(t *testing.T) {
 	binDir := host.BinDir(t)
 	exe := buildKaironLocal(t)
@@ -279,7 +291,7 @@ func TestUpRunsControllerAndNodeAgents(t *testing.T) {
 	}
 	kubectl(t, binDir, kubeconfig, "apply", "-f", machine)
 	testenv.Eventually(t, time.Minute, "machine hello Running on a node", func() (bool, string) {
-		phase := kubectl(t, binDir, kubeconfig, "get", "machine", "hello", "-o", "jsonpath={.status.phase} {.spec.nodeName}")
+		phase := jsonpath(t, kubeconfig, "machine", "hello", "{.status.phase} {.spec.nodeName}")
 		return strings.HasPrefix(phase, "Running node-"), phase
 	})
 	// Each component is itself, not the admin: the controller has its own

@@ -35,7 +35,7 @@ func TestNodeCommandsTakeOneNodeDownAndBack(t *testing.T) {
 		return stdout.String(), stderr.String(), err
 	}
 	condition := func(name, typ string) string {
-		return kubectl(t, binDir, kubeconfig, "get", "node", name, "-o", `jsonpath={.status.conditions[?(@.type=="`+typ+`")].status}`)
+		return jsonpath(t, kubeconfig, "node", name, `{.status.conditions[?(@.type=="`+typ+`")].status}`)
 	}
 	if !strings.Contains(readFile(t, filepath.Join(dataDir, "logs", "kairon-controller.log")), "-node-grace-period 4s") {
 		t.Errorf("kairon-controller was not started with -node-grace-period 4s")

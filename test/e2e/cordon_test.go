@@ -249,8 +249,8 @@ func TestCordonEvacuationAutoMovesAQEMUGuestLive(t *testing.T) {
 	t.Cleanup(func() { c.kubectl("", "uncordon", node) })
 	var name string
 	testenv.Eventually(t, 3*time.Minute, "the evacuation migration of mover to end", func() (bool, string) {
-		out := c.kubectl("", "get", "machinemigrations", "-l", kaironv1.LabelEvacuatedNode+"="+node,
-			"-o", `jsonpath={range .items[*]}{.metadata.name}|{.status.phase}|{.status.reason}|{.status.message}{"\n"}{end}`)
+		out := c.listJSONPath("machinemigrations", kaironv1.LabelEvacuatedNode+"="+node,
+			`{range .items[*]}{.metadata.name}|{.status.phase}|{.status.reason}|{.status.message}{"\n"}{end}`)
 		fields := strings.Split(strings.TrimSpace(out), "|")
 		if len(fields) < 2 {
 			return false, out

@@ -178,7 +178,7 @@ func migrateTo(t *testing.T, env *testenv.Env, ns, name, machine, strategy, node
 	kubectl(t, env, fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: MachineMigration\nmetadata: {name: %s}\nspec: {machineName: %s, strategy: %s, targetNode: %s}\n",
 		name, machine, strategy, node), "-n", ns, "apply", "-f", "-")
 	testenv.Eventually(t, 3*time.Minute, "the "+strategy+" migration to end", func() (bool, string) {
-		out := kubectlQuiet(env, "-n", ns, "get", "machinemigration", name, "-o", "jsonpath={.status.phase} {.status.reason} {.status.message}")
+		out := jsonpathQuiet(env, testenv.Query{Namespace: ns, Resource: "machinemigration", Name: name}, "{.status.phase} {.status.reason} {.status.message}")
 		if strings.HasPrefix(out, "Failed") {
 			t.Fatalf("migration %s failed: %s", name, out)
 		}

@@ -97,7 +97,7 @@ spec:
     spec: {cpu: 1, memory: 256Mi}
 `, "-n", ns, "apply", "-f", "-")
 	testenv.Eventually(t, 4*time.Minute, "a Running warm member", func() (bool, string) {
-		out := kubectlQuiet(env, "-n", ns, "get", "machines", "-l", kaironv1.LabelPoolState+"="+kaironv1.PoolStateWarm, "-o", "jsonpath={.items[*].status.phase}")
+		out := jsonpathQuiet(env, testenv.Query{Namespace: ns, Resource: "machines", LabelSelector: kaironv1.LabelPoolState + "=" + kaironv1.PoolStateWarm}, "{.items[*].status.phase}")
 		return strings.Contains(out, "Running"), out
 	})
 	kubectl(t, env, `apiVersion: kairon.zyvor.dev/v1alpha1
@@ -188,7 +188,7 @@ spec:
 		probe{"other", tls(otherHost, "other.test"), "^hi$", "0"},
 		probe{"refused", "nslookup other.test", otherHost, "0"})
 	testenv.Eventually(t, time.Minute, "a Warning event naming the first dropped destination", func() (bool, string) {
-		out := kubectlQuiet(env, "-n", ns, "get", "events", "--field-selector", "involvedObject.name="+machine+",reason=EgressDenied", "-o", "jsonpath={.items[*].message}")
+		out := jsonpathQuiet(env, testenv.Query{Namespace: ns, Resource: "events", FieldSelector: "involvedObject.name=" + machine + ",reason=EgressDenied"}, "{.items[*].message}")
 		return strings.Contains(out, "dropped tcp "+pkgTest+":8050 (ip: no policy allows the destination)"), out
 	})
 
@@ -266,7 +266,7 @@ metadata: {name: follow}
 spec: {machineName: %s, strategy: live, targetNode: %s}
 `, machine, second), "-n", ns, "apply", "-f", "-")
 	testenv.Eventually(t, 3*time.Minute, "migration follow to end", func() (bool, string) {
-		out := kubectlQuiet(env, "-n", ns, "get", "machinemigration", "follow", "-o", "jsonpath={.status.phase} {.status.reason} {.status.message}")
+		out := jsonpathQuiet(env, testenv.Query{Namespace: ns, Resource: "machinemigration", Name: "follow"}, "{.status.phase} {.status.reason} {.status.message}")
 		if strings.HasPrefix(out, "Failed") {
 			t.Fatalf("migration failed: %s", out)
 		}

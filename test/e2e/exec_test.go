@@ -243,7 +243,7 @@ func TestKaironctlExecAfterLiveMigration(t *testing.T) {
 	}
 	kubectl(t, env, fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: MachineMigration\nmetadata: {name: move}\nspec: {machineName: mover, strategy: live, targetNode: %s}\n", second), "-n", ns, "apply", "-f", "-")
 	testenv.Eventually(t, 3*time.Minute, "the live migration to end", func() (bool, string) {
-		out := kubectlQuiet(env, "-n", ns, "get", "machinemigration", "move", "-o", "jsonpath={.status.phase} {.status.reason} {.status.message}")
+		out := jsonpathQuiet(env, testenv.Query{Namespace: ns, Resource: "machinemigration", Name: "move"}, "{.status.phase} {.status.reason} {.status.message}")
 		if strings.HasPrefix(out, "Failed") {
 			t.Fatalf("migration failed: %s", out)
 		}

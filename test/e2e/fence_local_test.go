@@ -139,7 +139,7 @@ spec:
 	// After the snapshot: a mark the restored guest must not have, and the
 	// counter well past its value at the snapshot.
 	con.Expect(t, "echo after > /tmp/after; echo marked:$((1+1)).", regexp.MustCompile(`marked:2\.`), 30*time.Second)
-	con.Expect(t, fmt.Sprintf("while [ \"$(cat /tmp/counter)\" -lt %d ]; do usleep 100000; done; echo past:$((1+1)).", atSnapshot.counter+150),
+	con.Expect(t, fmt.Sprintf("while [ \"$(cat /tmp/counter)\" -lt %d ]; do usleep 100000; done; echo past:$((1+1)).", atSnapshot.counter+50),
 		regexp.MustCompile(`past:2\.`), time.Minute)
 	beforeDeath := readGuestState(t, con)
 
@@ -191,7 +191,7 @@ spec:
 	c.kubectl("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: MachineClaim\nmetadata: {name: late, namespace: default}\nspec: {poolName: agents}\n", "apply", "-f", "-")
 	var bound string
 	testenv.Eventually(t, 2*time.Minute, "claim late Bound", func() (bool, string) {
-		s := kubectlQuiet(env, "-n", ns, "get", "machineclaim", "late", "-o", "jsonpath={.status.phase} {.status.machineName}")
+		s := jsonpathQuiet(env, testenv.Query{Namespace: ns, Resource: "machineclaim", Name: "late"}, "{.status.phase} {.status.machineName}")
 		f := strings.Fields(s)
 		if len(f) == 2 && f[0] == "Bound" {
 			bound = f[1]

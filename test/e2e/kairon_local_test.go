@@ -100,9 +100,11 @@ func kaironLocalRunsRealVMs(t *testing.T, c *localCluster) {
 // "Type|message" lines.
 func (c *localCluster) machineEvents(machine, reason string) []string {
 	c.t.Helper()
-	out := c.kubectl("", "get", "events", "-n", "default",
-		"--field-selector", "involvedObject.kind=Machine,involvedObject.name="+machine+",reason="+reason,
-		"-o", `jsonpath={range .items[*]}{.type}|{.message}{"\n"}{end}`)
+	q := testenv.Query{Namespace: "default", Resource: "events", FieldSelector: "involvedObject.kind=Machine,involvedObject.name=" + machine + ",reason=" + reason}
+	out, err := testenv.JSONPath(c.kubeconfig, q, `{range .items[*]}{.type}|{.message}{"\n"}{end}`)
+	if err != nil {
+		c.t.Fatalf("events of machine %s with reason %s: %v", machine, reason, err)
+	}
 	var events []string
 	for _, line := range strings.Split(out, "\n") {
 		if line != "" {

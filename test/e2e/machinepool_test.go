@@ -155,6 +155,17 @@ func TestPoolClaimGetsARunningVM(t *testing.T) {
 }
 
 // kubectlQuiet runs kubectl for diagnostics, returning whatever it printed.
+// jsonpathQuiet reads what kubectl get -o jsonpath would print, in this
+// process (the tests poll with it); an error reads as its text, as in
+// kubectlQuiet.
+func jsonpathQuiet(env *testenv.Env, q testenv.Query, template string) string {
+	out, err := testenv.JSONPath(env.Kubeconfig, q, template)
+	if err != nil {
+		return err.Error()
+	}
+	return out
+}
+
 func kubectlQuiet(env *testenv.Env, args ...string) string {
 	out, err := exec.Command(filepath.Join(env.BinDir, "kubectl"), append([]string{"--kubeconfig", env.Kubeconfig}, args...)...).CombinedOutput()
 	var exit *exec.ExitError

@@ -179,10 +179,26 @@ func (c *localCluster) kubectl(stdin string, args ...string) string {
 	return string(out)
 }
 
-// jsonpath reads one field of an object.
+// jsonpath reads one field of an object, as kubectl get -o jsonpath does
+// but without a kubectl process: the tests poll with it.
 func (c *localCluster) jsonpath(kind, name, path string) string {
 	c.t.Helper()
-	return c.kubectl("", "get", kind, name, "-o", "jsonpath="+path)
+	out, err := testenv.JSONPath(c.kubeconfig, testenv.Query{Resource: kind, Name: name}, path)
+	if err != nil {
+		c.t.Fatalf("get %s %s -o jsonpath=%s: %v", kind, name, path, err)
+	}
+	return out
+}
+
+// listJSONPath reads the objects of kind that match the label selector, as
+// kubectl get -l -o jsonpath does, in this process.
+func (c *localCluster) listJSONPath(kind, selector, path string) string {
+	c.t.Helper()
+	out, err := testenv.JSONPath(c.kubeconfig, testenv.Query{Resource: kind, LabelSelector: selector}, path)
+	if err != nil {
+		c.t.Fatalf("get %s -l %s -o jsonpath=%s: %v", kind, selector, path, err)
+	}
+	return out
 }
 
 // stopIfFailed ends the test at once when machine, which the test waits to

@@ -87,8 +87,8 @@ spec: {nodeSelector: {kubernetes.io/hostname: node-1}}
 	c.applyDueSchedule("nightly", "{backup: nightly}", 1)
 	var snap string
 	testenv.Eventually(t, 3*time.Minute, "a Ready MachineSnapshot of origin from schedule nightly", func() (bool, string) {
-		out := c.kubectl("", "get", "machinesnapshots", "-n", "default", "-l", kaironv1.LabelSnapshotSchedule+"=nightly",
-			"-o", `jsonpath={range .items[*]}{.metadata.name} {.status.phase} {.status.message}{"\n"}{end}`)
+		out := c.listJSONPath("machinesnapshots", kaironv1.LabelSnapshotSchedule+"=nightly",
+			`{range .items[*]}{.metadata.name} {.status.phase} {.status.message}{"\n"}{end}`)
 		for _, line := range strings.Split(out, "\n") {
 			fields := strings.Fields(line)
 			if len(fields) >= 2 && fields[1] == "Ready" {
