@@ -66,12 +66,12 @@ func watchClaimBinds(t *testing.T, env *testenv.Env, ns string) *claimBindHistor
 	return h
 }
 
-// 200 claims arrive at once at a pool of 50 warm members, with two
+// 100 claims arrive at once at a pool of 25 warm members, with two
 // kairon-controllers (no leader election) racing to bind them. No Machine
 // ever serves two claims, no claim ever names two Machines, and the claims
-// the first 50 members cannot serve bind as the replacements come up.
+// the first 25 members cannot serve bind as the replacements come up.
 func TestMachineClaimNoDoubleBindUnderContention(t *testing.T) {
-	const warm, claims = 50, 200
+	const warm, claims = 25, 100
 	env := testenv.Get(t)
 	ns := prepareNamespace(t, env)
 	history := watchClaimBinds(t, env, ns)
@@ -85,7 +85,7 @@ func TestMachineClaimNoDoubleBindUnderContention(t *testing.T) {
 
 	began := time.Now()
 	createPool(t, env, ns, "agents", warm)
-	testenv.Eventually(t, 5*time.Minute, "50 Running warm members", func() (bool, string) {
+	testenv.Eventually(t, 5*time.Minute, fmt.Sprintf("%d Running warm members", warm), func() (bool, string) {
 		w, _ := poolMachines(t, env, ns, "agents")
 		return len(w) == warm && countRunning(w) == warm, fmt.Sprintf("%d warm, %d Running", len(w), countRunning(w))
 	})
@@ -138,7 +138,7 @@ func TestMachineClaimNoDoubleBindUnderContention(t *testing.T) {
 
 	millis := checkBoundOnce(t, env, ns, list.Items, history)
 	history.mu.Lock()
-	// The first 50 bind at once; the rest wait, saying so, for replacements
+	// The first members bind at once; the rest wait, saying so, for replacements
 	// (a few of the last may find one already Running).
 	if len(history.waited) < claims-2*warm {
 		t.Errorf("%d claims were seen waiting for a warm member, want at least %d", len(history.waited), claims-2*warm)
@@ -148,8 +148,8 @@ func TestMachineClaimNoDoubleBindUnderContention(t *testing.T) {
 	sort.Slice(millis, func(i, j int) bool { return millis[i] < millis[j] })
 	t.Logf("bindMillis p50 %d, p90 %d, max %d", millis[len(millis)/2], millis[len(millis)*9/10], millis[len(millis)-1])
 
-	// And the pool is back to 50 warm members.
-	testenv.Eventually(t, 5*time.Minute, "the pool back to 50 Running warm members", func() (bool, string) {
+	// And the pool is back to its warm members.
+	testenv.Eventually(t, 5*time.Minute, fmt.Sprintf("the pool back to %d Running warm members", warm), func() (bool, string) {
 		w, c := poolMachines(t, env, ns, "agents")
 		return len(w) == warm && countRunning(w) == warm && len(c) == claims, fmt.Sprintf("%d warm (%d Running), %d claimed", len(w), countRunning(w), len(c))
 	})
