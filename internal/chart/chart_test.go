@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/zyvor/kairon/internal/controller"
+	"github.com/zyvor/kairon/internal/testenv/host"
 )
 
 var (
@@ -1094,9 +1095,14 @@ func TestRenderedFlagsExist(t *testing.T) {
 }
 
 // buildCommands builds cmd/<name> of this checkout into a temporary
-// directory and returns it.
+// directory and returns it. Under make test, which has just built every
+// command into $KAIRON_BIN_DIR, it returns that directory instead, as the
+// e2e tests run the commands from there.
 func buildCommands(t *testing.T, names ...string) string {
 	t.Helper()
+	if dir := os.Getenv(host.BinDirEnv); dir != "" && allFiles(dir, names) {
+		return dir
+	}
 	// go test puts its own go first in the test's PATH.
 	goBin, err := exec.LookPath("go")
 	if err != nil {
@@ -1113,4 +1119,13 @@ func buildCommands(t *testing.T, names ...string) string {
 		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return dir
+}
+
+func allFiles(dir string, names []string) bool {
+	for _, n := range names {
+		if st, err := os.Stat(filepath.Join(dir, n)); err != nil || !st.Mode().IsRegular() {
+			return false
+		}
+	}
+	return true
 }
