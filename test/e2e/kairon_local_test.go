@@ -100,11 +100,8 @@ func kaironLocalRunsRealVMs(t *testing.T, c *localCluster) {
 // "Type|message" lines.
 func (c *localCluster) machineEvents(machine, reason string) []string {
 	c.t.Helper()
-	q := testenv.Query{Namespace: "default", Resource: "events", FieldSelector: "involvedObject.kind=Machine,involvedObject.name=" + machine + ",reason=" + reason}
-	out, err := testenv.JSONPath(c.kubeconfig, q, `{range .items[*]}{.type}|{.message}{"\n"}{end}`)
-	if err != nil {
-		c.t.Fatalf("events of machine %s with reason %s: %v", machine, reason, err)
-	}
+	out := c.query(testenv.Query{Namespace: "default", Resource: "events", FieldSelector: "involvedObject.kind=Machine,involvedObject.name=" + machine + ",reason=" + reason},
+		`{range .items[*]}{.type}|{.message}{"\n"}{end}`)
 	var events []string
 	for _, line := range strings.Split(out, "\n") {
 		if line != "" {

@@ -183,20 +183,23 @@ func (c *localCluster) kubectl(stdin string, args ...string) string {
 // but without a kubectl process: the tests poll with it.
 func (c *localCluster) jsonpath(kind, name, path string) string {
 	c.t.Helper()
-	out, err := testenv.JSONPath(c.kubeconfig, testenv.Query{Resource: kind, Name: name}, path)
-	if err != nil {
-		c.t.Fatalf("get %s %s -o jsonpath=%s: %v", kind, name, path, err)
-	}
-	return out
+	return c.query(testenv.Query{Resource: kind, Name: name}, path)
 }
 
 // listJSONPath reads the objects of kind that match the label selector, as
 // kubectl get -l -o jsonpath does, in this process.
 func (c *localCluster) listJSONPath(kind, selector, path string) string {
 	c.t.Helper()
-	out, err := testenv.JSONPath(c.kubeconfig, testenv.Query{Resource: kind, LabelSelector: selector}, path)
+	return c.query(testenv.Query{Resource: kind, LabelSelector: selector}, path)
+}
+
+// query reads what q names through the jsonpath template; an error ends
+// the test.
+func (c *localCluster) query(q testenv.Query, path string) string {
+	c.t.Helper()
+	out, err := testenv.JSONPath(c.kubeconfig, q, path)
 	if err != nil {
-		c.t.Fatalf("get %s -l %s -o jsonpath=%s: %v", kind, selector, path, err)
+		c.t.Fatalf("get %+v -o jsonpath=%s: %v", q, path, err)
 	}
 	return out
 }
