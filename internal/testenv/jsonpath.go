@@ -121,6 +121,9 @@ func jsonpathClientFor(kubeconfig string) (*jsonpathClient, error) {
 	if err != nil {
 		return nil, err
 	}
+	// As the Env's own client: client-go's default of 5 requests a second
+	// would stretch a 50 ms poll to 200 ms.
+	cfg.QPS, cfg.Burst = 200, 400
 	ns, _, err := loader.Namespace()
 	if err != nil {
 		return nil, err
