@@ -14,7 +14,9 @@ type TB interface {
 // PollInterval is how often Eventually and Consistently ask their check.
 // Short enough that a test waits little past the moment its condition
 // holds, long enough that a check that GETs from the API server does not
-// load it.
+// load it. A check reads through a client in the test process (the Env's,
+// or JSONPath for kubectl's jsonpath output), not a kubectl process: one
+// every 50 ms takes most of a core from the tests beside it.
 const PollInterval = 50 * time.Millisecond
 
 // Eventually asks check until it reports done and fails tb, naming what and
