@@ -53,6 +53,7 @@ type flags struct {
 	vxlanID      int
 	vxlanPort    int
 	egressDNS    uint
+	egressMinTTL time.Duration
 	egressSNI    uint
 	egressUp     string
 	metrics      string
@@ -112,6 +113,7 @@ func run(args []string) error {
 	fs.UintVar(&f.egressDNS, "egress-dns-port", 0, "port of the DNS proxy for guests confined by a MachineNetworkPolicy, in the bridge's namespace; their DNS is redirected to it (0: no proxy, allowFqdns learns nothing; docs/guides/egress.md)")
 	fs.StringVar(&f.egressUp, "egress-dns-upstream", "auto", "resolver (host:port) the egress DNS proxy forwards allowed queries to, and guests' nameserver (docs/guides/networking.md); \"auto\": the first nameserver of /etc/resolv.conf, or of systemd-resolved's list when that is its local stub")
 	fs.UintVar(&f.egressSNI, "egress-sni-port", 0, "port of the SNI proxy for guests confined by a MachineNetworkPolicy with allowSNI, in the bridge's namespace (0: no proxy, and TCP that only an allowSNI grant allows is dropped; docs/guides/egress.md)")
+	fs.DurationVar(&f.egressMinTTL, "egress-dns-min-ttl", egress.DefaultMinTTL, "the shortest an address learned from a DNS answer for an allowFqdns name stays allowed: shorter TTLs are raised to it\n(plus 5s of grace; at most 1h; docs/guides/egress.md)")
 	fs.StringVar(&f.masquerade, "egress-masquerade", "auto", "uplink interface on which guests' traffic leaves with the node's address (masquerade), with IPv4 forwarding on;\n\"auto\": the interface of the default route, if there is one; \"none\": no NAT (docs/guides/egress.md)")
 	fs.StringVar(&f.metrics, "metrics-bind-address", "", "address serving Prometheus metrics (kairon_egress_denied_total, the egress apply and report durations) over plain HTTP (empty: off); bind it to the node's own address, not the guests' gateway")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:10250", "address serving consoles to the API server's node proxy")
@@ -181,6 +183,9 @@ func run(args []string) error {
 	if f.egressSNI > 65535 {
 		return fmt.Errorf("--egress-sni-port %d: must be a port, 1-65535 (0: no proxy)", f.egressSNI)
 	}
+	if f.egressMinTTL < time.Second || f.egressMinTTL > egress.DefaultMaxTTL {
+		return fmt.Errorf("--egress-dns-min-ttl %s: must be from 1s to %s", f.egressMinTTL, egress.DefaultMaxTTL)
+	}
 	if f.egressSNI != 0 && f.egressSNI == f.egressDNS {
 		return fmt.Errorf("--egress-sni-port %d: the DNS proxy has this port already", f.egressSNI)
 	}
@@ -200,7 +205,7 @@ func run(args []string) error {
 	if masquerade == "none" {
 		masquerade = ""
 	}
-	egressOpts := &node.EgressOptions{DNSPort: uint16(f.egressDNS), DNSUpstream: upstream, SNIPort: uint16(f.egressSNI), Masquerade: masquerade}
+	egressOpts := &node.EgressOptions{DNSPort: uint16(f.egressDNS), DNSUpstream: upstream, SNIPort: uint16(f.egressSNI), Masquerade: masquerade, DNSMinTTL: f.egressMinTTL}
 	cfg, err := clientcmd.BuildConfigFromFlags("", f.kubeconfig)
 	if err != nil {
 		return fmt.Errorf("--kubeconfig: %w", err)

@@ -343,6 +343,9 @@ func (a *Agent) setupEgress() error {
 	n := a.opts.Network
 	e := &egress.Enforcer{NetNS: n.NetNS, Bridge: n.Bridge, Network: n.CIDR, Gateway: a.ipam.Gateway().Addr()}
 	eo := a.opts.Egress
+	if eo != nil {
+		e.MinTTL = eo.DNSMinTTL
+	}
 	if eo != nil && eo.Masquerade != "" {
 		e.Masquerade = eo.Masquerade
 		if e.Masquerade == "auto" {

@@ -171,6 +171,9 @@ type EgressOptions struct {
 	// address; "auto": the default route's interface (none: no NAT);
 	// empty: no NAT.
 	Masquerade string
+	// DNSMinTTL is the shortest a DNS-learned address stays allowed: an
+	// answer's TTL is raised to it (0: the enforcer's 30 s).
+	DNSMinTTL time.Duration
 	// Enforcer replaces nftables (tests).
 	Enforcer EgressEnforcer
 }

@@ -42,7 +42,10 @@ func restartEgressAgent(t *testing.T, env *testenv.Env, name, state, ns string, 
 		"--network-cidr", "10.88.0.0/16", "--address-pool", fmt.Sprintf("10.88.%d.0/24", 40+index),
 		"--migration-listen", "127.0.0.1:0",
 		"--egress-dns-port", fmt.Sprint(10153+2*index), "--egress-sni-port", fmt.Sprint(10154+2*index),
-		"--egress-dns-upstream", outsideResolver)
+		"--egress-dns-upstream", outsideResolver,
+		// Learned addresses expire within seconds, so that the test
+		// waits for one to.
+		"--egress-dns-min-ttl", "5s")
 }
 
 // TestEgressOnARealGuest claims a real guest under an egress policy and
@@ -235,14 +238,18 @@ spec:
 		probe{"edited", nc(otherHost, "8050"), "^hi$", "1"},
 		probe{"edited-443", tls(otherHost, "other.test"), "^hi$", "0"})
 
-	// The learned address of pkg.test expires (TTL 1 s, clamped to 30 s,
-	// plus the grace): closed again until the guest resolves again.
+	// The learned address of pkg.test expires (TTL 1 s, raised to the
+	// agents' --egress-dns-min-ttl of 5 s, plus 5 s of grace): closed again
+	// until the guest resolves again.
 	testenv.Eventually(t, 2*time.Minute, "the learned address of pkg.test to expire", func() (bool, string) {
 		out := nftIn(netNS, "list", "table", "inet", "kairon_egress")
 		return !strings.Contains(out, pkgTest+" timeout") && !strings.Contains(out, pkgTest+" expires"), out
 	})
 	expect("expired", nc(pkgTest, "8050"), "^hi$", "0")
 	expect("again", "nslookup pkg.test", pkgTest, "1")
+	if out := nftIn(netNS, "list", "table", "inet", "kairon_egress"); !strings.Contains(out, pkgTest+" timeout 10s") {
+		t.Errorf("the address learned again is not kept for --egress-dns-min-ttl 5s plus the grace (timeout 10s):\n%s", out)
+	}
 	expect("relearned", nc(pkgTest, "8050"), "^hi$", "1")
 
 	// The guest agent's channel, before the move and after it (kaironctl

@@ -121,12 +121,19 @@ func (m Machine) validate() error {
 	return nil
 }
 
+// DefaultMinTTL and DefaultMaxTTL bound a learned address's life when
+// the Enforcer sets no bounds of its own.
+const (
+	DefaultMinTTL = 30 * time.Second
+	DefaultMaxTTL = time.Hour
+)
+
 func (e *Enforcer) defaults() {
 	if e.MinTTL == 0 {
-		e.MinTTL = 30 * time.Second
+		e.MinTTL = DefaultMinTTL
 	}
 	if e.MaxTTL == 0 {
-		e.MaxTTL = time.Hour
+		e.MaxTTL = DefaultMaxTTL
 	}
 	if e.Grace == 0 {
 		e.Grace = 5 * time.Second
