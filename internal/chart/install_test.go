@@ -49,7 +49,9 @@ import (
 func TestMain(m *testing.M) {
 	// The node agent logs through controller-runtime's global logger.
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.WarnLevel)))
-	os.Exit(testenv.Run(m))
+	// helm installs the CRDs from charts/kairon/crds (TestInstall checks
+	// that it does), so the control plane starts without them.
+	os.Exit(testenv.RunWithoutCRDs(m))
 }
 
 // installTimeout bounds every wait in TestInstall; a loaded two-core
@@ -74,10 +76,14 @@ func TestInstall(t *testing.T) {
 	ns := env.Namespace(t)
 	ctx := context.Background()
 
-	// The harness installed the CRDs already; take them away so this test
-	// sees helm install them from charts/kairon/crds.
+	// The control plane starts without the chart's CRDs (RunWithoutCRDs),
+	// so that this test sees helm install them from charts/kairon/crds.
+	// Run after TestInstallUI (-shuffle, -count), it finds those that
+	// test's helm left and deletes them first.
 	crdNames := chartCRDNames(t)
-	deleteCRDs(t, env, crdNames)
+	if present := existingCRDs(t, env, crdNames); len(present) != 0 {
+		deleteCRDs(t, env, present)
+	}
 
 	kube := []string{"--kubeconfig", env.Kubeconfig, "--namespace", ns}
 	values := []string{"controller.replicas=2"}
@@ -676,6 +682,28 @@ func chartCRDNames(t *testing.T) []string {
 	return names
 }
 
+// existingCRDs lists those of names the API server has.
+func existingCRDs(t *testing.T, env *testenv.Env, names []string) []string {
+	t.Helper()
+	var present []string
+	for _, name := range names {
+		err := env.Client.Get(context.Background(), client.ObjectKey{Name: name}, &apiextensionsv1.CustomResourceDefinition{})
+		switch {
+		case err == nil:
+			present = append(present, name)
+		case !apierrors.IsNotFound(err):
+			t.Fatalf("CRD %s: %v", name, err)
+		}
+	}
+	return present
+}
+
+// eventually waits, up to installTimeout, for check to report done.
+func eventually(t *testing.T, what string, check func() (done bool, saw string)) {
+	t.Helper()
+	testenv.Eventually(t, installTimeout, what, check)
+}
+
 func deleteCRDs(t *testing.T, env *testenv.Env, names []string) {
 	t.Helper()
 	ctx := context.Background()
@@ -687,7 +715,7 @@ func deleteCRDs(t *testing.T, env *testenv.Env, names []string) {
 	}
 	// The API server deletes every object of a CRD before the CRD goes;
 	// on a loaded machine that outlasted installTimeout once.
-	testenv.Eventually(t, 5*time.Minute, "the harness's CRDs to go", func() (bool, string) {
+	testenv.Eventually(t, 5*time.Minute, "the CRDs an earlier helm install left to go", func() (bool, string) {
 		var left []string
 		for _, name := range names {
 			err := env.Client.Get(ctx, client.ObjectKey{Name: name}, &apiextensionsv1.CustomResourceDefinition{})
@@ -697,10 +725,4 @@ func deleteCRDs(t *testing.T, env *testenv.Env, names []string) {
 		}
 		return len(left) == 0, strings.Join(left, ", ")
 	})
-}
-
-// eventually waits, up to installTimeout, for check to report done.
-func eventually(t *testing.T, what string, check func() (done bool, saw string)) {
-	t.Helper()
-	testenv.Eventually(t, installTimeout, what, check)
 }

@@ -22,6 +22,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"strings"
@@ -81,8 +82,26 @@ var (
 // Run runs the package's tests and then stops the control plane, if one was
 // started, and removes its data dir. Use it from TestMain.
 func Run(m *testing.M) int {
+	return run(m, true)
+}
+
+// RunWithoutCRDs is Run for a package whose tests install Kairon's CRDs
+// themselves (the chart's, with helm): its control plane starts without
+// them. Deleting the CRDs instead took the API server minutes once, on a
+// loaded machine: each deleted CRD of a group rebuilds the group's
+// handlers, its siblings' storage answers 429 while it reinitialises, and
+// the CRD finalizer backs off exponentially.
+func RunWithoutCRDs(m *testing.M) int {
+	return run(m, false)
+}
+
+// withCRDs says whether the control plane Get starts installs Kairon's CRDs.
+var withCRDs = true
+
+func run(m *testing.M, crds bool) int {
 	mu.Lock()
 	inRun = true
+	withCRDs = crds
 	mu.Unlock()
 
 	code := m.Run()
@@ -137,11 +156,15 @@ func start() (*Env, error) {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	var crds fs.FS = crd.Bases
+	if !withCRDs {
+		crds = nil
+	}
 	started, err := controlplane.Start(ctx, controlplane.Options{
 		DataDir:           dataDir,
 		BinDir:            binDir,
 		ControllerManager: true,
-		CRDs:              crd.Bases,
+		CRDs:              crds,
 		EtcdUnsafeNoFsync: true,
 		Log:               slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
