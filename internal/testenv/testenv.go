@@ -87,10 +87,11 @@ func Run(m *testing.M) int {
 
 // RunWithoutCRDs is Run for a package whose tests install Kairon's CRDs
 // themselves (the chart's, with helm): its control plane starts without
-// them. Deleting the CRDs instead took the API server minutes once, on a
-// loaded machine: each deleted CRD of a group rebuilds the group's
-// handlers, its siblings' storage answers 429 while it reinitialises, and
-// the CRD finalizer backs off exponentially.
+// them. Deleting the CRDs instead took the API server about five minutes
+// once, on a loaded machine; others report why (each deleted CRD of a
+// group rebuilds the group's handlers, the siblings' storage answers 429
+// while it reinitialises, and the CRD finalizer backs off exponentially:
+// rancher-sandbox/rancher-desktop-2 pull request 208).
 func RunWithoutCRDs(m *testing.M) int {
 	return run(m, false)
 }
