@@ -47,15 +47,18 @@ func JSONPath(kubeconfig string, q Query, template string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("resource %q: %w", q.Resource, err)
 	}
-	var resource dynamic.ResourceInterface = c.dynamic.Resource(gvr)
-	if namespaced, err := c.namespaced(gvr); err != nil {
+	namespaced, err := c.namespaced(gvr)
+	if err != nil {
 		return "", err
-	} else if namespaced {
+	}
+	all := c.dynamic.Resource(gvr)
+	var resource dynamic.ResourceInterface = all
+	if namespaced {
 		ns := q.Namespace
 		if ns == "" {
 			ns = c.namespace
 		}
-		resource = c.dynamic.Resource(gvr).Namespace(ns)
+		resource = all.Namespace(ns)
 	}
 	ctx := context.Background()
 	var content map[string]any
