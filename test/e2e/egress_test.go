@@ -43,9 +43,11 @@ func restartEgressAgent(t *testing.T, env *testenv.Env, name, state, ns string, 
 		"--migration-listen", "127.0.0.1:0",
 		"--egress-dns-port", fmt.Sprint(10153+2*index), "--egress-sni-port", fmt.Sprint(10154+2*index),
 		"--egress-dns-upstream", outsideResolver,
-		// Learned addresses expire within seconds, so that the test
-		// waits for one to.
-		"--egress-dns-min-ttl", "5s")
+		// Longer than the default 30 s: the steps between learning
+		// pkg.test and killed-learned need the address still allowed,
+		// and on a loaded machine they outlasted 10 s. The check after
+		// "again" shows the flag applied (the default gives 35 s).
+		"--egress-dns-min-ttl", "40s")
 }
 
 // TestEgressOnARealGuest claims a real guest under an egress policy and
@@ -239,7 +241,7 @@ spec:
 		probe{"edited-443", tls(otherHost, "other.test"), "^hi$", "0"})
 
 	// The learned address of pkg.test expires (TTL 1 s, raised to the
-	// agents' --egress-dns-min-ttl of 5 s, plus 5 s of grace): closed again
+	// agents' --egress-dns-min-ttl of 40 s, plus 5 s of grace): closed again
 	// until the guest resolves again.
 	testenv.Eventually(t, 2*time.Minute, "the learned address of pkg.test to expire", func() (bool, string) {
 		out := nftIn(netNS, "list", "table", "inet", "kairon_egress")
@@ -247,8 +249,8 @@ spec:
 	})
 	expect("expired", nc(pkgTest, "8050"), "^hi$", "0")
 	expect("again", "nslookup pkg.test", pkgTest, "1")
-	if out := nftIn(netNS, "list", "table", "inet", "kairon_egress"); !strings.Contains(out, pkgTest+" timeout 10s") {
-		t.Errorf("the address learned again is not kept for --egress-dns-min-ttl 5s plus the grace (timeout 10s):\n%s", out)
+	if out := nftIn(netNS, "list", "table", "inet", "kairon_egress"); !strings.Contains(out, pkgTest+" timeout 45s") {
+		t.Errorf("the address learned again is not kept for --egress-dns-min-ttl 40s plus the grace (timeout 45s):\n%s", out)
 	}
 	expect("relearned", nc(pkgTest, "8050"), "^hi$", "1")
 
