@@ -34,8 +34,9 @@ type MachineDisruptionBudgetStatus struct {
 	// +optional
 	// +kubebuilder:default=0
 	ExpectedMachines int32 `json:"expectedMachines"`
-	// CurrentHealthy counts matching Machines that are Running and not the
-	// target of a Pending or Running MachineMigration.
+	// CurrentHealthy counts matching Machines that are Running, not the
+	// target of a Pending or Running MachineMigration, and not on a node
+	// whose agent is unreachable (nobody knows whether those still run).
 	// +optional
 	// +kubebuilder:default=0
 	CurrentHealthy int32 `json:"currentHealthy"`

@@ -506,3 +506,11 @@ func TestClaimAndReleaseAreVerbs(t *testing.T) {
 		}
 	}
 }
+
+// claim --help gives --wait's default as the guides write it.
+func TestClaimHelpShowsTheWaitDefault(t *testing.T) {
+	r := kctlContext(context.Background(), "", &bytes.Buffer{}, "claim", "--help").ok(t)
+	if !regexp.MustCompile(`--wait duration +How long to wait for the bind; 0 creates the claim and returns \(default 60s\)`).MatchString(r.stdout) {
+		t.Errorf("claim --help does not give --wait's default as 60s:\n%s", r.stdout)
+	}
+}

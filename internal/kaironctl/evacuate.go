@@ -233,8 +233,14 @@ func (e *evacuation) once(ctx context.Context) error {
 		for _, w := range res.waiting {
 			names = append(names, w.machine.String())
 		}
-		return fmt.Errorf("%d of %s on node %s skipped: %s; run kaironctl evacuate %s again once migrations have finished, or add --wait",
-			skipped, plural(res.onNode, "Machine", "Machines"), e.node, strings.Join(names, ", "), e.node)
+		// The summary counts them apart; the total here says why it is
+		// larger than the summary's "skipped".
+		migrating := ""
+		if res.inFlight > 0 {
+			migrating = fmt.Sprintf(" (%d already migrating)", res.inFlight)
+		}
+		return fmt.Errorf("%d of %s on node %s skipped%s: %s; run kaironctl evacuate %s again once migrations have finished, or add --wait",
+			skipped, plural(res.onNode, "Machine", "Machines"), e.node, migrating, strings.Join(names, ", "), e.node)
 	}
 	return nil
 }

@@ -170,7 +170,8 @@ func TestEvacuate(t *testing.T) {
 			"node " + n1 + ": 4 Machines, 0 migrations created, 2 already migrating, 2 skipped",
 		},
 		// Machines already migrating have not left the node: skipped too.
-		err:        "error: 4 of 4 Machines on node " + n1 + " skipped",
+		err: fmt.Sprintf("error: 4 of 4 Machines on node %s skipped (2 already migrating): %s/solo, %s/web-1, %s/web-2, %s/web-3;",
+			n1, ns, ns, ns, ns),
 		migrations: []string{"solo/cold", "web-1/cold"},
 	}, {
 		name: "web-1 moved, solo's migration failed: both get a new one, live this time",
