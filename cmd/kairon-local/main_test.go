@@ -50,7 +50,6 @@ func TestCommandsThatStartNothing(t *testing.T) {
 		{name: "down --purge on nothing", args: []string{"down", "--purge", "--data-dir", dataDir}, wantStdout: "does not exist; nothing to delete"},
 		{name: "unknown flag", args: []string{"up", "--replicas", "3"}, wantCode: 2, wantStderr: "flag provided but not defined: -replicas"},
 		{name: "bad port", args: []string{"up", "--port", "70000"}, wantCode: 2, wantStderr: "--port 70000 is not a TCP port"},
-		{name: "bad apiserver GOGC", args: []string{"up", "--apiserver-gogc", "5"}, wantCode: 2, wantStderr: "--apiserver-gogc 5 is outside 25 to 10000"},
 		{name: "bad ui port", args: []string{"up", "--ui-port", "0", "--data-dir", dataDir}, wantCode: 1, wantStderr: "--ui-port 0 is not a TCP port"},
 		{name: "ui port taken", args: []string{"up", "--ui-port", busyPort, "--data-dir", dataDir}, wantCode: 1, wantStderr: "--ui-port " + busyPort + ": "},
 		{
@@ -236,15 +235,6 @@ spec:
 		t.Fatal(err)
 	}
 	kubectl(t, binDir, kubeconfig, "create", "-f", pool)
-	// kube-apiserver runs with kairon-local's GOGC (the log's header line
-	// names its environment).
-	apiserverLog, err := os.ReadFile(filepath.Join(dataDir, "logs", "kube-apiserver.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := "==== GOGC=400 " + filepath.Join(binDir, "kube-apiserver") + " "; !bytes.Contains(apiserverLog, []byte(want)) {
-		t.Errorf("kube-apiserver.log has no line starting %q:\n%s", want, apiserverLog[:min(len(apiserverLog), 2000)])
-	}
 	up.terminate(t, dataDir)
 
 	up = startUp(t, exe, args...)

@@ -19,12 +19,6 @@ import (
 	"github.com/zyvor/kairon/internal/rules"
 )
 
-// defaultAPIServerGOGC lets kube-apiserver's heap grow to five times its
-// live size between collections instead of twice: a burst of 100 claims
-// bound about a third faster, for about twice the API server's memory at
-// its peak (docs/benchmarks.md, "kube-apiserver's garbage collector").
-const defaultAPIServerGOGC = 400
-
 // defaultPort is tried on a data dir's first start; later starts reuse the
 // port that data dir recorded, so kubeconfigs copied elsewhere stay valid.
 const defaultPort = 6443
@@ -42,9 +36,7 @@ type upFlags struct {
 	controllerPprof string
 	// apiServerProfiling is kube-apiserver's --profiling.
 	apiServerProfiling bool
-	// apiServerGOGC is kube-apiserver's GOGC.
-	apiServerGOGC int
-	verbose       bool
+	verbose            bool
 	// kairon-ui, with the agents: on 127.0.0.1:uiPort as the admin.
 	ui           bool
 	uiPort       int
@@ -69,7 +61,6 @@ func up(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&f.nodeGrace, "node-grace-period", rules.DefaultNodeGracePeriod, "how long an agent may go without renewing its Lease before its node is Unknown (kairon-controller's -node-grace-period; docs/guides/node-failure.md)")
 	fs.StringVar(&f.controllerPprof, "controller-pprof-address", "", "serve kairon-controller's Go profiles (/debug/pprof/) on this loopback address, for example 127.0.0.1:6060 (off by default; unauthenticated, so loopback only)")
 	fs.BoolVar(&f.apiServerProfiling, "apiserver-profiling", false, "serve kube-apiserver's Go profiles at /debug/pprof/ on the API server's port, to the admin kubeconfig (for benchmarks)")
-	fs.IntVar(&f.apiServerGOGC, "apiserver-gogc", defaultAPIServerGOGC, "kube-apiserver's GOGC: how far, in percent, its Go heap grows between garbage collections (100 is Go's own default; more takes bursts of writes faster for more memory)")
 	fs.DurationVar(&f.node.leaseRenew, "lease-renew-interval", rules.DefaultLeaseRenewInterval, "how often each agent renews its Lease; well under --node-grace-period")
 	fs.BoolVar(&f.ui, "ui", true, "run kairon-ui, the web dashboard, with the agents (as the admin kubeconfig, on 127.0.0.1 only)")
 	fs.IntVar(&f.uiPort, "ui-port", 8090, "kairon-ui's port on 127.0.0.1")
@@ -91,10 +82,6 @@ func up(args []string, stdout, stderr io.Writer) int {
 	}
 	if f.port < 0 || f.port > 65535 {
 		fmt.Fprintf(stderr, "kairon-local: --port %d is not a TCP port\n", f.port)
-		return 2
-	}
-	if f.apiServerGOGC < 25 || f.apiServerGOGC > 10000 {
-		fmt.Fprintf(stderr, "kairon-local: --apiserver-gogc %d is outside 25 to 10000 (100 is Go's default)\n", f.apiServerGOGC)
 		return 2
 	}
 	if err := runUp(f, stdout, stderr); err != nil {
@@ -155,7 +142,6 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 		// Each component as itself, confined like the chart's.
 		KaironAccess:       true,
 		APIServerProfiling: f.apiServerProfiling,
-		APIServerGOGC:      f.apiServerGOGC,
 		Log:                log,
 	})
 	if err != nil {

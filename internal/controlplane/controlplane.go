@@ -105,13 +105,6 @@ type Options struct {
 	// /debug/pprof/, to clients allowed that path (the admin kubeconfig):
 	// for finding where the API server's time goes under a benchmark.
 	APIServerProfiling bool
-	// APIServerGOGC is kube-apiserver's GOGC, the Go garbage collector's
-	// target heap growth in percent; 0 leaves Go's default (100). A
-	// custom-resource write costs the API server about twice a ConfigMap
-	// write, a fifth of that in its garbage collector, so a larger value
-	// takes bursts of Kairon's writes faster for more memory
-	// (docs/benchmarks.md).
-	APIServerGOGC int
 	// Log receives progress messages; nil discards them.
 	Log *slog.Logger
 	// StopTimeout is how long each child gets between SIGTERM and SIGKILL;
@@ -230,7 +223,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, err error) {
 	}
 
 	log.Info("starting kube-apiserver", "url", cp.restCfg.Host)
-	apiserver, err := cp.startChild(KubeAPIServer, binPaths[KubeAPIServer], cp.apiServerArgs(), cp.apiServerEnv()...)
+	apiserver, err := cp.startChild(KubeAPIServer, binPaths[KubeAPIServer], cp.apiServerArgs())
 	if err != nil {
 		return nil, err
 	}
@@ -383,8 +376,8 @@ func findBinaries(dir string, names []string) (map[string]string, error) {
 	return paths, nil
 }
 
-func (cp *ControlPlane) startChild(name, bin string, args []string, env ...string) (*child, error) {
-	c, err := startChild(cp.spawner, filepath.Join(cp.dataDir, "logs"), name, bin, args, env, func(c *child) {
+func (cp *ControlPlane) startChild(name, bin string, args []string) (*child, error) {
+	c, err := startChild(cp.spawner, filepath.Join(cp.dataDir, "logs"), name, bin, args, func(c *child) {
 		select {
 		case cp.died <- c.exitError():
 		default:
@@ -498,14 +491,6 @@ func (cp *ControlPlane) etcdHealthy(ctx context.Context) error {
 		return fmt.Errorf("etcd /health: %s %s", resp.Status, strings.TrimSpace(string(body)))
 	}
 	return nil
-}
-
-// apiServerEnv is what kube-apiserver gets in its environment beyond ours.
-func (cp *ControlPlane) apiServerEnv() []string {
-	if cp.opts.APIServerGOGC <= 0 {
-		return nil
-	}
-	return []string{fmt.Sprintf("GOGC=%d", cp.opts.APIServerGOGC)}
 }
 
 func (cp *ControlPlane) apiServerArgs() []string {

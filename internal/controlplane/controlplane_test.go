@@ -2,7 +2,6 @@ package controlplane_test
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -122,12 +121,6 @@ func TestRestartKeepsStateAndReappliesCRDs(t *testing.T) {
 		}
 	})
 
-	t.Run("the API server runs with Go's own GOGC by default", func(t *testing.T) {
-		if got, want := apiServerGOGC(t, dir), os.Getenv("GOGC"); got != want {
-			t.Errorf("kube-apiserver's GOGC = %q, want %q (this process's) without APIServerGOGC", got, want)
-		}
-	})
-
 	t.Run("the API server's profiles are off by default", func(t *testing.T) {
 		if code := pprofStatus(t, first); code != http.StatusNotFound {
 			t.Errorf("GET /debug/pprof/: HTTP %d, want 404 without APIServerProfiling", code)
@@ -138,13 +131,7 @@ func TestRestartKeepsStateAndReappliesCRDs(t *testing.T) {
 
 	opts.CRDs = widgetCRD("[wd]")
 	opts.APIServerProfiling = true
-	opts.APIServerGOGC = 300
 	second := start(t, opts)
-	t.Run("APIServerGOGC is the API server's GOGC", func(t *testing.T) {
-		if got := apiServerGOGC(t, dir); got != "300" {
-			t.Errorf("kube-apiserver's GOGC = %q, want 300", got)
-		}
-	})
 	t.Run("APIServerProfiling serves the API server's profiles", func(t *testing.T) {
 		if code := pprofStatus(t, second); code != http.StatusOK {
 			t.Errorf("GET /debug/pprof/: HTTP %d, want 200 with APIServerProfiling", code)
@@ -261,24 +248,4 @@ func TestStartFailsWithAClearMessage(t *testing.T) {
 			assertNoProcesses(t, tt.opts.DataDir)
 		})
 	}
-}
-
-// apiServerGOGC is GOGC in the environment of the kube-apiserver serving
-// the control plane of dataDir, "" if unset.
-func apiServerGOGC(t *testing.T, dataDir string) string {
-	t.Helper()
-	procs, err := host.Processes("--tls-cert-file=" + filepath.Join(dataDir, "pki", "apiserver.crt"))
-	if err != nil || len(procs) != 1 {
-		t.Fatalf("finding kube-apiserver: %v %v", procs, err)
-	}
-	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", procs[0].PID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, kv := range strings.Split(string(environ), "\x00") {
-		if v, ok := strings.CutPrefix(kv, "GOGC="); ok {
-			return v
-		}
-	}
-	return ""
 }

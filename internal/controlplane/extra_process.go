@@ -18,7 +18,7 @@ type Process struct {
 // plane.
 func (cp *ControlPlane) StartProcess(name, bin string, args []string) (*Process, error) {
 	p := &Process{done: make(chan error, 1)}
-	c, err := startChild(cp.spawner, filepath.Join(cp.dataDir, "logs"), name, bin, args, nil, func(c *child) {
+	c, err := startChild(cp.spawner, filepath.Join(cp.dataDir, "logs"), name, bin, args, func(c *child) {
 		p.done <- c.exitError()
 	})
 	if err != nil {

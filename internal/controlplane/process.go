@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -56,25 +55,21 @@ type child struct {
 }
 
 // startChild runs bin with args, its output appended to logs/<name>.log.
-// env (NAME=value) is added to this process's environment. onUnexpectedExit
-// is called (from another goroutine) if the process exits before stop was
-// called.
-func startChild(sp *spawner, logsDir, name, bin string, args, env []string, onUnexpectedExit func(*child)) (*child, error) {
+// onUnexpectedExit is called (from another goroutine) if the process exits
+// before stop was called.
+func startChild(sp *spawner, logsDir, name, bin string, args []string, onUnexpectedExit func(*child)) (*child, error) {
 	logPath := filepath.Join(logsDir, name+".log")
 	f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(f, "\n==== kairon: %s %s\n==== %s %s\n", time.Now().Format(time.RFC3339), name, strings.Join(append(slices.Clone(env), bin), " "), strings.Join(args, " "))
+	fmt.Fprintf(f, "\n==== kairon: %s %s\n==== %s %s\n", time.Now().Format(time.RFC3339), name, bin, strings.Join(args, " "))
 	start, err := f.Seek(0, io.SeekEnd)
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
 	cmd := exec.Command(bin, args...)
-	if len(env) > 0 {
-		cmd.Env = append(os.Environ(), env...)
-	}
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		// Own process group: a Ctrl-C in the terminal reaches only us, and we

@@ -41,7 +41,7 @@ func TestStopFailsOnlyWhenEtcdHadToBeKilled(t *testing.T) {
 				if name == tc.stubborn {
 					script = "trap '' TERM; : > '" + trapped + "'; sleep 60"
 				}
-				c, err := startChild(cp.spawner, filepath.Join(dir, "logs"), name, "/bin/sh", []string{"-c", script}, nil, func(*child) {})
+				c, err := startChild(cp.spawner, filepath.Join(dir, "logs"), name, "/bin/sh", []string{"-c", script}, func(*child) {})
 				if err != nil {
 					t.Fatal(err)
 				}
