@@ -81,9 +81,7 @@ func TestInstall(t *testing.T) {
 	// Run after TestInstallUI (-shuffle, -count), it finds those that
 	// test's helm left and deletes them first.
 	crdNames := chartCRDNames(t)
-	if present := existingCRDs(t, env, crdNames); len(present) != 0 {
-		deleteCRDs(t, env, present)
-	}
+	deleteCRDs(t, env, crdNames)
 
 	kube := []string{"--kubeconfig", env.Kubeconfig, "--namespace", ns}
 	values := []string{"controller.replicas=2"}
@@ -682,28 +680,14 @@ func chartCRDNames(t *testing.T) []string {
 	return names
 }
 
-// existingCRDs lists those of names the API server has.
-func existingCRDs(t *testing.T, env *testenv.Env, names []string) []string {
-	t.Helper()
-	var present []string
-	for _, name := range names {
-		err := env.Client.Get(context.Background(), client.ObjectKey{Name: name}, &apiextensionsv1.CustomResourceDefinition{})
-		switch {
-		case err == nil:
-			present = append(present, name)
-		case !apierrors.IsNotFound(err):
-			t.Fatalf("CRD %s: %v", name, err)
-		}
-	}
-	return present
-}
-
 // eventually waits, up to installTimeout, for check to report done.
 func eventually(t *testing.T, what string, check func() (done bool, saw string)) {
 	t.Helper()
 	testenv.Eventually(t, installTimeout, what, check)
 }
 
+// deleteCRDs deletes those of names that exist and waits until all are
+// gone; with none there it returns after one look.
 func deleteCRDs(t *testing.T, env *testenv.Env, names []string) {
 	t.Helper()
 	ctx := context.Background()

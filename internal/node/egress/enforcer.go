@@ -121,11 +121,12 @@ func (m Machine) validate() error {
 	return nil
 }
 
-// DefaultMinTTL and DefaultMaxTTL bound a learned address's life when
-// the Enforcer sets no bounds of its own.
+// DefaultMinTTL and DefaultMaxTTL bound a learned address's life, and
+// DefaultGrace is added to it, when the Enforcer sets none of its own.
 const (
 	DefaultMinTTL = 30 * time.Second
 	DefaultMaxTTL = time.Hour
+	DefaultGrace  = 5 * time.Second
 )
 
 func (e *Enforcer) defaults() {
@@ -136,7 +137,7 @@ func (e *Enforcer) defaults() {
 		e.MaxTTL = DefaultMaxTTL
 	}
 	if e.Grace == 0 {
-		e.Grace = 5 * time.Second
+		e.Grace = DefaultGrace
 	}
 }
 
