@@ -26,7 +26,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -54,6 +53,7 @@ type MachinePoolReconciler struct {
 	failures     *failureBackoff
 	refills      *refillHolds
 	statusWrites *statusPacing
+	held         *heldPools
 }
 
 // SetupWithManager registers the reconciler with mgr.
@@ -70,10 +70,12 @@ func (r *MachinePoolReconciler) SetupWithManager(mgr manager.Manager) error {
 	if r.statusWrites == nil {
 		r.statusWrites = newStatusPacing()
 	}
+	if r.held == nil {
+		r.held = newHeldPools()
+	}
 	return builder.ControllerManagedBy(mgr).
 		For(&kaironv1.MachinePool{}).
-		Watches(&kaironv1.Machine{}, handler.EnqueueRequestsFromMapFunc(poolOfMachine),
-			builder.WithPredicates(poolMemberChanged())).
+		Watches(&kaironv1.Machine{}, r.held.memberEvents(poolMemberChanged().Update)).
 		Complete(requeue.UntilStopped(r))
 }
 
@@ -124,6 +126,7 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	if err := r.Client.Get(ctx, req.NamespacedName, &pool); err != nil {
 		if apierrors.IsNotFound(err) {
 			forgetPoolMembers(req.Namespace, req.Name)
+			r.heldPools().set(req.NamespacedName, false)
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, err
@@ -134,6 +137,7 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 		r.expectations.forget(pool.UID)
 		r.refillHolds().forget(pool.UID)
 		r.statusPacing().settled(pool.UID)
+		r.heldPools().set(req.NamespacedName, false)
 		forgetPoolMembers(pool.Namespace, pool.Name)
 		return reconcile.Result{}, nil
 	}
@@ -156,6 +160,7 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	// for their binds (pool_refill_hold.go), counted as on its way.
 	waiting, binding := claimsAhead(ctx, r.Client, &pool, members.claimed)
 	refillHeld := r.refillHolds().hold(pool.UID, waiting, binding, readyMembers(&pool, current))
+	r.heldPools().set(req.NamespacedName, refillHeld)
 	onTheirWay := createsInFlight + held
 	if refillHeld {
 		onTheirWay = max(onTheirWay, int(ptr.Deref(pool.Spec.Replicas, 1))-len(current))
@@ -209,6 +214,15 @@ func (r *MachinePoolReconciler) refillHolds() *refillHolds {
 		r.refills = newRefillHolds()
 	}
 	return r.refills
+}
+
+// heldPools is r.held, made on first use for reconcilers built without
+// SetupWithManager (tests).
+func (r *MachinePoolReconciler) heldPools() *heldPools {
+	if r.held == nil {
+		r.held = newHeldPools()
+	}
+	return r.held
 }
 
 // listMembers returns the Machines the pool counts, terminating ones

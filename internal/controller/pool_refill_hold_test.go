@@ -157,9 +157,13 @@ func TestPoolHoldsItsRefillWhileABindIsRecorded(t *testing.T) {
 	c, ctx, claim, taken := f.c, context.Background(), f.claim, f.member
 	reconcilePool, members := f.reconcilePool, f.machines
 
+	pool := types.NamespacedName{Namespace: "team", Name: "agents"}
 	if res := reconcilePool(); members() != 1 || res.RequeueAfter != refillHoldRecheck {
 		t.Errorf("the only member taken by a claim not yet Bound: %d Machines, requeue after %v; want the refill held (1) and a look again after %v",
 			members(), res.RequeueAfter, refillHoldRecheck)
+	}
+	if !f.r.heldPools().isHeld(pool) {
+		t.Error("the refill held, but the pool is not marked held: its members' events would wake it at once")
 	}
 	claim.Status.Phase = kaironv1.ClaimBound
 	claim.Status.MachineName = taken.Name
@@ -168,5 +172,8 @@ func TestPoolHoldsItsRefillWhileABindIsRecorded(t *testing.T) {
 	}
 	if reconcilePool(); members() != 2 {
 		t.Errorf("the claim Bound: %d Machines, want the replacement made (2)", members())
+	}
+	if f.r.heldPools().isHeld(pool) {
+		t.Error("the pool refilled, but it is still marked held: its members' events would wait")
 	}
 }
