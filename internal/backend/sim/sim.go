@@ -43,6 +43,9 @@ type Options struct {
 type Backend struct {
 	opts Options
 	mu   sync.Mutex
+	// records: the records this Backend decoded, by instance
+	// (record_cache.go).
+	records map[string]cachedRecord
 }
 
 var (
@@ -144,6 +147,7 @@ func (b *Backend) Stop(ctx context.Context, id string) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	delete(b.records, id)
 	for _, p := range []string{b.recordPath(id), b.ConsoleLog(id)} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
@@ -335,14 +339,33 @@ func (b *Backend) instance(id string, r *record) backend.Instance {
 
 func (b *Backend) load(id string) (record, error) {
 	var r record
-	data, err := os.ReadFile(b.recordPath(id))
+	p := b.recordPath(id)
+	fi, err := os.Stat(p)
 	if errors.Is(err, os.ErrNotExist) {
+		delete(b.records, id)
 		return r, backend.ErrNotFound
 	}
 	if err != nil {
 		return r, err
 	}
-	return r, json.Unmarshal(data, &r)
+	if r, ok := b.cached(id, fi); ok {
+		return r, nil
+	}
+	// Replaced between the Stat and the read, the file is read again
+	// next time: its identity is not the one remembered.
+	data, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		delete(b.records, id)
+		return r, backend.ErrNotFound
+	}
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal(data, &r); err != nil {
+		return r, err
+	}
+	b.remember(id, fi, r)
+	return r, nil
 }
 
 // save writes the record atomically.
@@ -355,7 +378,16 @@ func (b *Backend) save(id string, r record) error {
 	if err := os.WriteFile(p+".tmp", data, 0o644); err != nil {
 		return err
 	}
-	return os.Rename(p+".tmp", p)
+	// The file's identity before the rename, which keeps it: a Stat
+	// after could see another Backend's record already.
+	fi, statErr := os.Stat(p + ".tmp")
+	if err := os.Rename(p+".tmp", p); err != nil {
+		return err
+	}
+	if statErr == nil {
+		b.remember(id, fi, r)
+	}
+	return nil
 }
 
 var _ backend.Cloner = (*Backend)(nil)
