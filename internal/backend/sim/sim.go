@@ -339,11 +339,14 @@ func (b *Backend) instance(id string, r *record) backend.Instance {
 
 func (b *Backend) load(id string) (record, error) {
 	var r record
+	gone := func() (record, error) {
+		delete(b.records, id)
+		return r, backend.ErrNotFound
+	}
 	p := b.recordPath(id)
 	fi, err := os.Stat(p)
 	if errors.Is(err, os.ErrNotExist) {
-		delete(b.records, id)
-		return r, backend.ErrNotFound
+		return gone()
 	}
 	if err != nil {
 		return r, err
@@ -355,8 +358,7 @@ func (b *Backend) load(id string) (record, error) {
 	// next time: its identity is not the one remembered.
 	data, err := os.ReadFile(p)
 	if errors.Is(err, os.ErrNotExist) {
-		delete(b.records, id)
-		return r, backend.ErrNotFound
+		return gone()
 	}
 	if err != nil {
 		return r, err
