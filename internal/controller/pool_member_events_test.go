@@ -16,9 +16,11 @@ import (
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
+// poolMember is the pool's own kind of member (newPoolMember), named name.
 func poolMember(pool, name string) *kaironv1.Machine {
-	return &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: name,
-		Labels: map[string]string{kaironv1.LabelMachinePool: pool, kaironv1.LabelPoolState: kaironv1.PoolStateWarm}}}
+	m := newPoolMember(&kaironv1.MachinePool{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: pool}}, "hash")
+	m.Name = name
+	return m
 }
 
 // newRequestQueue is a controller's workqueue on clock: deferred requests

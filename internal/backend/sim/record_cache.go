@@ -10,11 +10,10 @@ import (
 // decoding every instance's record each time was the largest part of a
 // hollow node's CPU once it held thousands of instances
 // (docs/benchmarks.md), on the same cores as the control plane the
-// benchmarks measure. So a Backend keeps
-// the records it decoded, each with the identity of the file it came
-// from, and reads a record again only when its file is another: save
-// renames a new file into place, so a write by any Backend over the same
-// directory shows as a new inode.
+// benchmarks measure. So a Backend keeps the records it decoded, each
+// with the identity of the file it came from, and reads a record again
+// only when its file is another: save renames a new file into place, so a
+// write by any Backend over the same directory shows as a new inode.
 
 // fileID is what tells one record file from the next.
 type fileID struct {
