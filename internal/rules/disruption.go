@@ -18,10 +18,13 @@ import (
 
 // This file is the one place that decides whether disrupting a Machine
 // (migrating it away from its node) is allowed by the MachineDisruptionBudgets
-// that select it. The budget status reconciler and `kaironctl describe
-// budget` call it today; kaironctl evacuate, the MachineMigration admission
-// webhook and cordon-triggered evacuation are to call it too. None of them
-// has its own copy of the arithmetic.
+// that select it. LoadBudgetStates serves the budget status reconciler,
+// `kaironctl describe budget`, the MachineMigration admission webhook and
+// kairon-ui's budgets page. Evacuation (kaironctl evacuate and migrate,
+// cordon-triggered evacuation, kairon-ui's evacuate) reads its snapshot
+// with LoadEvacuationSnapshot (evacuation.go), which reads the migrations
+// before the Machines and then runs the same ComputeBudgetStates. None of
+// them has its own copy of the arithmetic.
 //
 // The numbers follow Kubernetes' PodDisruptionBudget:
 //
@@ -110,6 +113,9 @@ func LoadBudgetStates(ctx context.Context, reader client.Reader) ([]BudgetState,
 		// Nothing to evaluate: spare listing every Machine.
 		return nil, nil
 	}
+	// Machines before migrations, the order that errs towards refusing: a
+	// migration created between the two lists still counts against its
+	// Machine. (Evacuation reads the other way round, for its own reason.)
 	var machines kaironv1.MachineList
 	if err := reader.List(ctx, &machines); err != nil {
 		return nil, fmt.Errorf("listing machines: %w", err)
