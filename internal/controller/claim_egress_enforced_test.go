@@ -125,7 +125,7 @@ func TestClaimBoundOnlyOnceEgressEnforced(t *testing.T) {
 	ns := prepareNamespace(t, env)
 	var mu sync.Mutex
 	var order []string
-	watchNamespace(t, env, ns, &kaironv1.MachineClaimList{}, func(_ watch.EventType, o client.Object) {
+	env.WatchNamespace(t, ns, &kaironv1.MachineClaimList{}, func(_ watch.EventType, o client.Object) {
 		c := o.(*kaironv1.MachineClaim)
 		if c.Status.Phase != kaironv1.ClaimBound {
 			return
@@ -135,7 +135,7 @@ func TestClaimBoundOnlyOnceEgressEnforced(t *testing.T) {
 		defer mu.Unlock()
 		order = append(order, fmt.Sprintf("claim Bound, EgressEnforced %v", cond != nil && cond.Status == metav1.ConditionTrue))
 	})
-	watchNamespace(t, env, ns, &kaironv1.MachineNetworkPolicyList{}, func(_ watch.EventType, o client.Object) {
+	env.WatchNamespace(t, ns, &kaironv1.MachineNetworkPolicyList{}, func(_ watch.EventType, o client.Object) {
 		if p := o.(*kaironv1.MachineNetworkPolicy); len(p.Status.Nodes) > 0 && len(p.Status.Nodes[0].Machines) > 0 {
 			mu.Lock()
 			defer mu.Unlock()

@@ -43,7 +43,7 @@ type claimBindHistory struct {
 func watchClaimBinds(t *testing.T, env *testenv.Env, ns string) *claimBindHistory {
 	t.Helper()
 	h := &claimBindHistory{byClaim: map[string][]string{}, byMachine: map[string][]string{}, waited: map[string]bool{}}
-	watchNamespace(t, env, ns, &kaironv1.MachineClaimList{}, func(_ watch.EventType, o client.Object) {
+	env.WatchNamespace(t, ns, &kaironv1.MachineClaimList{}, func(_ watch.EventType, o client.Object) {
 		c, ok := o.(*kaironv1.MachineClaim)
 		if !ok {
 			return

@@ -347,56 +347,6 @@ type objectEvent struct {
 	obj        client.Object
 }
 
-// watchNamespace calls handle, in order, for every change to objects of
-// list's kind in ns from now until the test ends. A watch the API server
-// ends is opened again from the last revision seen, so nothing is missed.
-func watchNamespace(t *testing.T, env *testenv.Env, ns string, list client.ObjectList, handle func(watch.EventType, client.Object)) {
-	t.Helper()
-	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := wc.List(ctx, list, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	rv := list.GetResourceVersion()
-	done := make(chan struct{})
-	t.Cleanup(func() { cancel(); <-done })
-	go func() {
-		defer close(done)
-		for ctx.Err() == nil {
-			w, err := wc.Watch(ctx, list, &client.ListOptions{Namespace: ns, Raw: &metav1.ListOptions{ResourceVersion: rv}})
-			if err != nil {
-				if ctx.Err() == nil {
-					t.Logf("watching %T: %v", list, err)
-				}
-				// Back off before opening it again, unless the test ended.
-				select {
-				case <-ctx.Done():
-				case <-time.After(testenv.PollInterval):
-				}
-				continue
-			}
-			for e := range w.ResultChan() {
-				if e.Type == watch.Error {
-					if ctx.Err() == nil {
-						t.Errorf("watching %T from revision %s: %v", list, rv, apierrors.FromObject(e.Object))
-					}
-					break
-				}
-				o, ok := e.Object.(client.Object)
-				if !ok {
-					continue
-				}
-				rv = o.GetResourceVersion()
-				handle(e.Type, o)
-			}
-			w.Stop()
-		}
-	}()
-}
-
 // recordEvents records the changes to Machines and MachineNetworkPolicies
 // in ns until the test ends.
 func recordEvents(t *testing.T, env *testenv.Env, ns string) func() []objectEvent {
@@ -404,7 +354,7 @@ func recordEvents(t *testing.T, env *testenv.Env, ns string) func() []objectEven
 	var mu sync.Mutex
 	var events []objectEvent
 	for kind, list := range map[string]client.ObjectList{"Machine": &kaironv1.MachineList{}, "MachineNetworkPolicy": &kaironv1.MachineNetworkPolicyList{}} {
-		watchNamespace(t, env, ns, list, func(typ watch.EventType, o client.Object) {
+		env.WatchNamespace(t, ns, list, func(typ watch.EventType, o client.Object) {
 			rev, _ := strconv.ParseUint(o.GetResourceVersion(), 10, 64)
 			mu.Lock()
 			events = append(events, objectEvent{kind: kind, name: o.GetName(), typ: typ, rev: rev, obj: o})

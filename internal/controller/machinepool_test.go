@@ -39,25 +39,7 @@ const simBootDelay = 300 * time.Millisecond
 func prepareNamespace(t *testing.T, env *testenv.Env) string {
 	t.Helper()
 	ns := env.Namespace(t)
-	t.Cleanup(func() {
-		ctx := context.Background()
-		var machines kaironv1.MachineList
-		var claims kaironv1.MachineClaimList
-		_ = env.Client.List(ctx, &machines, client.InNamespace(ns))
-		_ = env.Client.List(ctx, &claims, client.InNamespace(ns))
-		var objs []client.Object
-		for i := range machines.Items {
-			objs = append(objs, &machines.Items[i])
-		}
-		for i := range claims.Items {
-			objs = append(objs, &claims.Items[i])
-		}
-		for _, o := range objs {
-			if len(o.GetFinalizers()) > 0 {
-				_ = env.Client.Patch(ctx, o, client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`)))
-			}
-		}
-	})
+	t.Cleanup(func() { env.StripFinalizers(ns) })
 	return ns
 }
 

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -135,7 +136,7 @@ type entryHistory struct {
 func watchEntry(t *testing.T, env *testenv.Env, key client.ObjectKey, nodeName string) *entryHistory {
 	t.Helper()
 	h := &entryHistory{}
-	watchList(t, env, key.Namespace, &kaironv1.MachineNetworkPolicyList{}, func(o client.Object) {
+	env.WatchNamespace(t, key.Namespace, &kaironv1.MachineNetworkPolicyList{}, func(_ watch.EventType, o client.Object) {
 		p := o.(*kaironv1.MachineNetworkPolicy)
 		if p.Name != key.Name {
 			return

@@ -94,7 +94,7 @@ func TestEgressBindLatency(t *testing.T) {
 	// Registered first, so that they run once the agent and the
 	// controllers stopped.
 	t.Cleanup(func() { _ = env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}) })
-	t.Cleanup(func() { stripFinalizers(env, ns) })
+	t.Cleanup(func() { env.StripFinalizers(ns) })
 	testenv.RunInBackground(t, "agent", agent.Run)
 
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
@@ -127,7 +127,7 @@ func TestEgressBindLatency(t *testing.T) {
 	// And when each claim's egress policy is first seen, and first seen
 	// reported in force by the node: where an egress bind's time goes.
 	policyCreated, policyReported := map[string]time.Time{}, map[string]time.Time{}
-	watchList(t, env, ns, &kaironv1.MachineNetworkPolicyList{}, func(o client.Object) {
+	env.WatchNamespace(t, ns, &kaironv1.MachineNetworkPolicyList{}, func(_ watch.EventType, o client.Object) {
 		p := o.(*kaironv1.MachineNetworkPolicy)
 		now := time.Now()
 		claim := p.Labels[kaironv1.LabelMachineClaim]
@@ -142,7 +142,7 @@ func TestEgressBindLatency(t *testing.T) {
 			}
 		}
 	})
-	watchList(t, env, ns, &kaironv1.MachineClaimList{}, func(o client.Object) {
+	env.WatchNamespace(t, ns, &kaironv1.MachineClaimList{}, func(_ watch.EventType, o client.Object) {
 		c := o.(*kaironv1.MachineClaim)
 		if c.Status.Phase != kaironv1.ClaimBound {
 			return
@@ -314,68 +314,6 @@ func histogramSummary(t *testing.T, name, node string) string {
 		}
 	}
 	return out
-}
-
-// watchList calls handle with every version of every object of list's
-// kind in ns until the test ends.
-func watchList(t *testing.T, env *testenv.Env, ns string, list client.ObjectList, handle func(client.Object)) {
-	t.Helper()
-	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := wc.List(ctx, list, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	rv := list.GetResourceVersion()
-	done := make(chan struct{})
-	t.Cleanup(func() { cancel(); <-done })
-	go func() {
-		defer close(done)
-		for ctx.Err() == nil {
-			w, err := wc.Watch(ctx, list, &client.ListOptions{Namespace: ns, Raw: &metav1.ListOptions{ResourceVersion: rv}})
-			if err != nil {
-				select {
-				case <-ctx.Done():
-				case <-time.After(testenv.PollInterval):
-				}
-				continue
-			}
-			for e := range w.ResultChan() {
-				if e.Type == watch.Error {
-					break
-				}
-				if o, ok := e.Object.(client.Object); ok {
-					rv = o.GetResourceVersion()
-					handle(o)
-				}
-			}
-			w.Stop()
-		}
-	}()
-}
-
-// stripFinalizers lets ns's Machines and claims go once nothing serves
-// them any more.
-func stripFinalizers(env *testenv.Env, ns string) {
-	ctx := context.Background()
-	var machines kaironv1.MachineList
-	var claims kaironv1.MachineClaimList
-	_ = env.Client.List(ctx, &machines, client.InNamespace(ns))
-	_ = env.Client.List(ctx, &claims, client.InNamespace(ns))
-	var objs []client.Object
-	for i := range machines.Items {
-		objs = append(objs, &machines.Items[i])
-	}
-	for i := range claims.Items {
-		objs = append(objs, &claims.Items[i])
-	}
-	for _, o := range objs {
-		if len(o.GetFinalizers()) > 0 {
-			_ = env.Client.Patch(ctx, o, client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`)))
-		}
-	}
 }
 
 // apiWrites is the API server's write requests so far.
