@@ -101,3 +101,91 @@ func RequestsSince(before, after map[string]float64, items, top int) (float64, s
 	}
 	return total, strings.Join(parts, ", ")
 }
+
+var requestDurationLine = regexp.MustCompile(`^apiserver_request_duration_seconds_(bucket|sum|count)\{([^}]*)\} ([0-9.e+]+)$`)
+
+// RequestLatency is what the API server's apiserver_request_duration_seconds
+// says of one kind of request: how many, their total time in seconds, and
+// how many took longer than 50 ms.
+type RequestLatency struct {
+	Count, Sum, Over50ms float64
+}
+
+// APIRequestLatencies reads apiserver_request_duration_seconds by "VERB
+// resource" (with "/subresource"), for the verbs keep accepts (nil: every
+// verb). The API server measures from the request's arrival to its
+// response, so this is its own time, without the client's or the network's.
+func APIRequestLatencies(ctx context.Context, c rest.Interface, keep func(verb string) bool) (map[string]RequestLatency, error) {
+	raw, err := c.Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the API server's /metrics: %w", err)
+	}
+	out := map[string]RequestLatency{}
+	under50 := map[string]float64{}
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		m := requestDurationLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		labels := map[string]string{}
+		for _, p := range labelPair.FindAllStringSubmatch(m[2], -1) {
+			labels[p[1]] = p[2]
+		}
+		if keep != nil && !keep(labels["verb"]) {
+			continue
+		}
+		key := labels["verb"] + " " + labels["resource"]
+		if labels["subresource"] != "" {
+			key += "/" + labels["subresource"]
+		}
+		v, _ := strconv.ParseFloat(m[3], 64)
+		l := out[key]
+		switch m[1] {
+		case "sum":
+			l.Sum += v
+		case "count":
+			l.Count += v
+		case "bucket":
+			if labels["le"] == "0.05" {
+				under50[key] += v
+			}
+		}
+		out[key] = l
+	}
+	for key, l := range out {
+		l.Over50ms = l.Count - under50[key]
+		out[key] = l
+	}
+	return out, sc.Err()
+}
+
+// LatenciesSince is, for each kind of request with over minCount requests
+// since before, its count, its mean server time and how many took over
+// 50 ms, most frequent first.
+func LatenciesSince(before, after map[string]RequestLatency, minCount float64) string {
+	type kind struct {
+		key string
+		d   RequestLatency
+	}
+	var kinds []kind
+	for k, a := range after {
+		b := before[k]
+		d := RequestLatency{Count: a.Count - b.Count, Sum: a.Sum - b.Sum, Over50ms: a.Over50ms - b.Over50ms}
+		if d.Count > minCount {
+			kinds = append(kinds, kind{k, d})
+		}
+	}
+	slices.SortFunc(kinds, func(a, b kind) int {
+		if c := cmp.Compare(b.d.Count, a.d.Count); c != 0 {
+			return c
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	var parts []string
+	for _, k := range kinds {
+		parts = append(parts, fmt.Sprintf("%s: %.0f, mean %.1f ms, over 50 ms %.0f", k.key, k.d.Count, 1000*k.d.Sum/k.d.Count, k.d.Over50ms))
+	}
+	return strings.Join(parts, "; ")
+}
