@@ -120,6 +120,10 @@ func APIRequestLatencies(ctx context.Context, c rest.Interface, keep func(verb s
 	if err != nil {
 		return nil, fmt.Errorf("reading the API server's /metrics: %w", err)
 	}
+	return parseRequestLatencies(raw, keep)
+}
+
+func parseRequestLatencies(raw []byte, keep func(verb string) bool) (map[string]RequestLatency, error) {
 	out := map[string]RequestLatency{}
 	under50 := map[string]float64{}
 	sc := bufio.NewScanner(bytes.NewReader(raw))
