@@ -15,7 +15,7 @@ import (
 )
 
 var (
-	requestTotalLine = regexp.MustCompile(`^apiserver_request_total\{([^}]*)\} ([0-9.e+]+)$`)
+	requestTotalLine = regexp.MustCompile(`^apiserver_request_total()\{([^}]*)\} ([0-9.e+]+)$`)
 	labelPair        = regexp.MustCompile(`(\w+)="([^"]*)"`)
 )
 
@@ -27,21 +27,37 @@ func EachAPIRequestCounter(ctx context.Context, c rest.Interface, fn func(labels
 	if err != nil {
 		return fmt.Errorf("reading the API server's /metrics: %w", err)
 	}
+	return eachSeries(raw, requestTotalLine, func(_ string, labels map[string]string, v float64) { fn(labels, v) })
+}
+
+// eachSeries calls fn with the suffix, labels and value of every line of
+// the metrics text raw that line matches; line's three groups are the
+// suffix of the metric's name, its labels and its value.
+func eachSeries(raw []byte, line *regexp.Regexp, fn func(suffix string, labels map[string]string, v float64)) error {
 	sc := bufio.NewScanner(bytes.NewReader(raw))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		m := requestTotalLine.FindStringSubmatch(sc.Text())
+		m := line.FindStringSubmatch(sc.Text())
 		if m == nil {
 			continue
 		}
 		labels := map[string]string{}
-		for _, p := range labelPair.FindAllStringSubmatch(m[1], -1) {
+		for _, p := range labelPair.FindAllStringSubmatch(m[2], -1) {
 			labels[p[1]] = p[2]
 		}
-		v, _ := strconv.ParseFloat(m[2], 64)
-		fn(labels, v)
+		v, _ := strconv.ParseFloat(m[3], 64)
+		fn(m[1], labels, v)
 	}
 	return sc.Err()
+}
+
+// requestKind is "VERB resource", with "/subresource" when there is one.
+func requestKind(labels map[string]string) string {
+	key := labels["verb"] + " " + labels["resource"]
+	if labels["subresource"] != "" {
+		key += "/" + labels["subresource"]
+	}
+	return key
 }
 
 // APIRequests is apiserver_request_total summed by "VERB resource" (with
@@ -53,10 +69,7 @@ func APIRequests(ctx context.Context, c rest.Interface, keep func(verb string) b
 		if keep != nil && !keep(labels["verb"]) {
 			return
 		}
-		key := labels["verb"] + " " + labels["resource"]
-		if labels["subresource"] != "" {
-			key += "/" + labels["subresource"]
-		}
+		key := requestKind(labels)
 		if code := labels["code"]; code != "" && !strings.HasPrefix(code, "2") {
 			key += " (" + code + ")"
 		}
@@ -126,27 +139,13 @@ func APIRequestLatencies(ctx context.Context, c rest.Interface, keep func(verb s
 func parseRequestLatencies(raw []byte, keep func(verb string) bool) (map[string]RequestLatency, error) {
 	out := map[string]RequestLatency{}
 	under50 := map[string]float64{}
-	sc := bufio.NewScanner(bytes.NewReader(raw))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		m := requestDurationLine.FindStringSubmatch(sc.Text())
-		if m == nil {
-			continue
-		}
-		labels := map[string]string{}
-		for _, p := range labelPair.FindAllStringSubmatch(m[2], -1) {
-			labels[p[1]] = p[2]
-		}
+	err := eachSeries(raw, requestDurationLine, func(suffix string, labels map[string]string, v float64) {
 		if keep != nil && !keep(labels["verb"]) {
-			continue
+			return
 		}
-		key := labels["verb"] + " " + labels["resource"]
-		if labels["subresource"] != "" {
-			key += "/" + labels["subresource"]
-		}
-		v, _ := strconv.ParseFloat(m[3], 64)
+		key := requestKind(labels)
 		l := out[key]
-		switch m[1] {
+		switch suffix {
 		case "sum":
 			l.Sum += v
 		case "count":
@@ -157,12 +156,12 @@ func parseRequestLatencies(raw []byte, keep func(verb string) bool) (map[string]
 			}
 		}
 		out[key] = l
-	}
+	})
 	for key, l := range out {
 		l.Over50ms = l.Count - under50[key]
 		out[key] = l
 	}
-	return out, sc.Err()
+	return out, err
 }
 
 // LatenciesSince is, for each kind of request with over minCount requests

@@ -47,3 +47,25 @@ func TestParseRequestLatencies(t *testing.T) {
 		t.Errorf("LatenciesSince = %q, want %q", line, wantLine)
 	}
 }
+
+func TestEachSeriesReadsRequestTotals(t *testing.T) {
+	raw := []byte(strings.Join([]string{
+		`# HELP apiserver_request_total Counter of apiserver requests.`,
+		`apiserver_request_total{code="200",resource="pods",subresource="",verb="GET"} 99`,
+		`apiserver_request_total{code="409",resource="machines",subresource="status",verb="PATCH"} 2`,
+		`apiserver_request_duration_seconds_count{resource="pods",verb="GET"} 99`,
+	}, "\n"))
+	got := map[string]float64{}
+	if err := eachSeries(raw, requestTotalLine, func(suffix string, labels map[string]string, v float64) {
+		if suffix != "" {
+			t.Errorf("suffix %q for apiserver_request_total", suffix)
+		}
+		got[requestKind(labels)+" "+labels["code"]] += v
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{"GET pods 200": 99, "PATCH machines/status 409": 2}
+	if len(got) != len(want) || got["GET pods 200"] != 99 || got["PATCH machines/status 409"] != 2 {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
