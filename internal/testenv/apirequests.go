@@ -15,7 +15,7 @@ import (
 )
 
 var (
-	requestTotalLine = regexp.MustCompile(`^apiserver_request_total()\{([^}]*)\} ([0-9.e+]+)$`)
+	requestTotalLine = regexp.MustCompile(`^apiserver_request_total()\{([^}]*)\} (\S+)$`)
 	labelPair        = regexp.MustCompile(`(\w+)="([^"]*)"`)
 )
 
@@ -115,7 +115,7 @@ func RequestsSince(before, after map[string]float64, items, top int) (float64, s
 	return total, strings.Join(parts, ", ")
 }
 
-var requestDurationLine = regexp.MustCompile(`^apiserver_request_duration_seconds_(bucket|sum|count)\{([^}]*)\} ([0-9.e+]+)$`)
+var requestDurationLine = regexp.MustCompile(`^apiserver_request_duration_seconds_(bucket|sum|count)\{([^}]*)\} (\S+)$`)
 
 // RequestLatency is what the API server's apiserver_request_duration_seconds
 // says of one kind of request: how many, their total time in seconds, and

@@ -20,6 +20,10 @@ func TestParseRequestLatencies(t *testing.T) {
 		`apiserver_request_duration_seconds_bucket{component="apiserver",group="",resource="events",scope="resource",subresource="",verb="POST",version="v1",le="0.05"} 1`,
 		`apiserver_request_duration_seconds_sum{component="apiserver",group="",resource="events",scope="resource",subresource="",verb="POST",version="v1"} 0.08`,
 		`apiserver_request_duration_seconds_count{component="apiserver",group="",resource="events",scope="resource",subresource="",verb="POST",version="v1"} 2`,
+		// Small sums come in exponent form.
+		`apiserver_request_duration_seconds_sum{component="apiserver",group="kairon.zyvor.dev",resource="machineclaims",scope="resource",subresource="",verb="POST",version="v1alpha1"} 2.5e-03`,
+		`apiserver_request_duration_seconds_count{component="apiserver",group="kairon.zyvor.dev",resource="machineclaims",scope="resource",subresource="",verb="POST",version="v1alpha1"} 1`,
+		`apiserver_request_duration_seconds_bucket{component="apiserver",group="kairon.zyvor.dev",resource="machineclaims",scope="resource",subresource="",verb="POST",version="v1alpha1",le="0.05"} 1`,
 		// Reads are left out by IsWrite; other metrics are not read.
 		`apiserver_request_duration_seconds_count{component="apiserver",group="",resource="pods",scope="resource",subresource="",verb="GET",version="v1"} 99`,
 		`apiserver_request_total{code="200",resource="pods",verb="GET"} 99`,
@@ -31,6 +35,7 @@ func TestParseRequestLatencies(t *testing.T) {
 	want := map[string]RequestLatency{
 		"PATCH machines/status": {Count: 10, Sum: 0.3, Over50ms: 1},
 		"POST events":           {Count: 6, Sum: 0.1, Over50ms: 1},
+		"POST machineclaims":    {Count: 1, Sum: 0.0025},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %v, want %v", got, want)
@@ -42,8 +47,8 @@ func TestParseRequestLatencies(t *testing.T) {
 		}
 	}
 	before := map[string]RequestLatency{"PATCH machines/status": {Count: 4, Sum: 0.1, Over50ms: 1}}
-	line := LatenciesSince(before, got, 1)
-	if wantLine := "PATCH machines/status: 6, mean 33.3 ms, over 50 ms 0; POST events: 6, mean 16.7 ms, over 50 ms 1"; line != wantLine {
+	line := LatenciesSince(before, got, 0)
+	if wantLine := "PATCH machines/status: 6, mean 33.3 ms, over 50 ms 0; POST events: 6, mean 16.7 ms, over 50 ms 1; POST machineclaims: 1, mean 2.5 ms, over 50 ms 0"; line != wantLine {
 		t.Errorf("LatenciesSince = %q, want %q", line, wantLine)
 	}
 }
