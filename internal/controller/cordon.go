@@ -138,23 +138,19 @@ func (r *CordonEvacuationReconciler) SetupWithManager(mgr manager.Manager) error
 // nodeCordonChanged passes Kairon nodes that are created cordoned or whose
 // spec.unschedulable changes.
 func nodeCordonChanged() predicate.Funcs {
-	isKaironNode := func(o client.Object) bool {
-		_, ok := o.GetLabels()[kaironv1.LabelNode]
-		return ok
-	}
 	cordoned := func(o client.Object) bool {
 		n, ok := o.(*corev1.Node)
 		return ok && n.Spec.Unschedulable
 	}
 	return predicate.Funcs{
-		CreateFunc:  func(e event.CreateEvent) bool { return isKaironNode(e.Object) && cordoned(e.Object) },
+		CreateFunc:  func(e event.CreateEvent) bool { return rules.IsKaironNode(e.Object) && cordoned(e.Object) },
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
-		GenericFunc: func(e event.GenericEvent) bool { return isKaironNode(e.Object) },
+		GenericFunc: func(e event.GenericEvent) bool { return rules.IsKaironNode(e.Object) },
 		UpdateFunc: func(e event.UpdateEvent) bool {
-			if !isKaironNode(e.ObjectNew) {
+			if !rules.IsKaironNode(e.ObjectNew) {
 				return false
 			}
-			return cordoned(e.ObjectOld) != cordoned(e.ObjectNew) || !isKaironNode(e.ObjectOld)
+			return cordoned(e.ObjectOld) != cordoned(e.ObjectNew) || !rules.IsKaironNode(e.ObjectOld)
 		},
 	}
 }

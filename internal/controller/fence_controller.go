@@ -19,7 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -91,13 +90,7 @@ func (r *FenceReconciler) SetupWithManager(mgr manager.Manager) error {
 // fenceChanged passes a node's arrival and departure and the fence taint
 // going on or off.
 func fenceChanged() predicate.Funcs {
-	return predicate.Funcs{
-		UpdateFunc: func(e event.UpdateEvent) bool {
-			old, okOld := e.ObjectOld.(*corev1.Node)
-			cur, okNew := e.ObjectNew.(*corev1.Node)
-			return !okOld || !okNew || rules.NodeFenced(old) != rules.NodeFenced(cur)
-		},
-	}
+	return updatesThat(func(old, cur *corev1.Node) bool { return rules.NodeFenced(old) != rules.NodeFenced(cur) })
 }
 
 func (r *FenceReconciler) isFenced(node string) bool {

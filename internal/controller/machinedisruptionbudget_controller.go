@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -72,28 +71,16 @@ func (r *MachineDisruptionBudgetReconciler) SetupWithManager(mgr manager.Manager
 // machineBudgetHealthChanged passes Machine events that can change a
 // budget's numbers: creation, deletion, label and phase changes.
 func machineBudgetHealthChanged() predicate.Funcs {
-	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		old, okOld := e.ObjectOld.(*kaironv1.Machine)
-		cur, okNew := e.ObjectNew.(*kaironv1.Machine)
-		if !okOld || !okNew {
-			return true
-		}
+	return updatesThat(func(old, cur *kaironv1.Machine) bool {
 		return old.Status.Phase != cur.Status.Phase || !equality.Semantic.DeepEqual(old.Labels, cur.Labels) ||
 			rules.MachineNodeReachable(old) != rules.MachineNodeReachable(cur)
-	}}
+	})
 }
 
 // migrationPhaseChanged passes MachineMigration creation, deletion and
 // phase changes: a migration stops counting once it is terminal.
 func migrationPhaseChanged() predicate.Funcs {
-	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		old, okOld := e.ObjectOld.(*kaironv1.MachineMigration)
-		cur, okNew := e.ObjectNew.(*kaironv1.MachineMigration)
-		if !okOld || !okNew {
-			return true
-		}
-		return old.Status.Phase != cur.Status.Phase
-	}}
+	return updatesThat(func(old, cur *kaironv1.MachineMigration) bool { return old.Status.Phase != cur.Status.Phase })
 }
 
 // Reconcile runs one pass: it evaluates every budget, patches the statuses

@@ -25,7 +25,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -98,19 +97,14 @@ func poolOfMachine(_ context.Context, o client.Object) []reconcile.Request {
 // GuestAgentReady condition) and deletion.
 // Status chatter that leaves the phase alone does not.
 func poolMemberChanged() predicate.Funcs {
-	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		old, okOld := e.ObjectOld.(*kaironv1.Machine)
-		cur, okNew := e.ObjectNew.(*kaironv1.Machine)
-		if !okOld || !okNew {
-			return true
-		}
+	return updatesThat(func(old, cur *kaironv1.Machine) bool {
 		return old.Status.Phase != cur.Status.Phase ||
 			guestAgentReady(old) != guestAgentReady(cur) ||
 			rules.MachineNodeReachable(old) != rules.MachineNodeReachable(cur) ||
 			!maps.Equal(old.Labels, cur.Labels) ||
 			!equality.Semantic.DeepEqual(old.OwnerReferences, cur.OwnerReferences) ||
 			(old.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil)
-	}}
+	})
 }
 
 // guestAgentReady: m's GuestAgentReady condition is True, which a pool

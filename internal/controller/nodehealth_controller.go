@@ -93,21 +93,17 @@ func (r *NodeHealthReconciler) SetupWithManager(mgr manager.Manager) error {
 // changes of its Ready or KaironAgentReady condition; the requeues do the
 // rest, so heartbeats cost nothing.
 func nodeHealthChanged() predicate.Funcs {
-	isKaironNode := func(o client.Object) bool {
-		_, ok := o.GetLabels()[kaironv1.LabelNode]
-		return ok
-	}
 	return predicate.Funcs{
-		CreateFunc:  func(e event.CreateEvent) bool { return isKaironNode(e.Object) },
-		DeleteFunc:  func(e event.DeleteEvent) bool { return isKaironNode(e.Object) },
-		GenericFunc: func(e event.GenericEvent) bool { return isKaironNode(e.Object) },
+		CreateFunc:  func(e event.CreateEvent) bool { return rules.IsKaironNode(e.Object) },
+		DeleteFunc:  func(e event.DeleteEvent) bool { return rules.IsKaironNode(e.Object) },
+		GenericFunc: func(e event.GenericEvent) bool { return rules.IsKaironNode(e.Object) },
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			old, okOld := e.ObjectOld.(*corev1.Node)
 			cur, okNew := e.ObjectNew.(*corev1.Node)
-			if !okOld || !okNew || !isKaironNode(cur) {
-				return okOld && okNew && isKaironNode(old) != isKaironNode(cur)
+			if !okOld || !okNew || !rules.IsKaironNode(cur) {
+				return okOld && okNew && rules.IsKaironNode(old) != rules.IsKaironNode(cur)
 			}
-			return isKaironNode(old) != isKaironNode(cur) ||
+			return rules.IsKaironNode(old) != rules.IsKaironNode(cur) ||
 				rules.NodeReady(old) != rules.NodeReady(cur) ||
 				rules.NodeAgentReachable(old) != rules.NodeAgentReachable(cur)
 		},
@@ -129,7 +125,7 @@ func (r *NodeHealthReconciler) Reconcile(ctx context.Context, req reconcile.Requ
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if _, ok := node.Labels[kaironv1.LabelNode]; !ok || node.DeletionTimestamp != nil {
+	if !rules.IsKaironNode(&node) || node.DeletionTimestamp != nil {
 		r.forget(node.Name)
 		return reconcile.Result{}, nil
 	}

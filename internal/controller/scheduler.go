@@ -96,31 +96,22 @@ func (r *SchedulerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 // selector), phase changes (Stopped and Failed Machines free their room)
 // and the start of a deletion. Status chatter from the node agent is not.
 func machinePlacementChanged() predicate.Funcs {
-	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		old, okOld := e.ObjectOld.(*kaironv1.Machine)
-		cur, okNew := e.ObjectNew.(*kaironv1.Machine)
-		if !okOld || !okNew {
-			return true
-		}
+	return updatesThat(func(old, cur *kaironv1.Machine) bool {
 		return old.Generation != cur.Generation ||
 			old.Status.Phase != cur.Status.Phase ||
 			(old.DeletionTimestamp == nil) != (cur.DeletionTimestamp == nil)
-	}}
+	})
 }
 
 // nodeSchedulingChanged passes the events of Kairon nodes that change what
 // they can take; heartbeats are not.
 func nodeSchedulingChanged() predicate.Funcs {
-	isKaironNode := func(o client.Object) bool {
-		_, ok := o.GetLabels()[kaironv1.LabelNode]
-		return ok
-	}
 	return predicate.Funcs{
-		CreateFunc:  func(e event.CreateEvent) bool { return isKaironNode(e.Object) },
-		DeleteFunc:  func(e event.DeleteEvent) bool { return isKaironNode(e.Object) },
-		GenericFunc: func(e event.GenericEvent) bool { return isKaironNode(e.Object) },
+		CreateFunc:  func(e event.CreateEvent) bool { return rules.IsKaironNode(e.Object) },
+		DeleteFunc:  func(e event.DeleteEvent) bool { return rules.IsKaironNode(e.Object) },
+		GenericFunc: func(e event.GenericEvent) bool { return rules.IsKaironNode(e.Object) },
 		UpdateFunc: func(e event.UpdateEvent) bool {
-			if !isKaironNode(e.ObjectOld) && !isKaironNode(e.ObjectNew) {
+			if !rules.IsKaironNode(e.ObjectOld) && !rules.IsKaironNode(e.ObjectNew) {
 				return false
 			}
 			old, okOld := e.ObjectOld.(*corev1.Node)

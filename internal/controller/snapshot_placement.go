@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
@@ -105,9 +104,7 @@ func hasMigrationEndpoint(n *rules.NodeInfo) bool {
 // snapshotPhaseChanged passes the MachineSnapshot events that can let a
 // restored Machine be placed: a new one, and a phase or store change.
 func snapshotPhaseChanged() predicate.Funcs {
-	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		old, okOld := e.ObjectOld.(*kaironv1.MachineSnapshot)
-		cur, okNew := e.ObjectNew.(*kaironv1.MachineSnapshot)
-		return !okOld || !okNew || old.Status.Phase != cur.Status.Phase || old.Status.Store != cur.Status.Store
-	}}
+	return updatesThat(func(old, cur *kaironv1.MachineSnapshot) bool {
+		return old.Status.Phase != cur.Status.Phase || old.Status.Store != cur.Status.Store
+	})
 }

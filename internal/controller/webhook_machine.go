@@ -100,7 +100,7 @@ func (v *MachineValidator) validateNodeName(ctx context.Context, m *kaironv1.Mac
 	case err != nil:
 		return apierrors.NewInternalError(fmt.Errorf("looking up node %q: %w", m.Spec.NodeName, err))
 	}
-	if _, ok := node.Labels[kaironv1.LabelNode]; !ok {
+	if !rules.IsKaironNode(&node) {
 		return machineInvalid(m, field.Invalid(field.NewPath("spec", "nodeName"), m.Spec.NodeName,
 			fmt.Sprintf("node %q is not a Kairon node (it has no %s label), so nothing would run the Machine there", m.Spec.NodeName, kaironv1.LabelNode)))
 	}

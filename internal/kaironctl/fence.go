@@ -200,7 +200,7 @@ func (o *Options) kaironNode(ctx context.Context, name string) (client.WithWatch
 	if err != nil {
 		return nil, nil, fmt.Errorf("node %q: %w", name, err)
 	}
-	if _, ok := node.Labels[kaironv1.LabelNode]; !ok {
+	if !rules.IsKaironNode(&node) {
 		return nil, nil, fmt.Errorf("node %q is not a Kairon node (no label %s); list the Kairon nodes with: kaironctl get nodes", name, kaironv1.LabelNode)
 	}
 	return c, &node, nil
