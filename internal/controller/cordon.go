@@ -8,7 +8,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -16,9 +15,7 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -114,11 +111,8 @@ func (r *CordonEvacuationReconciler) SetupWithManager(mgr manager.Manager) error
 	if r.now == nil {
 		r.now = time.Now
 	}
-	enqueuePass := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-		return []reconcile.Request{cordonPassKey}
-	})
-	return builder.ControllerManagedBy(mgr).
-		Named("cordonevacuation").
+	b, enqueuePass := singlePass(mgr, "cordonevacuation", cordonPassKey)
+	return b.
 		Watches(&corev1.Node{}, enqueuePass, builder.WithPredicates(nodeCordonChanged())).
 		// A migration that ends frees its budget, or (Failed) leaves its
 		// Machine to be tried again. Machines are deliberately not
@@ -128,10 +122,6 @@ func (r *CordonEvacuationReconciler) SetupWithManager(mgr manager.Manager) error
 		// for the retry interval or the tick anyway.
 		Watches(&kaironv1.MachineMigration{}, enqueuePass, builder.WithPredicates(migrationPhaseChanged())).
 		Watches(&kaironv1.MachineDisruptionBudget{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
-		WithLogConstructor(func(*reconcile.Request) logr.Logger {
-			return mgr.GetLogger().WithValues("controller", "cordonevacuation")
-		}).
 		Complete(requeue.UntilStopped(r))
 }
 

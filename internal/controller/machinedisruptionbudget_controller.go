@@ -5,7 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -15,8 +14,6 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -52,19 +49,11 @@ type MachineDisruptionBudgetReconciler struct {
 
 // SetupWithManager registers the reconciler with mgr.
 func (r *MachineDisruptionBudgetReconciler) SetupWithManager(mgr manager.Manager) error {
-	enqueuePass := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-		return []reconcile.Request{budgetPassKey}
-	})
-	return builder.ControllerManagedBy(mgr).
-		Named("machinedisruptionbudget").
+	b, enqueuePass := singlePass(mgr, "machinedisruptionbudget", budgetPassKey)
+	return b.
 		Watches(&kaironv1.MachineDisruptionBudget{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&kaironv1.Machine{}, enqueuePass, builder.WithPredicates(machineBudgetHealthChanged())).
 		Watches(&kaironv1.MachineMigration{}, enqueuePass, builder.WithPredicates(migrationPhaseChanged())).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
-		// The request names no object, so leave it out of every log line.
-		WithLogConstructor(func(*reconcile.Request) logr.Logger {
-			return mgr.GetLogger().WithValues("controller", "machinedisruptionbudget")
-		}).
 		Complete(requeue.UntilStopped(r))
 }
 

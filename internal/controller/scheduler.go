@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -21,10 +20,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -70,24 +67,16 @@ func (r *SchedulerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.pickups == nil {
 		r.pickups = newNodePickups()
 	}
-	enqueuePass := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-		return []reconcile.Request{schedulingPassKey}
-	})
-	return builder.ControllerManagedBy(mgr).
-		Named("scheduler").
+	// The assumed bindings and the pass's own bookkeeping rely on passes
+	// never overlapping.
+	b, enqueuePass := singlePass(mgr, "scheduler", schedulingPassKey)
+	return b.
 		Watches(&kaironv1.Machine{}, enqueuePass, builder.WithPredicates(machinePlacementChanged())).
 		Watches(&corev1.Node{}, enqueuePass, builder.WithPredicates(nodeSchedulingChanged())).
 		Watches(&kaironv1.MachineQuota{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&kaironv1.MachineSnapshot{}, enqueuePass, builder.WithPredicates(snapshotPhaseChanged())).
 		// Pods bound to a node take room Machines cannot have.
 		Watches(&corev1.Pod{}, enqueuePass, builder.WithPredicates(podRoomChanged())).
-		// The assumed bindings and the pass's own bookkeeping rely on
-		// passes never overlapping.
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
-		// The request names no object, so leave it out of every log line.
-		WithLogConstructor(func(*reconcile.Request) logr.Logger {
-			return mgr.GetLogger().WithValues("controller", "scheduler")
-		}).
 		Complete(requeue.UntilStopped(r))
 }
 
