@@ -16,13 +16,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
-	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -111,18 +111,18 @@ func (r *CordonEvacuationReconciler) SetupWithManager(mgr manager.Manager) error
 	if r.now == nil {
 		r.now = time.Now
 	}
-	b, enqueuePass := singlePass(mgr, "cordonevacuation", cordonPassKey)
-	return b.
-		Watches(&corev1.Node{}, enqueuePass, builder.WithPredicates(nodeCordonChanged())).
-		// A migration that ends frees its budget, or (Failed) leaves its
-		// Machine to be tried again. Machines are deliberately not
-		// watched: their status changes all the time, each pass reads
-		// every Machine from the API server, and the Machines of a
-		// cordoned node were all tried by the first pass; the rest waits
-		// for the retry interval or the tick anyway.
-		Watches(&kaironv1.MachineMigration{}, enqueuePass, builder.WithPredicates(migrationPhaseChanged())).
-		Watches(&kaironv1.MachineDisruptionBudget{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Complete(requeue.UntilStopped(r))
+	return singlePass(mgr, "cordonevacuation", cordonPassKey, r, func(b *builder.Builder, enqueuePass handler.EventHandler) *builder.Builder {
+		return b.
+			Watches(&corev1.Node{}, enqueuePass, builder.WithPredicates(nodeCordonChanged())).
+			// A migration that ends frees its budget, or (Failed) leaves its
+			// Machine to be tried again. Machines are deliberately not
+			// watched: their status changes all the time, each pass reads
+			// every Machine from the API server, and the Machines of a
+			// cordoned node were all tried by the first pass; the rest waits
+			// for the retry interval or the tick anyway.
+			Watches(&kaironv1.MachineMigration{}, enqueuePass, builder.WithPredicates(migrationPhaseChanged())).
+			Watches(&kaironv1.MachineDisruptionBudget{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+	})
 }
 
 // nodeCordonChanged passes Kairon nodes that are created cordoned or whose

@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -21,7 +22,6 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -49,12 +49,12 @@ type MachineDisruptionBudgetReconciler struct {
 
 // SetupWithManager registers the reconciler with mgr.
 func (r *MachineDisruptionBudgetReconciler) SetupWithManager(mgr manager.Manager) error {
-	b, enqueuePass := singlePass(mgr, "machinedisruptionbudget", budgetPassKey)
-	return b.
-		Watches(&kaironv1.MachineDisruptionBudget{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&kaironv1.Machine{}, enqueuePass, builder.WithPredicates(machineBudgetHealthChanged())).
-		Watches(&kaironv1.MachineMigration{}, enqueuePass, builder.WithPredicates(migrationPhaseChanged())).
-		Complete(requeue.UntilStopped(r))
+	return singlePass(mgr, "machinedisruptionbudget", budgetPassKey, r, func(b *builder.Builder, enqueuePass handler.EventHandler) *builder.Builder {
+		return b.
+			Watches(&kaironv1.MachineDisruptionBudget{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+			Watches(&kaironv1.Machine{}, enqueuePass, builder.WithPredicates(machineBudgetHealthChanged())).
+			Watches(&kaironv1.MachineMigration{}, enqueuePass, builder.WithPredicates(migrationPhaseChanged()))
+	})
 }
 
 // machineBudgetHealthChanged passes Machine events that can change a

@@ -22,12 +22,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
-	"github.com/zyvor/kairon/internal/requeue"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -69,15 +69,15 @@ func (r *SchedulerReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	// The assumed bindings and the pass's own bookkeeping rely on passes
 	// never overlapping.
-	b, enqueuePass := singlePass(mgr, "scheduler", schedulingPassKey)
-	return b.
-		Watches(&kaironv1.Machine{}, enqueuePass, builder.WithPredicates(machinePlacementChanged())).
-		Watches(&corev1.Node{}, enqueuePass, builder.WithPredicates(nodeSchedulingChanged())).
-		Watches(&kaironv1.MachineQuota{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&kaironv1.MachineSnapshot{}, enqueuePass, builder.WithPredicates(snapshotPhaseChanged())).
-		// Pods bound to a node take room Machines cannot have.
-		Watches(&corev1.Pod{}, enqueuePass, builder.WithPredicates(podRoomChanged())).
-		Complete(requeue.UntilStopped(r))
+	return singlePass(mgr, "scheduler", schedulingPassKey, r, func(b *builder.Builder, enqueuePass handler.EventHandler) *builder.Builder {
+		return b.
+			Watches(&kaironv1.Machine{}, enqueuePass, builder.WithPredicates(machinePlacementChanged())).
+			Watches(&corev1.Node{}, enqueuePass, builder.WithPredicates(nodeSchedulingChanged())).
+			Watches(&kaironv1.MachineQuota{}, enqueuePass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+			Watches(&kaironv1.MachineSnapshot{}, enqueuePass, builder.WithPredicates(snapshotPhaseChanged())).
+			// Pods bound to a node take room Machines cannot have.
+			Watches(&corev1.Pod{}, enqueuePass, builder.WithPredicates(podRoomChanged()))
+	})
 }
 
 // machinePlacementChanged passes the Machine events that can change where

@@ -17,7 +17,7 @@ import (
 // Events about any object, of any kind, fold into the one pass request.
 func TestSinglePassFoldsEventsIntoOneRequest(t *testing.T) {
 	key := reconcile.Request{NamespacedName: types.NamespacedName{Name: "test-pass"}}
-	_, enqueue := singlePass(nil, "test", key)
+	enqueue := passHandler(key)
 	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
 	defer q.ShutDown()
 	ctx := context.Background()
