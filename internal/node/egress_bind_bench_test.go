@@ -187,7 +187,7 @@ func TestEgressBindLatency(t *testing.T) {
 		policySeen, reported time.Duration
 	}
 	results := map[bool][]result{}
-	writesBefore, latenciesBefore := apiWrites(t, env), apiWriteLatencies(t, env)
+	writesBefore, latenciesBefore := apiWrites(t, env)
 	for i := range 2 * perKind {
 		if idle {
 			waitWarm()
@@ -237,9 +237,10 @@ func TestEgressBindLatency(t *testing.T) {
 	}
 
 	// What the API server wrote for them, refills included.
-	total, kinds := testenv.RequestsSince(writesBefore, apiWrites(t, env), 2*perKind, 8)
+	writesAfter, latenciesAfter := apiWrites(t, env)
+	total, kinds := testenv.RequestsSince(writesBefore, writesAfter, 2*perKind, 8)
 	t.Logf("API writes per claim over the %d claims (their refills included): %.2f; %s", 2*perKind, total/float64(2*perKind), kinds)
-	t.Logf("the API server's own time for those writes: %s", testenv.LatenciesSince(latenciesBefore, apiWriteLatencies(t, env), float64(perKind)/2))
+	t.Logf("the API server's own time for those writes: %s", testenv.LatenciesSince(latenciesBefore, latenciesAfter, float64(perKind)/2))
 
 	// The rules were in the kernel: one chain per bound egress claim.
 	out, err := exec.Command("ip", "netns", "exec", netns, "nft", "list", "table", "bridge", "kairon_egress").CombinedOutput()
@@ -317,30 +318,25 @@ func histogramSummary(t *testing.T, name, node string) string {
 	return out
 }
 
-// apiWriteLatencies is the API server's timing of its write requests so far.
-func apiWriteLatencies(t *testing.T, env *testenv.Env) map[string]testenv.RequestLatency {
+// apiWrites is the API server's write requests so far, and its timing of
+// them, from one reading of its /metrics.
+func apiWrites(t *testing.T, env *testenv.Env) (map[string]float64, map[string]testenv.RequestLatency) {
 	t.Helper()
 	cs, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := testenv.APIRequestLatencies(context.Background(), cs.Discovery().RESTClient(), testenv.IsWrite)
+	m, err := testenv.ReadAPIMetrics(context.Background(), cs.Discovery().RESTClient())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return l
-}
-
-// apiWrites is the API server's write requests so far.
-func apiWrites(t *testing.T, env *testenv.Env) map[string]float64 {
-	t.Helper()
-	cs, err := kubernetes.NewForConfig(env.Config)
+	w, err := m.Requests(testenv.IsWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := testenv.APIRequests(context.Background(), cs.Discovery().RESTClient(), testenv.IsWrite)
+	l, err := m.Latencies(testenv.IsWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return w
+	return w, l
 }

@@ -19,15 +19,34 @@ var (
 	labelPair        = regexp.MustCompile(`(\w+)="([^"]*)"`)
 )
 
-// EachAPIRequestCounter reads the API server's /metrics through c (which
-// must be allowed that path) and calls fn with the labels and value of
-// every apiserver_request_total series: what benchmarks count writes by.
-func EachAPIRequestCounter(ctx context.Context, c rest.Interface, fn func(labels map[string]string, v float64)) error {
+// APIMetrics is one reading of the API server's /metrics. Rendering them
+// is a large allocation for the API server, so a benchmark that needs
+// several figures reads them once and takes each from the same reading.
+type APIMetrics []byte
+
+// ReadAPIMetrics reads the API server's /metrics through c, which must be
+// allowed that path.
+func ReadAPIMetrics(ctx context.Context, c rest.Interface) (APIMetrics, error) {
 	raw, err := c.Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
-		return fmt.Errorf("reading the API server's /metrics: %w", err)
+		return nil, fmt.Errorf("reading the API server's /metrics: %w", err)
 	}
-	return eachSeries(raw, requestTotalLine, func(_ string, labels map[string]string, v float64) { fn(labels, v) })
+	return raw, nil
+}
+
+// EachAPIRequestCounter reads the API server's /metrics through c and
+// calls fn with the labels and value of every apiserver_request_total
+// series: what benchmarks count writes by.
+func EachAPIRequestCounter(ctx context.Context, c rest.Interface, fn func(labels map[string]string, v float64)) error {
+	m, err := ReadAPIMetrics(ctx, c)
+	if err != nil {
+		return err
+	}
+	return m.eachRequestCounter(fn)
+}
+
+func (m APIMetrics) eachRequestCounter(fn func(labels map[string]string, v float64)) error {
+	return eachSeries(m, requestTotalLine, func(_ string, labels map[string]string, v float64) { fn(labels, v) })
 }
 
 // eachSeries calls fn with the suffix, labels and value of every line of
@@ -64,8 +83,17 @@ func requestKind(labels map[string]string) string {
 // "/subresource", and " (code)" when the code is not 2xx), for the verbs
 // keep accepts (nil: every verb).
 func APIRequests(ctx context.Context, c rest.Interface, keep func(verb string) bool) (map[string]float64, error) {
+	m, err := ReadAPIMetrics(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	return m.Requests(keep)
+}
+
+// Requests is what APIRequests returns, from this reading.
+func (m APIMetrics) Requests(keep func(verb string) bool) (map[string]float64, error) {
 	out := map[string]float64{}
-	err := EachAPIRequestCounter(ctx, c, func(labels map[string]string, v float64) {
+	err := m.eachRequestCounter(func(labels map[string]string, v float64) {
 		if keep != nil && !keep(labels["verb"]) {
 			return
 		}
@@ -124,22 +152,14 @@ type RequestLatency struct {
 	Count, Sum, Over50ms float64
 }
 
-// APIRequestLatencies reads apiserver_request_duration_seconds by "VERB
-// resource" (with "/subresource"), for the verbs keep accepts (nil: every
-// verb). The API server measures from the request's arrival to its
-// response, so this is its own time, without the client's or the network's.
-func APIRequestLatencies(ctx context.Context, c rest.Interface, keep func(verb string) bool) (map[string]RequestLatency, error) {
-	raw, err := c.Get().AbsPath("/metrics").DoRaw(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("reading the API server's /metrics: %w", err)
-	}
-	return parseRequestLatencies(raw, keep)
-}
-
-func parseRequestLatencies(raw []byte, keep func(verb string) bool) (map[string]RequestLatency, error) {
+// Latencies is apiserver_request_duration_seconds by "VERB resource"
+// (with "/subresource"), for the verbs keep accepts (nil: every verb). The
+// API server measures from the request's arrival to its response, so this
+// is its own time, without the client's or the network's.
+func (m APIMetrics) Latencies(keep func(verb string) bool) (map[string]RequestLatency, error) {
 	out := map[string]RequestLatency{}
 	under50 := map[string]float64{}
-	err := eachSeries(raw, requestDurationLine, func(suffix string, labels map[string]string, v float64) {
+	err := eachSeries(m, requestDurationLine, func(suffix string, labels map[string]string, v float64) {
 		if keep != nil && !keep(labels["verb"]) {
 			return
 		}

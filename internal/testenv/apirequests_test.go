@@ -28,7 +28,7 @@ func TestParseRequestLatencies(t *testing.T) {
 		`apiserver_request_duration_seconds_count{component="apiserver",group="",resource="pods",scope="resource",subresource="",verb="GET",version="v1"} 99`,
 		`apiserver_request_total{code="200",resource="pods",verb="GET"} 99`,
 	}, "\n")
-	got, err := parseRequestLatencies([]byte(raw), IsWrite)
+	got, err := APIMetrics(raw).Latencies(IsWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
