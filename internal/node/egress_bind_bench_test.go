@@ -51,7 +51,9 @@ import (
 // default 30). Back to back by default, so each claim shares the API
 // server with the refill of the one before; KAIRON_EGRESS_BENCH_IDLE=1
 // makes each claim wait until the pool is warm again and quiet, to
-// measure a claim on an idle pool.
+// measure a claim on an idle pool. KAIRON_EGRESS_BENCH_SAMPLES=<file>
+// appends the run's claims to file and logs the figures of every run
+// there pooled (egress_bench_samples_test.go).
 func TestEgressBindLatency(t *testing.T) {
 	if os.Getenv("KAIRON_EGRESS_BENCH") != "1" {
 		t.Skip("a measurement: KAIRON_EGRESS_BENCH=1 runs it")
@@ -249,7 +251,6 @@ func TestEgressBindLatency(t *testing.T) {
 	}
 	t.Logf("bridge kairon_egress chains in the node namespace: %d", strings.Count(string(out), "chain e_"))
 
-	pct := func(xs []time.Duration, p int) time.Duration { return xs[(len(xs)-1)*p/100] }
 	stats := func(withEgress bool) (bindMs, watched []time.Duration) {
 		for _, r := range results[withEgress] {
 			bindMs = append(bindMs, time.Duration(r.bindMillis)*time.Millisecond)
@@ -274,9 +275,18 @@ func TestEgressBindLatency(t *testing.T) {
 		plain, egr []time.Duration
 	}{{"status.bindMillis", plainBind, egressBind}, {"create → Bound (watch)", plainWatched, egressWatched}} {
 		t.Logf("| %s | %s / %s / %s | %s / %s / %s | %s / %s |", m.name,
-			r(pct(m.plain, 50)), r(pct(m.plain, 99)), r(m.plain[len(m.plain)-1]),
-			r(pct(m.egr, 50)), r(pct(m.egr, 99)), r(m.egr[len(m.egr)-1]),
-			r(pct(m.egr, 50)-pct(m.plain, 50)), r(pct(m.egr, 99)-pct(m.plain, 99)))
+			r(percentile(m.plain, 50)), r(percentile(m.plain, 99)), r(m.plain[len(m.plain)-1]),
+			r(percentile(m.egr, 50)), r(percentile(m.egr, 99)), r(m.egr[len(m.egr)-1]),
+			r(percentile(m.egr, 50)-percentile(m.plain, 50)), r(percentile(m.egr, 99)-percentile(m.plain, 99)))
+	}
+	if path := os.Getenv("KAIRON_EGRESS_BENCH_SAMPLES"); path != "" {
+		var samples []bindSample
+		for withEgress, rs := range results {
+			for _, r := range rs {
+				samples = append(samples, bindSample{run: ns, egress: withEgress, bindMillis: r.bindMillis, watched: r.watched})
+			}
+		}
+		reportPooled(t, path, samples)
 	}
 	// Where an egress claim's time goes, each step's p50 / p99 / max.
 	var created, enforce, after []time.Duration
@@ -289,7 +299,7 @@ func TestEgressBindLatency(t *testing.T) {
 		slices.Sort(xs)
 	}
 	three := func(xs []time.Duration) string {
-		return r(pct(xs, 50)) + " / " + r(pct(xs, 99)) + " / " + r(xs[len(xs)-1])
+		return r(percentile(xs, 50)) + " / " + r(percentile(xs, 99)) + " / " + r(xs[len(xs)-1])
 	}
 	t.Logf("egress claims, seen by the watch: create → policy created %s; → policy reported in force by the node %s; → claim Bound %s",
 		three(created), three(enforce), three(after))
@@ -297,6 +307,22 @@ func TestEgressBindLatency(t *testing.T) {
 	// Machines included), from its histograms.
 	for _, name := range []string{"kairon_egress_apply_duration_seconds", "kairon_egress_report_duration_seconds"} {
 		t.Logf("%s{node=%s}: %s", name, nodeName, histogramSummary(t, name, nodeName))
+	}
+}
+
+// reportPooled appends this run's claims to the samples file at path and
+// logs what the claims of every run there say together.
+func reportPooled(t *testing.T, path string, samples []bindSample) {
+	t.Helper()
+	if err := appendBindSamples(path, samples); err != nil {
+		t.Fatalf("KAIRON_EGRESS_BENCH_SAMPLES: %v", err)
+	}
+	all, err := readBindSamples(path)
+	if err != nil {
+		t.Fatalf("KAIRON_EGRESS_BENCH_SAMPLES: %v", err)
+	}
+	for _, line := range pooledReport(all) {
+		t.Log(line)
 	}
 }
 
