@@ -79,8 +79,19 @@ bench: deps tools guest build ## Run the benchmarks recorded in docs/benchmarks.
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench ColdBoot -benchtime 3x ./internal/backend/qemu/
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench Migration -benchtime 10x ./internal/backend/qemu/
 
-bench-egress: deps tools ## Egress (real nftables): policy create to enforced, bind with and without spec.egress, TCP throughput.
-	KAIRON_BIN_DIR=$(BIN) KAIRON_EGRESS_BENCH=1 $(GO) test -count=1 -run 'TestEgressEnforcementLatency|TestEgressBindLatency' -v ./internal/node/
+# The bind benchmark's p99 over one run of 200 claims of each kind is its
+# third slowest claim; the runs' claims are pooled in one file and the last
+# run reports them together (docs/benchmarks.md).
+EGRESS_BIND_RUNS ?= 6
+EGRESS_BIND_CLAIMS ?= 200
+
+bench-egress: deps tools ## Egress (real nftables): policy create to enforced, bind with and without spec.egress (EGRESS_BIND_RUNS runs pooled), TCP throughput.
+	KAIRON_BIN_DIR=$(BIN) KAIRON_EGRESS_BENCH=1 $(GO) test -count=1 -run 'TestEgressEnforcementLatency$$' -v ./internal/node/
+	samples=$$(mktemp) && trap 'rm -f $$samples' EXIT && for i in $$(seq $(EGRESS_BIND_RUNS)); do \
+		uptime; \
+		KAIRON_BIN_DIR=$(BIN) KAIRON_EGRESS_BENCH=1 KAIRON_EGRESS_BENCH_CLAIMS=$(EGRESS_BIND_CLAIMS) KAIRON_EGRESS_BENCH_SAMPLES=$$samples \
+			$(GO) test -count=1 -run 'TestEgressBindLatency$$' -v ./internal/node/ || exit 1; \
+	done
 	KAIRON_EGRESS_BENCH=1 $(GO) test -count=1 -timeout 20m -run TestEgressThroughput -v ./internal/node/egress/
 
 bench-exec: deps guest ## Guest agent on a real guest: exec round trip of `true` p50/p99, file copy MiB/s.
