@@ -73,7 +73,7 @@ lint: $(STATICCHECK) ## go vet and the pinned staticcheck (hack/lint).
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 
-bench: deps tools guest build ## Run the benchmarks recorded in docs/benchmarks.md.
+bench: deps tools guest build ## Cold boot, evacuation and migration benchmarks (docs/benchmarks.md); the bench-* targets below cover the rest.
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench MachineColdBoot -benchtime 10x ./test/e2e/
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench EvacuateSim20 -benchtime 3x -timeout 15m ./test/e2e/
 	KAIRON_BIN_DIR=$(BIN) $(GO) test -run '^$$' -bench ColdBoot -benchtime 3x ./internal/backend/qemu/
