@@ -94,3 +94,50 @@ func TestPooledReportNamesEveryRun(t *testing.T) {
 		t.Errorf("one kind only: %q", got)
 	}
 }
+
+func TestRunsIntervalSpansTheRuns(t *testing.T) {
+	// Two kinds of run: egress adds 0 ms in one, 20 ms in the other.
+	perRun := map[string][]bindSample{}
+	runs := []string{"calm", "busy", "calm2", "busy2"}
+	for _, run := range runs {
+		extra := int64(0)
+		if strings.HasPrefix(run, "busy") {
+			extra = 20
+		}
+		for i := range 100 {
+			perRun[run] = append(perRun[run],
+				bindSample{run: run, bindMillis: int64(i)},
+				bindSample{run: run, egress: true, bindMillis: int64(i) + extra})
+		}
+	}
+	lo, hi := runsInterval(runs, perRun, byBindMillis, 50, 1000, rand.New(rand.NewPCG(1, 2)))
+	if lo != 0 || hi != 20*time.Millisecond {
+		t.Errorf("interval over runs = [%v, %v], want [0s, 20ms]: all calm and all busy both drawn", lo, hi)
+	}
+	same := map[string][]bindSample{"a": perRun["busy"], "b": perRun["busy2"], "c": perRun["busy"]}
+	lo, hi = runsInterval([]string{"a", "b", "c"}, same, byBindMillis, 50, 200, rand.New(rand.NewPCG(1, 2)))
+	if lo != 20*time.Millisecond || hi != 20*time.Millisecond {
+		t.Errorf("alike runs: interval [%v, %v], want exactly 20ms", lo, hi)
+	}
+}
+
+func TestPooledReportResamplesRunsFromThree(t *testing.T) {
+	var samples []bindSample
+	for _, run := range []string{"a", "b", "c"} {
+		for i := range 50 {
+			samples = append(samples,
+				bindSample{run: run, bindMillis: int64(i), watched: time.Duration(i) * time.Millisecond},
+				bindSample{run: run, egress: true, bindMillis: int64(i + 5), watched: time.Duration(i+5) * time.Millisecond})
+		}
+	}
+	for _, l := range pooledReport(samples)[1:] {
+		if !strings.Contains(l, "5.0 to 5.0 ms resampling whole runs") {
+			t.Errorf("line %q: want the interval over runs", l)
+		}
+	}
+	// A run with claims of one kind only cannot give its own p99.
+	lines := pooledReport(append(samples, bindSample{run: "d", egress: true, bindMillis: 3}))
+	if len(lines) != 1 || !strings.Contains(lines[0], "run d has no claims of one kind") {
+		t.Errorf("report with a one-kind run: %q", lines)
+	}
+}

@@ -310,6 +310,23 @@ func TestEgressBindLatency(t *testing.T) {
 	}
 }
 
+// TestEgressBindPooledReport logs the pooled figures of a samples file
+// that runs of TestEgressBindLatency wrote, without running any:
+// KAIRON_EGRESS_BENCH_REPORT=<file>.
+func TestEgressBindPooledReport(t *testing.T) {
+	path := os.Getenv("KAIRON_EGRESS_BENCH_REPORT")
+	if path == "" {
+		t.Skip("reads a samples file: KAIRON_EGRESS_BENCH_REPORT=<file> runs it")
+	}
+	samples, err := readBindSamples(path)
+	if err != nil {
+		t.Fatalf("KAIRON_EGRESS_BENCH_REPORT: %v", err)
+	}
+	for _, line := range pooledReport(samples) {
+		t.Log(line)
+	}
+}
+
 // reportPooled appends this run's claims to the samples file at path and
 // logs what the claims of every run there say together.
 func reportPooled(t *testing.T, path string, samples []bindSample) {
