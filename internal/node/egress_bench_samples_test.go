@@ -139,8 +139,13 @@ func addsInterval(samples []bindSample, measure bindMeasure, p, rounds int, rng 
 		slices.Sort(q)
 		adds[r] = percentile(e, p) - percentile(q, p)
 	}
-	slices.Sort(adds)
-	return adds[rounds*25/1000], adds[rounds*975/1000]
+	return middle95(adds)
+}
+
+// middle95 is the range of the middle 95% of xs, which it sorts.
+func middle95(xs []time.Duration) (lo, hi time.Duration) {
+	slices.Sort(xs)
+	return xs[len(xs)*25/1000], xs[len(xs)*975/1000]
 }
 
 // runsInterval is a 95% bootstrap interval of egressAdds at p that
@@ -157,8 +162,7 @@ func runsInterval(runs []string, perRun map[string][]bindSample, measure bindMea
 		}
 		adds[r] = egressAdds(pooled, measure, p)
 	}
-	slices.Sort(adds)
-	return adds[rounds*25/1000], adds[rounds*975/1000]
+	return middle95(adds)
 }
 
 // pooledReport describes the claims of every run in samples: how many,
