@@ -251,18 +251,15 @@ func TestEgressBindLatency(t *testing.T) {
 	}
 	t.Logf("bridge kairon_egress chains in the node namespace: %d", strings.Count(string(out), "chain e_"))
 
-	stats := func(withEgress bool) (bindMs, watched []time.Duration) {
-		for _, r := range results[withEgress] {
-			bindMs = append(bindMs, time.Duration(r.bindMillis)*time.Millisecond)
-			watched = append(watched, r.watched)
+	var samples []bindSample
+	for withEgress, rs := range results {
+		for _, r := range rs {
+			samples = append(samples, bindSample{run: ns, egress: withEgress, bindMillis: r.bindMillis, watched: r.watched})
 		}
-		slices.Sort(bindMs)
-		slices.Sort(watched)
-		return bindMs, watched
 	}
 	r := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
-	plainBind, plainWatched := stats(false)
-	egressBind, egressWatched := stats(true)
+	egressBind, plainBind := splitSorted(samples, byBindMillis)
+	egressWatched, plainWatched := splitSorted(samples, byWatch)
 	mode := "back to back"
 	if idle {
 		mode = "each on an idle, fully warm pool"
@@ -280,12 +277,6 @@ func TestEgressBindLatency(t *testing.T) {
 			r(percentile(m.egr, 50)-percentile(m.plain, 50)), r(percentile(m.egr, 99)-percentile(m.plain, 99)))
 	}
 	if path := os.Getenv("KAIRON_EGRESS_BENCH_SAMPLES"); path != "" {
-		var samples []bindSample
-		for withEgress, rs := range results {
-			for _, r := range rs {
-				samples = append(samples, bindSample{run: ns, egress: withEgress, bindMillis: r.bindMillis, watched: r.watched})
-			}
-		}
 		reportPooled(t, path, samples)
 	}
 	// Where an egress claim's time goes, each step's p50 / p99 / max.
