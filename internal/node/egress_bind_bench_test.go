@@ -264,7 +264,7 @@ func TestEgressBindLatency(t *testing.T) {
 	if idle {
 		mode = "each on an idle, fully warm pool"
 	}
-	t.Logf("%d claims of each kind, alternating, %s; p99 is the %d-th fastest of %d (nearest rank)", perKind, mode, (perKind-1)*99/100+1, perKind)
+	t.Logf("%d claims of each kind, alternating, %s; p99 is the %d-th fastest of %d", perKind, mode, (perKind-1)*99/100+1, perKind)
 	t.Logf("| measure | without egress p50 / p99 / max | with egress p50 / p99 / max | egress adds (p50 / p99) |")
 	t.Logf("| --- | --- | --- | --- |")
 	for _, m := range []struct {
