@@ -16,7 +16,7 @@ func TestBaselineNamespaceAddresses(t *testing.T) {
 	y := n.guest(t, n.baseline, "node-a", "team-a", "y", "10.88.1.3")
 	set := func() string {
 		t.Helper()
-		out, err := n.baseline.output("list", "set", "bridge", BaselineTable, ipsSet("team-a"))
+		out, err := n.baseline.output("list", "set", "bridge", BaselineTable, ipsSet("team-a", n.baseline.tag()))
 		if err != nil {
 			return err.Error()
 		}
@@ -46,7 +46,7 @@ func TestBaselineNamespaceAddresses(t *testing.T) {
 		t.Fatal(err)
 	}
 	hasNot("10.88.2.7")
-	if out, err := n.baseline.output("list", "set", "bridge", BaselineTable, ipsSet("team-b")); err == nil {
+	if out, err := n.baseline.output("list", "set", "bridge", BaselineTable, ipsSet("team-b", n.baseline.tag())); err == nil {
 		t.Errorf("a set for team-b, which has no tap here:\n%s", out)
 	}
 	if err := n.baseline.Remove(y.Tap, "team-a"); err != nil {

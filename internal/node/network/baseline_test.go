@@ -47,18 +47,24 @@ func TestBaselineScripts(t *testing.T) {
 			"add element bridge kairon gateways { 10.88.0.1 }\n",
 			"add rule inet kairon input iifname @bridges ct state established,related accept\n" +
 				"add rule inet kairon input iifname @bridges meta l4proto { tcp, udp } th dport @proxy_ports ct status dnat accept\n" +
-				"add rule inet kairon input iifname @bridges icmp type echo-request accept\n" +
+				"add rule inet kairon input iifname @bridges icmp type echo-request ip daddr @gateways accept\n" +
 				"add rule inet kairon input iifname @bridges reject with icmpx admin-prohibited\n",
-			"add element inet kairon bridges { \"kairon0\" }\n",
+			"add element inet kairon bridges { \"kairon0\" }\nadd element inet kairon gateways { 10.88.0.1 }\n",
+			"add rule bridge kairon output oifname \"kt*\" ether type != { ip, arp } drop\nadd rule bridge kairon output oifname vmap @output_vmap\n",
+			"add rule inet kairon output oifname \"kt*\" meta nfproto ipv6 drop\n",
+			"add element bridge kairon metadata { 169.254.0.0/16, 100.100.100.200, 168.63.129.16, 192.0.0.192 }\n",
 			"add element inet kairon proxy_ports { 5353 }\nadd element inet kairon proxy_ports { 5354 }\n",
 		}},
-		{"guest", guestScript(g), []string{
+		{"guest", (&Baseline{Node: "node-1"}).guestScript(g), []string{
 			"add chain bridge kairon g_kt0123456789\nflush chain bridge kairon g_kt0123456789\n" +
 				"add rule bridge kairon g_kt0123456789 ether saddr != 52:54:00:aa:bb:cc drop\n" +
 				"add rule bridge kairon g_kt0123456789 ether type != { ip, arp } drop\n",
 			"add rule bridge kairon g_kt0123456789 arp saddr ether != 52:54:00:aa:bb:cc drop\n" +
 				"add rule bridge kairon g_kt0123456789 arp saddr ip != 10.88.1.2 drop\n",
-			"add rule bridge kairon g_kt0123456789 ip saddr != 10.88.1.2 drop\nadd rule bridge kairon g_kt0123456789 jump p_kt0123456789\n",
+			"add rule bridge kairon g_kt0123456789 ip saddr != 10.88.1.2 drop\nadd rule bridge kairon g_kt0123456789 ip daddr @metadata drop\nadd rule bridge kairon g_kt0123456789 jump p_kt0123456789\n",
+			"add rule bridge kairon o_kt0123456789 ip saddr @ips_team-a_" + agentTag("node-1") + " accept\n" +
+				"add rule bridge kairon o_kt0123456789 ip saddr @guest_networks ip saddr != @gateways jump peers_team-a\n" +
+				"add rule bridge kairon o_kt0123456789 ip saddr @guest_networks ip saddr != @gateways drop\n",
 			"add rule bridge kairon f_kt0123456789 oifname @guests oifname != @ns_team-a drop\n",
 			"add element bridge kairon ns_team-a { \"kt0123456789\" }\n",
 			"add element bridge kairon guest_vmap { \"kt0123456789\" : goto g_kt0123456789 }\n",
@@ -81,7 +87,7 @@ func TestBaselineScripts(t *testing.T) {
 	}
 	// The policy chain belongs to the egress work: re-applying a guest's
 	// baseline must not flush it.
-	if strings.Contains(guestScript(g), "flush chain bridge kairon p_") {
+	if strings.Contains((&Baseline{}).guestScript(g), "flush chain bridge kairon p_") {
 		t.Error("guestScript flushes the policy chain")
 	}
 }
@@ -155,14 +161,21 @@ func newTestNet(t *testing.T, node string) *testNet {
 	if err := links.EnsureBridge(); err != nil {
 		t.Fatal(err)
 	}
-	n.baseline = n.agent(t)
+	n.baseline = n.agent(t, node)
 	return n
 }
 
-// agent is one more node agent's baseline on the network.
-func (n *testNet) agent(t *testing.T) *Baseline {
+// agent is one more node agent's baseline on the network: node's (a new
+// one, or one restarting).
+func (n *testNet) agent(t *testing.T, node string) *Baseline {
 	t.Helper()
-	b := &Baseline{NetNS: n.host, Bridge: n.bridge, Network: n.network, Gateway: n.gateway}
+	return n.agentWith(t, &Baseline{Node: node})
+}
+
+// agentWith sets up b, given its node and options, on the network.
+func (n *testNet) agentWith(t *testing.T, b *Baseline) *Baseline {
+	t.Helper()
+	b.NetNS, b.Bridge, b.Network, b.Gateway = n.host, n.bridge, n.network, n.gateway
 	if err := b.Setup(); err != nil {
 		t.Fatal(err)
 	}
@@ -521,7 +534,7 @@ func TestBaselineKeepsGuestsOffTheNode(t *testing.T) {
 
 func TestBaselineRemovesOnlyItsOwn(t *testing.T) {
 	n := newTestNet(t, "node-1")
-	node2 := n.agent(t)
+	node2 := n.agent(t, "node-2")
 	// Two agents registering many taps at once on one bridge.
 	var wg sync.WaitGroup
 	var mine, theirs []Guest
@@ -569,7 +582,7 @@ func TestBaselineRemovesOnlyItsOwn(t *testing.T) {
 	}
 
 	// node-1's agent restarts: it finds its taps and can remove them.
-	restarted := n.agent(t)
+	restarted := n.agent(t, "node-1")
 	for _, g := range mine {
 		if err := restarted.Remove(g.Tap, g.Namespace); err != nil {
 			t.Fatal(err)

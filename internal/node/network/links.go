@@ -3,8 +3,11 @@ package network
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
+	"os"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -41,6 +44,13 @@ func MAC(id string) string {
 func (l *Links) EnsureBridge() error {
 	if !l.exists(l.Bridge) {
 		if err := l.ip("link", "add", "name", l.Bridge, "type", "bridge"); err != nil && !l.exists(l.Bridge) {
+			return err
+		}
+		// Guests have IPv4 only and nothing on the node serves them IPv6:
+		// the bridge this agent made sends no router solicitations, DAD
+		// or MLD to them. A bridge someone else made is left as it is; the
+		// baseline drops its IPv6 at the taps anyway.
+		if err := l.disableIPv6(l.Bridge); err != nil {
 			return err
 		}
 	}
@@ -97,6 +107,15 @@ func (l *Links) sysctl(key, value string) error {
 	return nil
 }
 
+// disableIPv6 turns IPv6 off on dev; a kernel without IPv6 has none to
+// turn off.
+func (l *Links) disableIPv6(dev string) error {
+	if _, err := os.Stat("/proc/sys/net/ipv6"); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return l.sysctl("net/ipv6/conf/"+dev+"/disable_ipv6", "1")
+}
+
 func (l *Links) hasGateway() bool {
 	out, err := l.output("-o", "addr", "show", "dev", l.Bridge)
 	return err == nil && strings.Contains(out, " "+l.Gateway.String()+" ")
@@ -109,6 +128,12 @@ func (l *Links) EnsureTap(id string) (string, error) {
 		if err := l.ip("tuntap", "add", "dev", tap, "mode", "tap"); err != nil {
 			return "", err
 		}
+	}
+	// Before the tap is up: the host's IPv6 on it (a link-local address,
+	// router solicitations, DAD, MLD) would go out to the guest directly,
+	// past every bridge hook.
+	if err := l.disableIPv6(tap); err != nil {
+		return "", err
 	}
 	if err := l.ip("link", "set", tap, "master", l.Bridge, "up"); err != nil {
 		return "", err
