@@ -59,6 +59,7 @@ type flags struct {
 	metrics      string
 	masquerade   string
 	noNetwork    bool
+	allowMeta    bool
 	listen       string
 	healthProbe  string
 	clientCA     string
@@ -104,6 +105,7 @@ func run(args []string) error {
 	fs.StringVar(&f.bridge, "bridge", "kairon0", "name of the node's bridge")
 	fs.StringVar(&f.netns, "netns", "", "keep the bridge, taps and VMs in this existing network namespace")
 	fs.BoolVar(&f.noNetwork, "no-network", false, "run VMs without a network interface")
+	fs.BoolVar(&f.allowMeta, "allow-guest-metadata", false, "let guests reach the cloud metadata addresses through the node (169.254.0.0/16, 100.100.100.200, 168.63.129.16, 192.0.0.192),\nwhere a cloud answers with the node's own credentials (default: dropped for every guest, before any policy; docs/guides/networking.md)")
 	fs.StringVar(&f.clusterCIDR, "cluster-guest-cidr", "", "IPv4 range of every node's guests (e.g. 10.88.0.0/16): this node claims a subnet of it (--node-guest-prefix) and its bridge is the range's first address;\nreplaces --network-cidr and --address-pool (empty: off; docs/guides/networking.md)")
 	fs.IntVar(&f.nodePrefix, "node-guest-prefix", 24, "length of the subnet of --cluster-guest-cidr each node claims")
 	fs.StringVar(&f.crossNode, "cross-node-routing", "none", "how guests reach other nodes' guests (needs --cluster-guest-cidr): host (routes to the nodes' addresses; nodes on one link),\nvxlan (a VXLAN tunnel to each node; nodes behind routers) or none")
@@ -168,7 +170,7 @@ func run(args []string) error {
 				return fmt.Errorf("--address-pool %q: %w", f.addressPool, err)
 			}
 		}
-		network = &node.NetworkOptions{CIDR: cidr, Pool: pool, Bridge: f.bridge, NetNS: f.netns, NoLinks: f.backend == "sim"}
+		network = &node.NetworkOptions{CIDR: cidr, Pool: pool, Bridge: f.bridge, NetNS: f.netns, NoLinks: f.backend == "sim", AllowGuestMetadata: f.allowMeta}
 		if err := crossNodeFlags(f, network); err != nil {
 			return err
 		}

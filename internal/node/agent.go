@@ -123,7 +123,8 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 				return nil, fmt.Errorf("node network: %w", err)
 			}
 			// Before any tap: a guest must never send a frame unfiltered.
-			a.baseline = &network.Baseline{NetNS: n.NetNS, Bridge: n.Bridge, Network: n.CIDR, Gateway: ipam.Gateway().Addr()}
+			a.baseline = &network.Baseline{NetNS: n.NetNS, Bridge: n.Bridge, Network: n.CIDR, Gateway: ipam.Gateway().Addr(),
+				Node: opts.NodeName, AllowMetadata: n.AllowGuestMetadata, Nameserver: a.nameserver}
 			if eo := opts.Egress; eo != nil {
 				a.baseline.ProxyPorts = []uint16{eo.DNSPort, eo.SNIPort}
 			}

@@ -134,6 +134,11 @@ type NetworkOptions struct {
 	NetNS string
 	// NoLinks allocates addresses without creating bridge or taps (sim backend).
 	NoLinks bool
+	// AllowGuestMetadata lets guests reach the cloud metadata addresses
+	// (network.MetadataAddresses) through the node
+	// (--allow-guest-metadata); off, the baseline drops what they send
+	// there.
+	AllowGuestMetadata bool
 	// ClusterCIDR, when set, is the cluster-wide guest range: the node
 	// claims a subnet of NodePrefix bits of it (crossnode_subnet.go), which
 	// replaces Pool, and CIDR becomes the whole range (every node's bridge
