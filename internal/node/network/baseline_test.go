@@ -514,11 +514,15 @@ func TestBaselineKeepsGuestsOffTheNode(t *testing.T) {
 		return err == nil, fmt.Sprint(err)
 	})
 	// And it pings the gateway: the path to the node works, only the
-	// node's services are closed to it.
+	// node's services are closed to it. The node's other addresses do not
+	// answer even that: they would tell the guest about the host.
 	testenv.Eventually(t, waitTimeout, "the guest's ping of the gateway answered", func() (bool, string) {
 		err := ping(g.netns, n.gateway)
 		return err == nil, fmt.Sprint(err)
 	})
+	if err := pingWithin(g.netns, netip.MustParseAddr("192.168.77.1"), blockedWindow); err == nil {
+		t.Error("the guest's ping of the node's other address was answered")
+	}
 	for _, s := range services {
 		err := dialTCP(g.netns, s, waitTimeout)
 		if err == nil {
@@ -779,6 +783,12 @@ func sniff(t *testing.T, ns string) <-chan []byte {
 // ping sends one ICMP echo request from ns to addr and waits a second for
 // the reply.
 func ping(ns string, addr netip.Addr) error {
+	return pingWithin(ns, addr, time.Second)
+}
+
+// pingWithin sends one ICMP echo request from ns to addr and waits timeout
+// for the reply.
+func pingWithin(ns string, addr netip.Addr, timeout time.Duration) error {
 	return inNetNS(ns, func() error {
 		c, err := net.ListenPacket("ip4:icmp", "0.0.0.0")
 		if err != nil {
@@ -797,7 +807,7 @@ func ping(ns string, addr netip.Addr) error {
 		if _, err := c.WriteTo(msg, &net.IPAddr{IP: addr.AsSlice()}); err != nil {
 			return err
 		}
-		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		_ = c.SetReadDeadline(time.Now().Add(timeout))
 		buf := make([]byte, 1500)
 		for {
 			n, from, err := c.ReadFrom(buf)
