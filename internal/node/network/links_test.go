@@ -57,6 +57,17 @@ func TestLinksCreateAndRemoveBridgeAndTaps(t *testing.T) {
 			t.Fatalf("tap %s not on the bridge: %v %s", tap, err, out)
 		}
 	}
+	// No IPv6 on the bridge this agent made nor on its taps: the host
+	// sends guests no router solicitations, DAD or MLD.
+	for _, dev := range append([]string{"kbr0"}, taps...) {
+		out, err := exec.Command("ip", "netns", "exec", ns, "cat", "/proc/sys/net/ipv6/conf/"+dev+"/disable_ipv6").CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "1" {
+			t.Errorf("disable_ipv6 on %s: %v %q, want 1", dev, err, out)
+		}
+		if out, err := links.output("-6", "-o", "addr", "show", "dev", dev); err != nil || strings.TrimSpace(out) != "" {
+			t.Errorf("IPv6 addresses on %s: %v %q, want none", dev, err, out)
+		}
+	}
 	listed, err := links.Taps()
 	if err != nil {
 		t.Fatal(err)
