@@ -29,6 +29,11 @@ type IPAM struct {
 	pool   netip.Prefix
 	file   string
 	byID   map[string]netip.Addr
+	// held are ids whose VM left this node while their Machine may still
+	// have the address (a guest migrated or recovered elsewhere keeps it):
+	// the address stays out of this node's pool until ReleaseUnheld finds
+	// that the cluster no longer shows it.
+	held map[string]bool
 	// Taken, when set, tells whether an address belongs to a Machine other
 	// than id elsewhere in the cluster (a guest that migrated away from
 	// this node keeps its address there): such an address is handed to no
@@ -43,6 +48,8 @@ type IPAM struct {
 type ipamState struct {
 	Prefix      string            `json:"prefix"`
 	Allocations map[string]string `json:"allocations"`
+	// Held lists the allocations kept for a Machine whose VM left (Hold).
+	Held []string `json:"held,omitempty"`
 }
 
 // NewIPAM loads the allocations kept in file, or starts empty. A file written
@@ -61,7 +68,7 @@ func NewIPAM(prefix, pool netip.Prefix, file string) (*IPAM, error) {
 	if !prefix.Contains(pool.Addr()) || pool.Bits() < prefix.Bits() {
 		return nil, fmt.Errorf("address pool %s is not inside the network %s", pool, prefix)
 	}
-	ipam := &IPAM{prefix: prefix, pool: pool, file: file, byID: map[string]netip.Addr{}}
+	ipam := &IPAM{prefix: prefix, pool: pool, file: file, byID: map[string]netip.Addr{}, held: map[string]bool{}}
 	data, err := os.ReadFile(file)
 	if errors.Is(err, os.ErrNotExist) {
 		return ipam, nil
@@ -82,6 +89,11 @@ func NewIPAM(prefix, pool netip.Prefix, file string) (*IPAM, error) {
 			return nil, fmt.Errorf("%s: %s: %w", file, id, err)
 		}
 		ipam.byID[id] = addr
+	}
+	for _, id := range state.Held {
+		if _, ok := ipam.byID[id]; ok {
+			ipam.held[id] = true
+		}
 	}
 	return ipam, nil
 }
@@ -104,6 +116,14 @@ func (a *IPAM) AllocatePreferring(id string, preferred netip.Addr) (netip.Prefix
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if addr, ok := a.byID[id]; ok {
+		if a.held[id] {
+			// Its VM is back on this node: the address is in use again.
+			delete(a.held, id)
+			if err := a.save(); err != nil {
+				a.held[id] = true
+				return netip.Prefix{}, err
+			}
+		}
 		return netip.PrefixFrom(addr, a.prefix.Bits()), nil
 	}
 	if a.Ready != nil {
@@ -160,15 +180,69 @@ func (a *IPAM) Release(id string) error {
 		return nil
 	}
 	delete(a.byID, id)
+	delete(a.held, id)
 	return a.save()
 }
 
-// Lookup returns id's address if it holds one, without assigning any.
+// Hold keeps id's address allocated although its VM left this node: the
+// Machine may still have it elsewhere (a migrated guest keeps its
+// address), and handing it to a new VM here would give two guests one
+// address. ReleaseUnheld frees it once the cluster shows it free. Holding
+// an unknown id does nothing.
+func (a *IPAM) Hold(id string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.byID[id]; !ok || a.held[id] {
+		return nil
+	}
+	a.held[id] = true
+	if err := a.save(); err != nil {
+		delete(a.held, id)
+		return err
+	}
+	return nil
+}
+
+// Held lists the held ids and their addresses.
+func (a *IPAM) Held() map[string]netip.Addr {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	held := make(map[string]netip.Addr, len(a.held))
+	for id := range a.held {
+		held[id] = a.byID[id]
+	}
+	return held
+}
+
+// ReleaseUnheld frees each held address for which stillHeld(id, address)
+// is false, and returns the ids it freed.
+func (a *IPAM) ReleaseUnheld(stillHeld func(id string, addr netip.Addr) bool) ([]string, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var freed []string
+	for id := range a.held {
+		if !stillHeld(id, a.byID[id]) {
+			freed = append(freed, id)
+		}
+	}
+	if len(freed) == 0 {
+		return nil, nil
+	}
+	sort.Strings(freed)
+	for _, id := range freed {
+		delete(a.held, id)
+		delete(a.byID, id)
+	}
+	return freed, a.save()
+}
+
+// Lookup returns id's address if its VM has one on this node, without
+// assigning any: an address held for a guest that left does not count.
 func (a *IPAM) Lookup(id string) (netip.Addr, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	addr, ok := a.byID[id]
-	return addr, ok
+	return addr, ok && !a.held[id]
 }
 
 // Allocated lists the ids holding an address, sorted.
@@ -188,6 +262,10 @@ func (a *IPAM) save() error {
 	for id, addr := range a.byID {
 		state.Allocations[id] = addr.String()
 	}
+	for id := range a.held {
+		state.Held = append(state.Held, id)
+	}
+	sort.Strings(state.Held)
 	data, err := json.MarshalIndent(state, "", "  ")
 	if err != nil {
 		return err
