@@ -318,18 +318,29 @@ func (s *cgroupSetup) create(name string, l cgroupLimits) ([]string, error) {
 // tasks file, and a child is born in its parent thread's cgroups) and in
 // its directory: Go would chdir only after dropping to the VM's uid, which
 // may not search the directories above. cmd.Dir must be empty.
-func (s *cgroupSetup) spawn(cmd *exec.Cmd, wd string, dirs []string) error {
+//
+// onThread, if set, runs on that thread just before the fork, for more of
+// what a thread hands down to a child (the capability bounding set).
+func (s *cgroupSetup) spawn(cmd *exec.Cmd, wd string, dirs []string, onThread func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		// Never unlocked: the runtime ends the thread with this goroutine
 		// rather than run others with this working directory and cgroups.
 		runtime.LockOSThread()
-		errc <- s.spawnOnThread(cmd, wd, dirs)
+		errc <- s.spawnOnThread(cmd, wd, dirs, onThread)
 	}()
 	return <-errc
 }
 
-func (s *cgroupSetup) spawnOnThread(cmd *exec.Cmd, wd string, dirs []string) error {
+func (s *cgroupSetup) spawnOnThread(cmd *exec.Cmd, wd string, dirs []string, onThread func() error) error {
+	start := func() error {
+		if onThread != nil {
+			if err := onThread(); err != nil {
+				return err
+			}
+		}
+		return cmd.Start()
+	}
 	if err := syscall.Unshare(syscall.CLONE_FS); err != nil {
 		return fmt.Errorf("qemu: unshare CLONE_FS: %w", err)
 	}
@@ -352,7 +363,7 @@ func (s *cgroupSetup) spawnOnThread(cmd *exec.Cmd, wd string, dirs []string) err
 		defer syscall.Close(fd)
 		cmd.SysProcAttr.UseCgroupFD = true
 		cmd.SysProcAttr.CgroupFD = fd
-		return cmd.Start()
+		return start()
 	}
 	tid := strconv.Itoa(syscall.Gettid())
 	home, err := threadCgroups(tid)
@@ -381,7 +392,7 @@ func (s *cgroupSetup) spawnOnThread(cmd *exec.Cmd, wd string, dirs []string) err
 		return err
 	}
 	defer done()
-	return cmd.Start()
+	return start()
 }
 
 // leaveAgentCgroups moves thread tid into <parent> of every v1 hierarchy
@@ -435,4 +446,31 @@ func threadCgroups(tid string) (map[string]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// memoryOOM reads, from a VM's cgroup directories (as create returned
+// them), how many processes its memory cgroup's OOM killer killed and the
+// memory limit it enforces. ok is false where neither can be read (the
+// cgroup is gone, or the kernel does not count its kills).
+func memoryOOM(dirs []string) (kills, limit int64, ok bool) {
+	for _, d := range dirs {
+		// v2 counts kills in memory.events, v1 in memory.oom_control.
+		for _, f := range [][2]string{{"memory.events", "memory.max"}, {"memory.oom_control", "memory.limit_in_bytes"}} {
+			b, err := os.ReadFile(filepath.Join(d, f[0]))
+			if err != nil {
+				continue
+			}
+			for _, line := range strings.Split(string(b), "\n") {
+				if v, found := strings.CutPrefix(line, "oom_kill "); found {
+					kills, err = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+					ok = err == nil
+				}
+			}
+			if l, err := os.ReadFile(filepath.Join(d, f[1])); err == nil {
+				limit, _ = strconv.ParseInt(strings.TrimSpace(string(l)), 10, 64)
+			}
+			return kills, limit, ok
+		}
+	}
+	return 0, 0, false
 }

@@ -24,14 +24,17 @@ import (
 //     uses (QEMU 7.2's seccomp filter is installed before -runas would drop
 //     privileges, so with elevateprivileges=deny QEMU cannot drop them
 //     itself: it is killed by SIGSYS at setgid; it starts unprivileged
-//     instead);
+//     instead), and a bounding set of that one capability too, so that
+//     nothing can ever give it another (capabilities.go);
 //   - chrooted, once it has loaded the kernel and opened its devices, into
 //     StateDir/<id>/jail: an empty directory owned by root that it can
 //     neither write nor leave (nothing in it to chroot into, no directory
 //     descriptor to fchdir to);
 //   - under QEMU's seccomp filter with every optional group denied;
-//   - in network, IPC and UTS namespaces of its own: its only network is the
-//     tap, passed in as a descriptor;
+//   - in network, IPC, UTS, mount and PID namespaces of its own: its only
+//     network is the tap, passed in as a descriptor; it sees no process but
+//     itself (it is PID 1 of its namespace), and its mount table is a copy
+//     it cannot change (jailProcAttr says what it keeps and why);
 //   - in a cgroup of its own capping memory, pids and CPU, entered at the
 //     fork, so not one instruction of QEMU runs outside it;
 //   - with an empty environment.
@@ -367,13 +370,33 @@ func (j *jailConfig) lockRegistry() (func(), error) {
 	return func() { f.Close() }, nil
 }
 
-// jailProcAttr is how launch starts a jailed QEMU.
+// jailProcAttr is how launch starts a jailed QEMU (whose bounding set the
+// forking thread empties first: capabilities.go).
+//
+// The namespaces: network, IPC and UTS of its own; a mount namespace, a
+// copy of the agent's whose mounts stay peers of the agent's where the
+// agent's are shared (so an unmount on the host reaches the copy, rather
+// than the copy pinning what the host let go), in which QEMU, unprivileged,
+// can mount nothing; and a PID namespace, in which QEMU is PID 1 and sees
+// no other process. The agent still knows QEMU by its PID in the agent's
+// namespace, which is what the fork returns and what the pidfile, an
+// adopting agent and kill(2) use. As PID 1 QEMU receives from outside only
+// the signals it handles (SIGTERM, SIGINT, SIGHUP) and SIGKILL, which is
+// all Stop sends; and an abort() in QEMU ends it by SIGSEGV rather than
+// SIGABRT (PID 1 ignores its own SIGABRT, so glibc falls back to a fault).
+//
+// It keeps the agent's user namespace: a user namespace of its own would
+// make QEMU root of it, with every capability over the namespaces it owns,
+// and open the kernel's code reachable only to such an owner (netfilter,
+// mounts of some file systems) to a QEMU taken over. Its uid and its
+// bounding set confine it better where it is.
 func jailProcAttr(rec *jailRecord) *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{
 		Setsid:      true,
 		Credential:  &syscall.Credential{Uid: rec.UID, Gid: rec.GID, Groups: rec.Groups},
 		AmbientCaps: []uintptr{capSysChroot},
-		Cloneflags:  syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
+		Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS |
+			syscall.CLONE_NEWNS | syscall.CLONE_NEWPID,
 	}
 }
 

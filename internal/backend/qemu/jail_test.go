@@ -157,11 +157,18 @@ func checkJailed(t *testing.T, b *Backend, s backend.Spec, pid int) jailRecord {
 	if status["Seccomp"] != "2" || status["NoNewPrivs"] != "1" {
 		t.Errorf("%s: Seccomp %q NoNewPrivs %q, want 2 and 1", s.ID, status["Seccomp"], status["NoNewPrivs"])
 	}
-	// Nothing but CAP_SYS_CHROOT, which QEMU used for its own chroot.
-	for _, k := range []string{"CapEff", "CapPrm"} {
+	// Nothing but CAP_SYS_CHROOT, which QEMU used for its own chroot: not
+	// held, not inheritable, and not in the bounding set either, so that
+	// nothing (a file capability, a set-uid binary) can ever add another.
+	for _, k := range []string{"CapEff", "CapPrm", "CapInh", "CapAmb", "CapBnd"} {
 		if status[k] != fmt.Sprintf("%016x", 1<<capSysChroot) {
-			t.Errorf("%s: %s %s, want CAP_SYS_CHROOT alone", s.ID, k, status[k])
+			t.Errorf("%s: %s %s, want CAP_SYS_CHROOT alone (%016x)", s.ID, k, status[k], 1<<capSysChroot)
 		}
+	}
+	// PID 1 of a PID namespace of its own: its PID as the agent knows it
+	// (the one Get reports, the pidfile's), then 1.
+	if got, want := strings.Fields(status["NSpid"]), []string{strconv.Itoa(pid), "1"}; !slices.Equal(got, want) {
+		t.Errorf("%s: NSpid %q, want %q (PID 1 of its own PID namespace)", s.ID, status["NSpid"], want)
 	}
 
 	if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid)); err != nil || len(env) != 0 {
@@ -204,9 +211,16 @@ func checkJailed(t *testing.T, b *Backend, s backend.Spec, pid int) jailRecord {
 	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 || fi.Sys().(*syscall.Stat_t).Uid != rec.UID {
 		t.Errorf("%s: state directory %v (%v), want 0700 owned by %d", s.ID, fi.Mode(), err, rec.UID)
 	}
-	// No network of its own: only the tap it was handed, if any.
-	if ns, mine := nsOf(t, pid, "net"), nsOf(t, os.Getpid(), "net"); ns == mine {
-		t.Errorf("%s: qemu shares the agent's network namespace %s", s.ID, ns)
+	// Namespaces of its own (no network but the tap it was handed, no
+	// process but itself, no mount table the agent's changes), but the
+	// agent's user namespace, on purpose (jailProcAttr).
+	for _, kind := range []string{"net", "ipc", "uts", "mnt", "pid"} {
+		if ns, mine := nsOf(t, pid, kind), nsOf(t, os.Getpid(), kind); ns == mine {
+			t.Errorf("%s: qemu shares the agent's %s namespace %s", s.ID, kind, ns)
+		}
+	}
+	if ns, mine := nsOf(t, pid, "user"), nsOf(t, os.Getpid(), "user"); ns != mine {
+		t.Errorf("%s: qemu's user namespace %s, want the agent's %s", s.ID, ns, mine)
 	}
 
 	// Its cgroups hold it and cap it.
@@ -260,8 +274,8 @@ func checkJailed(t *testing.T, b *Backend, s backend.Spec, pid int) jailRecord {
 			}
 		}
 	}
-	t.Logf("%s: qemu %d uid %s gid %s groups %q Seccomp %s NoNewPrivs %s CapEff %s; cgroups %v", s.ID, pid,
-		status["Uid"], status["Gid"], status["Groups"], status["Seccomp"], status["NoNewPrivs"], status["CapEff"], rec.Cgroups)
+	t.Logf("%s: qemu %d (NSpid %s) uid %s gid %s groups %q Seccomp %s NoNewPrivs %s CapEff %s CapBnd %s; cgroups %v", s.ID, pid,
+		status["NSpid"], status["Uid"], status["Gid"], status["Groups"], status["Seccomp"], status["NoNewPrivs"], status["CapEff"], status["CapBnd"], rec.Cgroups)
 	return rec
 }
 
@@ -456,11 +470,11 @@ func TestSweepStaleJails(t *testing.T) {
 	unseenUID, unseenDirs := claim(unseen)
 	// Something still runs in the stale cgroup, and in the other agent's.
 	sleeper := exec.Command("sleep", "600")
-	if err := cg.spawn(sleeper, "/", goneDirs); err != nil {
+	if err := cg.spawn(sleeper, "/", goneDirs, nil); err != nil {
 		t.Fatal(err)
 	}
 	otherVM := exec.Command("sleep", "600")
-	if err := cg.spawn(otherVM, "/", unseenDirs); err != nil {
+	if err := cg.spawn(otherVM, "/", unseenDirs, nil); err != nil {
 		t.Fatal(err)
 	}
 	otherEnded := make(chan error, 1)
@@ -555,7 +569,7 @@ func TestClaimUIDSkipsCgroupsInUse(t *testing.T) {
 		}
 	})
 	sleeper := exec.Command("sleep", "600")
-	if err := cg.spawn(sleeper, "/", running); err != nil {
+	if err := cg.spawn(sleeper, "/", running, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() })

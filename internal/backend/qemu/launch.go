@@ -50,6 +50,9 @@ type proc struct {
 	exited chan struct{} // closed once reaped
 	state  *os.ProcessState
 	err    error
+	// oomKills and memLimit are what its memory cgroup's OOM killer did and
+	// the limit it enforced, read as it was reaped (jailed VMs only).
+	oomKills, memLimit int64
 }
 
 // exitDesc says how the process ended; call after exited is closed.
@@ -65,6 +68,8 @@ func (p *proc) exitDesc() string {
 	}
 	if ws, ok := st.Sys().(syscall.WaitStatus); ok {
 		switch {
+		case ws.Signaled() && ws.Signal() == syscall.SIGKILL && p.oomKills > 0:
+			return oomKilledDesc(p.memLimit)
 		case ws.Signaled():
 			return fmt.Sprintf("qemu killed by signal %d (%s)", int(ws.Signal()), signalName(ws.Signal()))
 		case ws.Exited() && ws.ExitStatus() == 0:
@@ -74,6 +79,16 @@ func (p *proc) exitDesc() string {
 		}
 	}
 	return "qemu ended: " + st.String()
+}
+
+// oomKilledDesc says that the kernel killed QEMU for reaching the memory
+// limit of its cgroup, limit bytes (0: unknown).
+func oomKilledDesc(limit int64) string {
+	what := "its memory cap"
+	if limit > 0 {
+		what = fmt.Sprintf("its memory cap of %d MiB", limit>>20)
+	}
+	return "qemu killed by the kernel's OOM killer: the VM's cgroup reached " + what + " (the guest's memory plus QEMU's overhead)"
 }
 
 func signalName(s syscall.Signal) string {
@@ -255,7 +270,9 @@ func (b *Backend) launch(ls launchSpec) (_ *proc, err error) {
 	if ls.jail != nil {
 		cmd.Dir = ""
 		cmd.SysProcAttr = jailProcAttr(ls.jail)
-		start = func() error { return b.jail.cgroups.spawn(cmd, ls.dir, ls.jail.Cgroups) }
+		start = func() error {
+			return b.jail.cgroups.spawn(cmd, ls.dir, ls.jail.Cgroups, func() error { return dropBoundingSet(jailBoundingSet) })
+		}
 	}
 	if err := start(); err != nil {
 		return nil, fmt.Errorf("qemu: start %s: %w", b.qemu, err)
@@ -271,6 +288,10 @@ func (b *Backend) launch(ls launchSpec) (_ *proc, err error) {
 	go func() {
 		p.err = cmd.Wait()
 		p.state = cmd.ProcessState
+		if ls.jail != nil {
+			// Now, while the cgroup still is: Stop removes it.
+			p.oomKills, p.memLimit, _ = memoryOOM(ls.jail.Cgroups)
+		}
 		close(p.exited)
 	}()
 	defer func() {

@@ -173,6 +173,14 @@ func exitReason(dir string, pid int, p *proc) string {
 	case strings.Contains(console, "reboot: Restarting system"):
 		return "qemu exited: the guest rebooted (VMs run with -no-reboot)"
 	}
+	// A jailed QEMU killed for its cgroup's memory cap says nothing: its
+	// cgroup, which outlives it until Stop, tells.
+	var jr jailRecord
+	if readJSON(filepath.Join(dir, jailFile), &jr) == nil {
+		if kills, limit, ok := memoryOOM(jr.Cgroups); ok && kills > 0 {
+			return oomKilledDesc(limit)
+		}
+	}
 	if l := lastLines(qlog, 1); l != "" {
 		return fmt.Sprintf("qemu process %d is gone (exit status unknown to this agent); its last output: %s", pid, l)
 	}
