@@ -326,7 +326,7 @@ func (a *Agent) egressTarget(m *kaironv1.Machine) (egress.Machine, bool) {
 	if !ok {
 		return egress.Machine{}, false // not attached (yet)
 	}
-	return egress.Machine{Namespace: m.Namespace, Name: m.Name, Tap: network.TapName(a.opts.NodeName, id), IP: address}, true
+	return egress.Machine{Namespace: m.Namespace, Name: m.Name, Tap: network.TapName(a.opts.NodeName, id), MAC: network.MAC(id), IP: address}, true
 }
 
 // removeEgress lifts a Machine's confinement as its tap goes.
@@ -448,7 +448,7 @@ func (a *Agent) confineBeforeStart(machine *kaironv1.Machine, id string, address
 	if err != nil {
 		compiled = &egress.Policy{} // closed, as the reconciler does
 	}
-	target := egress.Machine{Namespace: machine.Namespace, Name: machine.Name, Tap: network.TapName(a.opts.NodeName, id), IP: address}
+	target := egress.Machine{Namespace: machine.Namespace, Name: machine.Name, Tap: network.TapName(a.opts.NodeName, id), MAC: network.MAC(id), IP: address}
 	if err := a.egress.Apply(target, compiled); err != nil {
 		return fmt.Errorf("egress policy: %w", err)
 	}

@@ -26,7 +26,7 @@ func crowdedEnforcer(b *testing.B, others int) *Enforcer {
 		b.Fatal(err)
 	}
 	for i := range others {
-		m := Machine{Namespace: "crowd", Name: fmt.Sprint(i), Tap: fmt.Sprintf("kc%010d", i), IP: netip.AddrFrom4([4]byte{10, 88, byte(200 + i/250), byte(2 + i%250)})}
+		m := Machine{Namespace: "crowd", Name: fmt.Sprint(i), Tap: fmt.Sprintf("kc%010d", i), MAC: macOf("crowd", fmt.Sprint(i)), IP: netip.AddrFrom4([4]byte{10, 88, byte(200 + i/250), byte(2 + i%250)})}
 		if err := e.Apply(m, p); err != nil {
 			b.Fatal(err)
 		}
@@ -51,7 +51,7 @@ func BenchmarkApplyNew(b *testing.B) { benchmarkNew(b, crowdedEnforcer(b, 0)) }
 func BenchmarkApplyNewCrowded(b *testing.B) { benchmarkNew(b, crowdedEnforcer(b, 200)) }
 
 func benchmarkRewrite(b *testing.B, e *Enforcer) {
-	m := Machine{Namespace: "team-a", Name: "vm", Tap: "kt0123456789", IP: netip.MustParseAddr("10.88.1.2")}
+	m := Machine{Namespace: "team-a", Name: "vm", Tap: "kt0123456789", MAC: macOf("team-a", "vm"), IP: netip.MustParseAddr("10.88.1.2")}
 	var policies [2]*Policy
 	for i := range policies {
 		p, err := Compile([]NamedPolicy{{Name: "p", Egress: kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{kaironv1.CIDR(fmt.Sprintf("203.0.113.%d/32", i))}, AllowPorts: []kaironv1.PortRange{"443"}}}})
@@ -75,7 +75,7 @@ func benchmarkNew(b *testing.B, e *Enforcer) {
 	}
 	b.ResetTimer()
 	for i := range b.N {
-		m := Machine{Namespace: "team-a", Name: "vm", Tap: fmt.Sprintf("kt%010d", i), IP: netip.AddrFrom4([4]byte{10, 88, byte(1 + i/250), byte(2 + i%250)})}
+		m := Machine{Namespace: "team-a", Name: "vm", Tap: fmt.Sprintf("kt%010d", i), MAC: macOf("team-a", "vm"), IP: netip.AddrFrom4([4]byte{10, 88, byte(1 + i/250), byte(2 + i%250)})}
 		b.StartTimer()
 		if err := e.Apply(m, p); err != nil {
 			b.Fatal(err)
@@ -91,7 +91,7 @@ func benchmarkNew(b *testing.B, e *Enforcer) {
 // guest: two addresses into a learned set, among 200 confined Machines.
 func BenchmarkLearn(b *testing.B) {
 	e := crowdedEnforcer(b, 200)
-	m := Machine{Namespace: "crowd", Name: "0", Tap: "kc0000000000", IP: netip.AddrFrom4([4]byte{10, 88, 200, 2})}
+	m := Machine{Namespace: "crowd", Name: "0", Tap: "kc0000000000", MAC: macOf("crowd", "0"), IP: netip.AddrFrom4([4]byte{10, 88, 200, 2})}
 	addrs := []netip.Addr{netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("203.0.113.11")}
 	b.ResetTimer()
 	for range b.N {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/netip"
 	"os/exec"
 	"reflect"
@@ -36,13 +37,19 @@ import (
 //   - inet kairon_egress decides with conntrack, which the bridge family
 //     cannot do on this kernel ("ct" in a bridge chain needs
 //     nf_conntrack_bridge, which it lacks): its forward chain sends each
-//     confined guest's packets (by source address, which the baseline pins
-//     to the tap) to the Machine's chain, which accepts replies, what the
-//     policy allows and nothing else; its nat prerouting chain sends the
-//     confined guests' DNS, to whatever resolver, to the DNS proxy.
+//     confined guest's packets to the Machine's chain, which accepts
+//     replies, what the policy allows and nothing else; its nat
+//     prerouting chain sends the confined guests' DNS, to whatever
+//     resolver, to the DNS proxy.
 //
 // Machine objects are named after the tap, unique per node, so agents
-// sharing a namespace (kairon-local) never touch each other's.
+// sharing a namespace (kairon-local) never touch each other's. What the
+// inet table chooses per guest (egress4, dns_<port>, sni_<port>) is keyed
+// by the Machine: its source address and source MAC together ("ip saddr
+// . ether saddr"), which the baseline pins to the tap. Never by address
+// alone: two agents sharing the table may confine two guests that a
+// fault gave the same address, and each must keep its own entry, with
+// its own policy, instead of the last writer's.
 const Table = "kairon_egress"
 
 // AlwaysDenied are destinations a confined guest never reaches unless a
@@ -63,7 +70,10 @@ var AlwaysDenied = []netip.Prefix{
 type Machine struct {
 	Namespace, Name string
 	Tap             string
-	IP              netip.Addr
+	// MAC is the guest's Ethernet address (network.MAC), which the bridge
+	// baseline pins to Tap: with IP, the Machine's key in the inet table.
+	MAC string
+	IP  netip.Addr
 }
 
 // Enforcer programs the policies of one agent's Machines.
@@ -91,7 +101,10 @@ type Enforcer struct {
 
 	mu       sync.Mutex
 	machines map[string]*applied // by tap
-	byIP     map[netip.Addr]string
+	// byIP lists the taps of the Machines this agent applied, by address:
+	// more than one only through a fault elsewhere, and then the proxies,
+	// which know a guest by its address alone, answer none of them.
+	byIP map[netip.Addr][]string
 
 	// nlMu serializes the use of nl, the netlink session (see open). It
 	// is taken after mu, never before.
@@ -118,8 +131,21 @@ func (m Machine) validate() error {
 	if !m.IP.Is4() {
 		return fmt.Errorf("egress: address %v of Machine %s/%s is not IPv4", m.IP, m.Namespace, m.Name)
 	}
+	if hw, err := net.ParseMAC(m.MAC); err != nil || len(hw) != 6 {
+		return fmt.Errorf("egress: MAC %q of Machine %s/%s is not an Ethernet address", m.MAC, m.Namespace, m.Name)
+	}
 	return nil
 }
+
+// mac is the Machine's MAC, which validate checked.
+func (m Machine) mac() net.HardwareAddr {
+	hw, _ := net.ParseMAC(m.MAC)
+	return hw
+}
+
+// key is the Machine's key in egress4, dns_<port> and sni_<port>: "IP .
+// MAC".
+func (m Machine) key() []byte { return machineKey(m.IP, m.mac()) }
 
 // DefaultMinTTL and DefaultMaxTTL bound a learned address's life, and
 // DefaultGrace is added to it, when the Enforcer sets none of its own.
@@ -164,14 +190,19 @@ func (e *Enforcer) Setup() error {
 		return err
 	}
 	defer s.close()
+	old, err := s.addressKeyed(e)
+	if err != nil {
+		return err
+	}
 	b := s.batch()
+	b.dropAddressKeyed(old)
 	b.setup(e)
 	if err := b.commit(e.NetNS); err != nil {
 		return err
 	}
 	if e.machines == nil {
 		e.machines = map[string]*applied{}
-		e.byIP = map[netip.Addr]string{}
+		e.byIP = map[netip.Addr][]string{}
 	}
 	// Taps confined by an earlier agent stay confined as they are until
 	// Apply or Remove: their entry has no policy, so the first Apply
@@ -292,11 +323,11 @@ func (e *Enforcer) Apply(m Machine, p *Policy) error {
 		}
 	}()
 	keep := learnedSets(m.Tap, p)
-	if old := e.machines[m.Tap]; old == nil || (old.policy != nil && old.m.IP == m.IP) {
-		// The common case, a new Machine or a new policy at the same
-		// address: the kernel holds what this agent wrote, so one
-		// transaction without reading it first. If another tap holds the
-		// address (the other end of a migration in a shared namespace),
+	if old := e.machines[m.Tap]; old == nil || (old.policy != nil && bytes.Equal(old.m.key(), m.key())) {
+		// The common case, a new Machine or a new policy for the same
+		// key: the kernel holds what this agent wrote, so one transaction
+		// without reading it first. If another tap holds the key (the
+		// other end of the Machine's migration in a shared namespace),
 		// the kernel refuses the map entry and the careful path below
 		// looks.
 		var stale []string
@@ -304,7 +335,7 @@ func (e *Enforcer) Apply(m Machine, p *Policy) error {
 			stale = slices.DeleteFunc(slices.Clone(old.sets), func(set string) bool { return slices.Contains(keep, set) })
 		}
 		b := s.batch()
-		b.machine(e, m, p, stale, old == nil || !hasSNI(old.policy))
+		b.machine(e, m, p, stale, old == nil || !hasSNI(old.policy), false)
 		if err := b.commit(e.NetNS); err == nil {
 			e.record(m, p, keep)
 			return nil
@@ -326,17 +357,28 @@ func (e *Enforcer) Apply(m Machine, p *Policy) error {
 	}
 	stale := slices.DeleteFunc(existing, func(set string) bool { return slices.Contains(keep, set) })
 	b := s.batch()
-	if o, ok := owners[m.IP]; ok && o != m.Tap {
-		// Another tap's entry for this address (the other end of a
-		// migration in a shared namespace): ours replaces it.
-		b.deleteElements(b.egress4(), []nftables.SetElement{{Key: ip4Key(m.IP)}})
+	key := string(m.key())
+	if o, ok := owners[key]; ok && o != m.Tap {
+		// Another tap's entry for this Machine's key: the other end of its
+		// migration in a shared namespace (another Machine has another
+		// MAC, so another key). Ours replaces it.
+		b.deleteElements(b.egress4(), keysOf(m.key()))
 	}
-	b.machine(e, m, p, stale, false)
-	if old := e.machines[m.Tap]; old != nil && old.m.IP.IsValid() && old.m.IP != m.IP {
-		// The address changed: the old one's entries go in the same
-		// transaction as the new ones come, so the tap is never open.
-		b.forget(e, m.Tap, old.m.IP, owners[old.m.IP])
-		delete(e.byIP, old.m.IP)
+	b.machine(e, m, p, stale, false, false)
+	// The tap's entries under another key (its address changed, here or
+	// before a restart) go in the same transaction as the new ones come,
+	// so the tap is never open.
+	gone := map[string]string{}
+	for k, tap := range owners {
+		if tap == m.Tap && k != key {
+			gone[k] = tap
+		}
+	}
+	if old := e.machines[m.Tap]; old != nil && old.m.IP.IsValid() && string(old.m.key()) != key {
+		gone[string(old.m.key())] = owners[string(old.m.key())]
+	}
+	for _, k := range slices.Sorted(maps.Keys(gone)) {
+		b.forget(e, m.Tap, []byte(k), gone[k])
 	}
 	if err := b.commit(e.NetNS); err != nil {
 		return err
@@ -351,8 +393,21 @@ func hasSNI(p *Policy) bool {
 
 // record notes what Apply wrote for m.
 func (e *Enforcer) record(m Machine, p *Policy, sets []string) {
+	if old := e.machines[m.Tap]; old != nil {
+		e.unindex(m.Tap, old.m.IP)
+	}
 	e.machines[m.Tap] = &applied{m: m, policy: p, sets: sets}
-	e.byIP[m.IP] = m.Tap
+	e.byIP[m.IP] = append(e.byIP[m.IP], m.Tap)
+}
+
+// unindex takes tap out of byIP's list for ip.
+func (e *Enforcer) unindex(tap string, ip netip.Addr) {
+	taps := slices.DeleteFunc(slices.Clone(e.byIP[ip]), func(t string) bool { return t == tap })
+	if len(taps) == 0 {
+		delete(e.byIP, ip)
+		return
+	}
+	e.byIP[ip] = taps
 }
 
 // learnedSets names the learned-address sets of tap under p.
@@ -387,13 +442,16 @@ func (e *Enforcer) Remove(tap string) error {
 	if err != nil {
 		return err
 	}
-	ip := a.m.IP
-	if !ip.IsValid() {
-		// Found at Setup: the address whose entry points at tap's chain.
-		for addr, owner := range owners {
-			if owner == tap {
-				ip = addr
-			}
+	// The keys to forget: the Machine's, whoever holds its entry now, and
+	// any whose entry points at tap's chain (all of them, for a tap found
+	// at Setup). Never another tap's entry under another key.
+	forget := map[string]string{}
+	if a.m.IP.IsValid() {
+		forget[string(a.m.key())] = owners[string(a.m.key())]
+	}
+	for key, owner := range owners {
+		if owner == tap {
+			forget[key] = owner
 		}
 	}
 	sets, err := s.setsOf(tap)
@@ -401,27 +459,26 @@ func (e *Enforcer) Remove(tap string) error {
 		return err
 	}
 	b := s.batch()
-	b.remove(e, tap, ip, owners[ip], sets)
+	b.remove(e, tap, forget, sets)
 	if err := b.commit(e.NetNS); err != nil {
 		return err
 	}
 	delete(e.machines, tap)
-	delete(e.byIP, ip)
+	e.unindex(tap, a.m.IP)
 	return nil
 }
 
-// owners maps each address in egress4 to the tap whose chain it points at.
-func (s *session) owners() (map[netip.Addr]string, error) {
+// owners maps each Machine key in egress4 (as a string of its bytes) to
+// the tap whose chain its entry points at.
+func (s *session) owners() (map[string]string, error) {
 	elems, err := s.elements(nftables.TableFamilyINet, "egress4")
 	if err != nil {
 		return nil, fmt.Errorf("egress: listing map inet %s egress4: %w", Table, err)
 	}
-	owners := map[netip.Addr]string{}
+	owners := map[string]string{}
 	for _, el := range elems {
-		ip, ok := netip.AddrFromSlice(el.key)
-		tap, isMachine := strings.CutPrefix(el.chain, "e_")
-		if ok && isMachine {
-			owners[ip] = tap
+		if tap, isMachine := strings.CutPrefix(el.chain, "e_"); isMachine {
+			owners[string(el.key)] = tap
 		}
 	}
 	return owners, nil
@@ -455,15 +512,27 @@ func (e *Enforcer) Confined() ([]string, error) {
 }
 
 // Lookup finds the confined Machine that has address ip, and its policy.
+// It finds none if several of this agent's Machines have ip (a fault
+// elsewhere): the proxies know a guest by its address alone, and
+// answering with one Machine's policy would lend its grants to another.
 func (e *Enforcer) Lookup(ip netip.Addr) (Machine, *Policy, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	tap, ok := e.byIP[ip.Unmap()]
-	if !ok {
+	a := e.byAddress(ip)
+	if a == nil {
 		return Machine{}, nil, false
 	}
-	a := e.machines[tap]
 	return a.m, a.policy, a.policy != nil
+}
+
+// byAddress is the one Machine this agent applied at ip, or nil: none,
+// or more than one.
+func (e *Enforcer) byAddress(ip netip.Addr) *applied {
+	taps := e.byIP[ip.Unmap()]
+	if len(taps) != 1 {
+		return nil
+	}
+	return e.machines[taps[0]]
 }
 
 // TTL is how long an address learned from an answer with ttl stays
@@ -477,14 +546,14 @@ func (e *Enforcer) TTL(ttl time.Duration) time.Duration {
 // kernel has them, so that the answer can go back to the guest.
 func (e *Enforcer) Learn(ip netip.Addr, name string, addrs []netip.Addr, ttl time.Duration) error {
 	e.mu.Lock()
-	tap, ok := e.byIP[ip.Unmap()]
+	var tap string
 	var p *Policy
-	if ok {
-		p = e.machines[tap].policy
+	if a := e.byAddress(ip); a != nil {
+		tap, p = a.m.Tap, a.policy
 	}
 	e.mu.Unlock()
 	if p == nil {
-		return fmt.Errorf("egress: no confined Machine has address %v", ip)
+		return fmt.Errorf("egress: no confined Machine, or more than one, has address %v", ip)
 	}
 	var v4 []netip.Addr
 	for _, a := range addrs {
@@ -566,9 +635,10 @@ func (e *Enforcer) run(args ...string) (string, error) {
 }
 
 // Repair writes everything again if the tables, their base rules, or a
-// chain or map entry of a Machine this agent confined are gone: something
-// flushed the ruleset. Learned addresses are lost with it; the guest
-// resolves again. It reports whether it had to.
+// chain or map entry of a Machine this agent confined are gone or not
+// its own: something flushed the ruleset, or deleted or overwrote an
+// entry. Learned addresses are lost with a flush; the guest resolves
+// again. It reports whether it had to.
 func (e *Enforcer) Repair() (bool, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -591,6 +661,30 @@ func (e *Enforcer) Repair() (bool, error) {
 		}
 	}
 	defer s.close()
+	// What holds this agent's keys now, read before the batch: an entry
+	// that points elsewhere is taken out in the batch that writes ours,
+	// as the kernel refuses to overwrite it. If the read fails, the batch
+	// goes all the same: what is missing it writes.
+	held, _ := s.entries(e)
+	type fix struct {
+		egress4, sni, yielded bool
+	}
+	fixes := map[string]fix{}
+	for tap, a := range e.machines {
+		if a.policy == nil {
+			continue
+		}
+		var f fix
+		key := string(a.m.key())
+		if chain, ok := held.egress4[key]; ok && chain != "e_"+tap {
+			f.yielded = e.peerHolds(s, a.m, chain)
+			f.egress4 = !f.yielded
+		}
+		if chain, ok := held.sni[key]; ok && chain != "s_"+tap {
+			f.sni = true
+		}
+		fixes[tap] = f
+	}
 	b := s.batch()
 	b.setup(e)
 	n := 0
@@ -601,8 +695,17 @@ func (e *Enforcer) Repair() (bool, error) {
 			delete(e.machines, tap)
 			continue
 		}
+		f := fixes[tap]
+		if f.egress4 {
+			// delete element inet T egress4 { IP . MAC }: another chain's.
+			b.deleteElements(b.egress4(), keysOf(a.m.key()))
+		}
+		if f.sni {
+			// delete element inet T sni_P { IP . MAC }: another chain's.
+			b.deleteElements(b.sniMap(e), keysOf(a.m.key()))
+		}
 		// The learned sets are gone or not; adding them is idempotent.
-		b.machine(e, a.m, a.policy, nil, false)
+		b.machine(e, a.m, a.policy, nil, f.sni, f.yielded)
 		if n++; n%repairBatch == 0 {
 			if err := b.commit(e.NetNS); err != nil {
 				return true, err
@@ -618,9 +721,53 @@ func (e *Enforcer) Repair() (bool, error) {
 // the session's socket buffers however many Machines the node confines.
 const repairBatch = 50
 
+// held is what the maps keyed by Machine hold: each key (as a string of
+// its bytes) to the chain its entry goes to, and the keys in the DNS set.
+type held struct {
+	egress4, sni map[string]string
+	dns          map[string]bool
+}
+
+// entries reads egress4, and the agent's DNS set and SNI map if it has
+// them.
+func (s *session) entries(e *Enforcer) (held, error) {
+	h := held{egress4: map[string]string{}, sni: map[string]string{}, dns: map[string]bool{}}
+	read := func(set string, each func(element)) error {
+		elems, err := s.elements(nftables.TableFamilyINet, set)
+		if err != nil {
+			return fmt.Errorf("egress: listing inet %s %s: %w", Table, set, err)
+		}
+		for _, el := range elems {
+			each(el)
+		}
+		return nil
+	}
+	errs := []error{read("egress4", func(el element) { h.egress4[string(el.key)] = el.chain })}
+	if e.DNSPort != 0 {
+		errs = append(errs, read(e.dnsSet(), func(el element) { h.dns[string(el.key)] = true }))
+	}
+	if e.SNIPort != 0 {
+		errs = append(errs, read(e.sniMap(), func(el element) { h.sni[string(el.key)] = el.chain }))
+	}
+	return h, errors.Join(errs...)
+}
+
+// peerHolds tells whether chain, where m's egress4 entry goes instead of
+// m's own chain, is that of the other end of m's migration in a shared
+// namespace: another tap's chain, the tap pinned to m's MAC by the
+// baseline. It confines m by m's policies, so it is left to it (taking it
+// back would have the two agents take turns at every tick); anything
+// else holding m's key is written over.
+func (e *Enforcer) peerHolds(s *session, m Machine, chain string) bool {
+	tap, ok := strings.CutPrefix(chain, "e_")
+	return ok && tap != m.Tap && s.pinnedTo(tap, m.mac())
+}
+
 // intact tells whether the base rules and every Machine's chains and map
-// entries are in the kernel. A failed read counts as not intact: Repair
-// then writes everything, which is idempotent.
+// entries are in the kernel, the entries pointing at the Machine's own
+// chains (or, for egress4, at the other end of its migration: see
+// peerHolds). A failed read counts as not intact: Repair then writes
+// everything, which is idempotent.
 func (e *Enforcer) intact(s *session) bool {
 	b := s.batch()
 	// hasRule tells whether chain of t has a rule with an expression
@@ -641,7 +788,7 @@ func (e *Enforcer) intact(s *session) bool {
 			return ok && l.IsDestRegSet && l.SetName == set
 		}
 	}
-	// bridge: iifname vmap @egress_vmap; inet: ip saddr vmap @egress4.
+	// bridge: iifname vmap @egress_vmap; inet: ip saddr . ether saddr vmap @egress4.
 	if !hasRule(b.bridge, "forward", vmapOf("egress_vmap")) || !hasRule(b.inet, "forward", vmapOf("egress4")) {
 		return false
 	}
@@ -670,7 +817,7 @@ func (e *Enforcer) intact(s *session) bool {
 	bridgeChains, err1 := s.chainNames(nftables.TableFamilyBridge)
 	inetChains, err2 := s.chainNames(nftables.TableFamilyINet)
 	vmap, err3 := s.elements(nftables.TableFamilyBridge, "egress_vmap")
-	owners, err4 := s.owners()
+	h, err4 := s.entries(e)
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return false
 	}
@@ -679,18 +826,22 @@ func (e *Enforcer) intact(s *session) bool {
 		if !slices.Contains(bridgeChains, chain) || !slices.Contains(inetChains, chain) {
 			return false
 		}
-		key := ifnameKey(a.m.Tap)
-		if !slices.ContainsFunc(vmap, func(el element) bool { return bytes.Equal(el.key, key) && el.chain == chain }) {
+		tapKey := ifnameKey(a.m.Tap)
+		if !slices.ContainsFunc(vmap, func(el element) bool { return bytes.Equal(el.key, tapKey) && el.chain == chain }) {
 			return false
 		}
-		// Any tap's entry for the address (in a shared namespace the
-		// other end of a migration may hold it), and the tap's own
-		// entry, if at another address, as the text check did.
-		if _, ok := owners[a.m.IP]; !ok || !slices.Contains(slices.Collect(maps.Values(owners)), a.m.Tap) {
+		key := string(a.m.key())
+		if got := h.egress4[key]; got != chain && !e.peerHolds(s, a.m, got) {
+			return false
+		}
+		if e.DNSPort != 0 && !h.dns[key] {
+			return false
+		}
+		if e.SNIPort != 0 && hasSNI(a.policy) && h.sni[key] != "s_"+a.m.Tap {
 			return false
 		}
 	}
-	return true
+	return !s.broken
 }
 
 // Keep calls Repair every interval until ctx ends: between a flush and the

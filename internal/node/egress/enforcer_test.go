@@ -26,7 +26,7 @@ func mustCompile(t *testing.T, rules ...kaironv1.EgressRules) *Policy {
 
 func TestMachineScript(t *testing.T) {
 	e := &Enforcer{Network: netip.MustParsePrefix("10.88.0.0/16"), Gateway: netip.MustParseAddr("10.88.0.1"), DNSPort: 5353}
-	m := Machine{Namespace: "team-a", Name: "vm", Tap: "kt0123456789", IP: netip.MustParseAddr("10.88.1.2")}
+	m := Machine{Namespace: "team-a", Name: "vm", Tap: "kt0123456789", MAC: macOf("team-a", "vm"), IP: netip.MustParseAddr("10.88.1.2")}
 	p := mustCompile(t,
 		kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24", "169.254.169.254/32", "10.88.1.3/32"}, AllowPorts: []kaironv1.PortRange{"8000-8100", "443"}, AllowIcmp: true},
 		kaironv1.EgressRules{AllowFqdns: []kaironv1.Hostname{"pkg.test"}},
@@ -62,8 +62,8 @@ func TestMachineScript(t *testing.T) {
 			"add rule inet kairon_egress e_kt0123456789 meta nfproto ipv4 counter name \"d_kt0123456789_ip\" drop\n",
 		"add set inet kairon_egress dd_kt0123456789_port { type ipv4_addr . inet_proto . inet_service; size 16; flags dynamic,timeout; timeout 60s; }\n",
 		"add element bridge kairon_egress egress_vmap { \"kt0123456789\" : goto e_kt0123456789 }\n",
-		"add element inet kairon_egress egress4 { 10.88.1.2 : goto e_kt0123456789 }\n",
-		"add element inet kairon_egress dns_5353 { 10.88.1.2 }\n",
+		"add element inet kairon_egress egress4 { " + keyText(m) + " : goto e_kt0123456789 }\n",
+		"add element inet kairon_egress dns_5353 { " + keyText(m) + " }\n",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("script lacks\n%s\nscript:\n%s", want, s)
@@ -72,12 +72,12 @@ func TestMachineScript(t *testing.T) {
 	if strings.Contains(s, "ip daddr @"+fqdn+" icmp") {
 		t.Error("a grant without allowIcmp allows ICMP")
 	}
-	rm := e.removeScript(m.Tap, m.IP, m.Tap, []string{fqdn})
+	rm := e.removeScript(m.Tap, keyText(m), m.Tap, []string{fqdn})
 	for _, want := range []string{
 		"delete element bridge kairon_egress egress_vmap { \"kt0123456789\" }\n",
 		"delete chain bridge kairon_egress e_kt0123456789\n",
-		"delete element inet kairon_egress egress4 { 10.88.1.2 }\n",
-		"delete element inet kairon_egress dns_5353 { 10.88.1.2 }\n",
+		"delete element inet kairon_egress egress4 { " + keyText(m) + " }\n",
+		"delete element inet kairon_egress dns_5353 { " + keyText(m) + " }\n",
 		"delete chain inet kairon_egress e_kt0123456789\n",
 		"delete set inet kairon_egress " + fqdn + "\n",
 		"delete set inet kairon_egress dd_kt0123456789_icmp\n",
@@ -94,7 +94,7 @@ func TestMachineScript(t *testing.T) {
 // always-denied ranges.
 func TestSNIScript(t *testing.T) {
 	e := &Enforcer{Network: netip.MustParsePrefix("10.88.0.0/16"), Gateway: netip.MustParseAddr("10.88.0.1"), SNIPort: 5354}
-	m := Machine{Namespace: "team-a", Name: "vm", Tap: "kt0123456789", IP: netip.MustParseAddr("10.88.1.2")}
+	m := Machine{Namespace: "team-a", Name: "vm", Tap: "kt0123456789", MAC: macOf("team-a", "vm"), IP: netip.MustParseAddr("10.88.1.2")}
 	p := mustCompile(t,
 		kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24", "169.254.169.254/32"}, AllowSNI: []kaironv1.ServerName{"*.pkg.test"}, AllowPorts: []kaironv1.PortRange{"443"}},
 		kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.7/32"}},
@@ -104,14 +104,14 @@ func TestSNIScript(t *testing.T) {
 	learned := learnedSetName(m.Tap, p.Grants[2].ID())
 	want := "add chain inet kairon_egress s_kt0123456789\n" +
 		"flush chain inet kairon_egress s_kt0123456789\n" +
-		"add element inet kairon_egress sni_5354 { 10.88.1.2 : goto s_kt0123456789 }\n" +
-		"delete element inet kairon_egress sni_5354 { 10.88.1.2 }\n" +
+		"add element inet kairon_egress sni_5354 { " + keyText(m) + " : goto s_kt0123456789 }\n" +
+		"delete element inet kairon_egress sni_5354 { " + keyText(m) + " }\n" +
 		"add rule inet kairon_egress s_kt0123456789 ip daddr { 169.254.169.254/32 } tcp dport { 443 } redirect to :5354\n" +
 		"add rule inet kairon_egress s_kt0123456789 ip daddr @denied4 return\n" +
 		"add rule inet kairon_egress s_kt0123456789 ip daddr { 203.0.113.7/32 } meta l4proto tcp return\n" +
 		"add rule inet kairon_egress s_kt0123456789 ip daddr { 203.0.113.0/24 } tcp dport { 443 } redirect to :5354\n" +
 		"add rule inet kairon_egress s_kt0123456789 ip daddr @" + learned + " meta l4proto tcp redirect to :5354\n" +
-		"add element inet kairon_egress sni_5354 { 10.88.1.2 : goto s_kt0123456789 }\n"
+		"add element inet kairon_egress sni_5354 { " + keyText(m) + " : goto s_kt0123456789 }\n"
 	if !strings.Contains(s, want) {
 		t.Errorf("script lacks\n%s\nscript:\n%s", want, s)
 	}
@@ -131,11 +131,11 @@ func TestSNIScript(t *testing.T) {
 	}
 	// Without allowSNI, no entry: the Machine's TCP is not redirected.
 	plain := e.machineScript(m, mustCompile(t, kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24"}}), nil)
-	if strings.Count(plain, "sni_5354 { 10.88.1.2 : goto") != 1 || !strings.Contains(plain, "delete element inet kairon_egress sni_5354 { 10.88.1.2 }\n") || strings.Contains(plain, "redirect") {
+	if strings.Count(plain, "sni_5354 { "+keyText(m)+" : goto") != 1 || !strings.Contains(plain, "delete element inet kairon_egress sni_5354 { "+keyText(m)+" }\n") || strings.Contains(plain, "redirect") {
 		t.Errorf("a policy without allowSNI is redirected:\n%s", plain)
 	}
-	rm := e.removeScript(m.Tap, m.IP, m.Tap, nil)
-	for _, w := range []string{"delete element inet kairon_egress sni_5354 { 10.88.1.2 }\n", "delete chain inet kairon_egress s_kt0123456789\n"} {
+	rm := e.removeScript(m.Tap, keyText(m), m.Tap, nil)
+	for _, w := range []string{"delete element inet kairon_egress sni_5354 { " + keyText(m) + " }\n", "delete chain inet kairon_egress s_kt0123456789\n"} {
 		if !strings.Contains(rm, w) {
 			t.Errorf("remove script lacks %q:\n%s", w, rm)
 		}
@@ -149,6 +149,9 @@ func TestEnforcerRefusesWhatIsNotAName(t *testing.T) {
 		{Tap: "kt0123456789abcd", IP: netip.MustParseAddr("10.88.1.2")},
 		{Tap: "kt0123456789", IP: netip.MustParseAddr("fe80::1")},
 		{Tap: "kt0123456789"},
+		{Tap: "kt0123456789", IP: netip.MustParseAddr("10.88.1.2")},
+		{Tap: "kt0123456789", MAC: "52:54:00:01:02", IP: netip.MustParseAddr("10.88.1.2")},
+		{Tap: "kt0123456789", MAC: "02:00:00:00:00:00:00:01", IP: netip.MustParseAddr("10.88.1.2")},
 	} {
 		if err := e.Apply(m, &Policy{}); err == nil {
 			t.Errorf("Apply(%+v) accepted it", m)
@@ -381,10 +384,19 @@ func TestSharedNamespaceMigration(t *testing.T) {
 	if err := target.Apply(onTarget, policy); err != nil {
 		t.Fatalf("the target confining the same address: %v", err)
 	}
+	// The target's agent pins its tap to the Machine's MAC before it
+	// confines it: the source's Repair then leaves the Machine's entry to
+	// the target's chain instead of taking it back at every tick.
+	if err := n.baseline.Ensure(network.Guest{Tap: onTarget.Tap, Namespace: "team-a", MAC: g.MAC, IP: g.IP}); err != nil {
+		t.Fatal(err)
+	}
+	if repaired, err := n.enforcer.Repair(); err != nil || repaired {
+		t.Fatalf("the source's Repair during the migration = %v, %v", repaired, err)
+	}
 	if err := n.enforcer.Remove(g.Tap); err != nil {
 		t.Fatalf("the source removing its tap: %v", err)
 	}
-	if rs := n.ruleset(t); strings.Contains(rs, g.Tap) || !strings.Contains(rs, "10.88.1.2 : goto e_"+onTarget.Tap) {
+	if rs := n.ruleset(t); strings.Contains(rs, g.Tap) || !strings.Contains(rs, keyText(g.Machine)+" : goto e_"+onTarget.Tap) {
 		t.Fatalf("after the source's removal:\n%s", rs)
 	}
 	// The guest (still on the source's veth here) is confined by the
@@ -404,7 +416,7 @@ func TestSharedNamespaceMigration(t *testing.T) {
 
 func TestLeanScript(t *testing.T) {
 	e := &Enforcer{Network: netip.MustParsePrefix("10.88.0.0/16"), Gateway: netip.MustParseAddr("10.88.0.1"), DNSPort: 5353, SNIPort: 5354}
-	m := Machine{Namespace: "team-a", Name: "vm", Tap: "kt0123456789", IP: netip.MustParseAddr("10.88.1.2")}
+	m := Machine{Namespace: "team-a", Name: "vm", Tap: "kt0123456789", MAC: macOf("team-a", "vm"), IP: netip.MustParseAddr("10.88.1.2")}
 	sni := mustCompile(t, kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24"}, AllowSNI: []kaironv1.ServerName{"pkg.test"}})
 	full := e.machineScript(m, sni, nil)
 	fresh := lean(full, true, true)
@@ -413,8 +425,8 @@ func TestLeanScript(t *testing.T) {
 		t.Errorf("fresh script still flushes, adds chains or deletes:\n%s", fresh)
 	}
 	// The SNI entry the policy needs stays; only the defensive pair goes.
-	if !strings.Contains(fresh, "add element inet kairon_egress sni_5354 { 10.88.1.2 : goto s_kt0123456789 }\n") ||
-		strings.Count(fresh, "sni_5354 { 10.88.1.2") != 1 {
+	if !strings.Contains(fresh, "add element inet kairon_egress sni_5354 { "+keyText(m)+" : goto s_kt0123456789 }\n") ||
+		strings.Count(fresh, "sni_5354 { "+keyText(m)) != 1 {
 		t.Errorf("fresh script lost or doubled the SNI entry:\n%s", fresh)
 	}
 	if again := lean(full, false, false); again != full {

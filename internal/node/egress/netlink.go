@@ -1,9 +1,12 @@
 package egress
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -15,6 +18,8 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/zyvor/kairon/internal/node/network"
 )
 
 // The enforcer talks to nf_tables over netlink (github.com/google/nftables):
@@ -178,7 +183,10 @@ func newSetID() uint32 { return setIDs.Add(1) }
 // to 32 bits.
 var (
 	recentType = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
-	verdictMap = nftables.TypeVerdict
+	// machineType keys what is chosen per guest: its address and its MAC
+	// together (Machine.key).
+	machineType = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeEtherAddr)
+	verdictMap  = nftables.TypeVerdict
 )
 
 func chainOf(t *nftables.Table, name string) *nftables.Chain {
@@ -249,8 +257,9 @@ func (b *batch) egressVmap() *nftables.Set {
 	return s
 }
 
-// egress4 is "map inet T egress4 { type ipv4_addr : verdict; }".
-func (b *batch) egress4() *nftables.Set { return vmapSet(b.inet, "egress4", nftables.TypeIPAddr) }
+// egress4 is "map inet T egress4 { type ipv4_addr . ether_addr : verdict;
+// }".
+func (b *batch) egress4() *nftables.Set { return vmapSet(b.inet, "egress4", machineType) }
 
 // denied4 is "set inet T denied4 { type ipv4_addr; flags interval;
 // auto-merge; }".
@@ -258,14 +267,15 @@ func (b *batch) denied4() *nftables.Set {
 	return &nftables.Set{Table: b.inet, Name: "denied4", KeyType: nftables.TypeIPAddr, Interval: true, AutoMerge: true, KeyByteOrder: binaryutil.BigEndian}
 }
 
-// dnsSet is "set inet T dns_<port> { type ipv4_addr; }".
+// dnsSet is "set inet T dns_<port> { type ipv4_addr . ether_addr; }".
 func (b *batch) dnsSet(e *Enforcer) *nftables.Set {
-	return &nftables.Set{Table: b.inet, Name: e.dnsSet(), KeyType: nftables.TypeIPAddr}
+	return &nftables.Set{Table: b.inet, Name: e.dnsSet(), KeyType: machineType}
 }
 
-// sniMap is "map inet T sni_<port> { type ipv4_addr : verdict; }".
+// sniMap is "map inet T sni_<port> { type ipv4_addr . ether_addr : verdict;
+// }".
 func (b *batch) sniMap(e *Enforcer) *nftables.Set {
-	return vmapSet(b.inet, e.sniMap(), nftables.TypeIPAddr)
+	return vmapSet(b.inet, e.sniMap(), machineType)
 }
 
 // learned is "set inet T l4_<tap>_<grant> { type ipv4_addr; size 4096;
@@ -287,6 +297,24 @@ func (b *batch) counter(tap, reason string) *nftables.CounterObj {
 // Elements.
 
 func ip4Key(a netip.Addr) []byte { b := a.As4(); return b[:] }
+
+// machineKey is "IP . MAC" as the kernel keys it: each component padded
+// to 32 bits, the MAC's 6 bytes to 8.
+func machineKey(ip netip.Addr, mac net.HardwareAddr) []byte {
+	k := make([]byte, 12)
+	copy(k, ip4Key(ip))
+	copy(k[4:], mac)
+	return k
+}
+
+// keysOf are elements of a set keyed by Machine.
+func keysOf(keys ...[]byte) []nftables.SetElement {
+	elems := make([]nftables.SetElement, len(keys))
+	for i, k := range keys {
+		elems[i] = nftables.SetElement{Key: k}
+	}
+	return elems
+}
 
 func ifnameKey(name string) []byte {
 	k := make([]byte, unix.IFNAMSIZ)
@@ -396,10 +424,24 @@ func ipv4Dep(family nftables.TableFamily) []expr.Any {
 const (
 	saddrOffset = 12
 	daddrOffset = 16
+	// etherSaddrOffset is where the source MAC is in the link header.
+	etherSaddrOffset = 6
 )
 
 func ipField(offset, length uint32, reg uint32) *expr.Payload {
 	return &expr.Payload{DestRegister: reg, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: length}
+}
+
+// sourceMachine loads "ip saddr . ether saddr" into registers 1 and 9 (a
+// concatenation: each component from a 32-bit register of its own), with
+// the dependencies nft gives it in inet: "meta nfproto ipv4" and "meta
+// iiftype ether" (a packet from another kind of interface has no MAC
+// header to read).
+func sourceMachine() []expr.Any {
+	return append(ipv4Dep(nftables.TableFamilyINet),
+		meta(expr.MetaKeyIIFTYPE, 1), cmp(expr.CmpOpEq, binaryutil.NativeEndian.PutUint16(unix.ARPHRD_ETHER)),
+		ipField(saddrOffset, 4, 1),
+		&expr.Payload{DestRegister: 9, Base: expr.PayloadBaseLLHeader, Offset: etherSaddrOffset, Len: 6})
 }
 
 // dport loads the transport header's destination port ("th dport").
@@ -601,35 +643,35 @@ func (b *batch) setup(e *Enforcer) {
 
 	// add table inet T
 	b.c.AddTable(b.inet)
-	// add map inet T egress4 { type ipv4_addr : verdict; }
+	// add map inet T egress4 { type ipv4_addr . ether_addr : verdict; }
 	e4 := b.addSet(b.egress4(), nil)
 	// add set inet T denied4 { type ipv4_addr; flags interval; auto-merge; }
 	denied := b.addSet(b.denied4(), nil)
 	// add chain inet T forward { type filter hook forward priority 10; policy accept; }
 	// flush chain inet T forward
 	fwd = b.addBaseChain(b.inet, "forward", nftables.ChainTypeFilter, nftables.ChainHookForward, 10)
-	// add rule inet T forward ip saddr vmap @egress4
-	b.rule(fwd, ipv4Dep(nftables.TableFamilyINet), []expr.Any{ipField(saddrOffset, 4, 1), vmapLookup(e4)})
+	// add rule inet T forward ip saddr . ether saddr vmap @egress4
+	b.rule(fwd, sourceMachine(), []expr.Any{vmapLookup(e4)})
 	if e.DNSPort != 0 {
-		// add set inet T dns_P { type ipv4_addr; }
+		// add set inet T dns_P { type ipv4_addr . ether_addr; }
 		dns := b.addSet(b.dnsSet(e), nil)
 		// add chain inet T dns_P { type nat hook prerouting priority -110; policy accept; }
 		// flush chain inet T dns_P
 		c := b.addBaseChain(b.inet, e.dnsSet(), nftables.ChainTypeNAT, nftables.ChainHookPrerouting, -110)
-		// add rule inet T dns_P ip saddr @dns_P meta l4proto { tcp, udp } th dport 53 redirect to :P
-		b.rule(c, ipv4Dep(nftables.TableFamilyINet), []expr.Any{ipField(saddrOffset, 4, 1), lookup(dns, false)},
+		// add rule inet T dns_P ip saddr . ether saddr @dns_P meta l4proto { tcp, udp } th dport 53 redirect to :P
+		b.rule(c, sourceMachine(), []expr.Any{lookup(dns, false)},
 			b.l4protos(b.inet, false, unix.IPPROTO_TCP, unix.IPPROTO_UDP),
 			[]expr.Any{dport(1), cmp(expr.CmpOpEq, binaryutil.BigEndian.PutUint16(53))},
 			redirect(e.DNSPort))
 	}
 	if e.SNIPort != 0 {
-		// add map inet T sni_P { type ipv4_addr : verdict; }
+		// add map inet T sni_P { type ipv4_addr . ether_addr : verdict; }
 		sni := b.addSet(b.sniMap(e), nil)
 		// add chain inet T sni_P { type nat hook prerouting priority -110; policy accept; }
 		// flush chain inet T sni_P
 		c := b.addBaseChain(b.inet, e.sniMap(), nftables.ChainTypeNAT, nftables.ChainHookPrerouting, -110)
-		// add rule inet T sni_P meta l4proto tcp ip saddr vmap @sni_P
-		b.rule(c, l4proto(unix.IPPROTO_TCP), ipv4Dep(nftables.TableFamilyINet), []expr.Any{ipField(saddrOffset, 4, 1), vmapLookup(sni)})
+		// add rule inet T sni_P meta l4proto tcp ip saddr . ether saddr vmap @sni_P
+		b.rule(c, l4proto(unix.IPPROTO_TCP), sourceMachine(), []expr.Any{vmapLookup(sni)})
 	}
 	if e.Masquerade != "" {
 		// add chain inet T masq_U { type nat hook postrouting priority 100; policy accept; }
@@ -656,13 +698,15 @@ func (b *batch) setup(e *Enforcer) {
 
 // machine writes m's chains, sets and map entries (machineScript's text),
 // deleting the learned sets in stale. noSNIEntry: the SNI map has no
-// entry for m's address, so none is taken out first (lean's text).
+// entry for m's key, so none is taken out first (lean's text). yielded:
+// m's egress4 entry is left as it is, pointing at the chain of the other
+// end of m's migration (see Enforcer.peerHolds).
 //
 // Unlike lean's text, the chains of a new Machine are flushed all the
 // same: the kernel does that in microseconds, and it spares the
 // transaction the question whether they exist (netlink has no "create
 // chain" in github.com/google/nftables).
-func (b *batch) machine(e *Enforcer, m Machine, p *Policy, stale []string, noSNIEntry bool) {
+func (b *batch) machine(e *Enforcer, m Machine, p *Policy, stale []string, noSNIEntry, yielded bool) {
 	tap := m.Tap
 	// add chain bridge T e_TAP; flush chain bridge T e_TAP
 	bc := b.addChain(b.bridge, "e_"+tap, true)
@@ -780,11 +824,13 @@ func (b *batch) machine(e *Enforcer, m Machine, p *Policy, stale []string, noSNI
 	}
 	// add element bridge T egress_vmap { "TAP" : goto e_TAP }
 	b.addElements(b.egressVmap(), []nftables.SetElement{gotoElement(ifnameKey(tap), "e_"+tap)})
-	// add element inet T egress4 { IP : goto e_TAP }
-	b.addElements(b.egress4(), []nftables.SetElement{gotoElement(ip4Key(m.IP), "e_"+tap)})
+	if !yielded {
+		// add element inet T egress4 { IP . MAC : goto e_TAP }
+		b.addElements(b.egress4(), []nftables.SetElement{gotoElement(m.key(), "e_"+tap)})
+	}
 	if e.DNSPort != 0 {
-		// add element inet T dns_P { IP }
-		b.addElements(b.dnsSet(e), keys4([]netip.Addr{m.IP}, 0))
+		// add element inet T dns_P { IP . MAC }
+		b.addElements(b.dnsSet(e), keysOf(m.key()))
 	}
 }
 
@@ -799,14 +845,14 @@ func (b *batch) sni(e *Enforcer, m Machine, p *Policy, learned map[string]*nftab
 	// add chain inet T s_TAP; flush chain inet T s_TAP
 	c := b.addChain(b.inet, "s_"+tap, true)
 	sni := b.sniMap(e)
-	entry := []nftables.SetElement{gotoElement(ip4Key(m.IP), "s_"+tap)}
+	entry := []nftables.SetElement{gotoElement(m.key(), "s_"+tap)}
 	if !noSNIEntry {
 		// Out of the map first (added so that the delete cannot fail): a
 		// policy without allowSNI leaves no entry behind.
-		// add element inet T sni_P { IP : goto s_TAP }
-		// delete element inet T sni_P { IP }
+		// add element inet T sni_P { IP . MAC : goto s_TAP }
+		// delete element inet T sni_P { IP . MAC }
 		b.addElements(sni, entry)
-		b.deleteElements(sni, []nftables.SetElement{{Key: ip4Key(m.IP)}})
+		b.deleteElements(sni, keysOf(m.key()))
 	}
 	if !hasSNI(p) {
 		return
@@ -835,7 +881,7 @@ func (b *batch) sni(e *Enforcer, m Machine, p *Policy, learned map[string]*nftab
 	// add rule inet T s_TAP ip daddr @denied4 return
 	b.rule(c, setMatch(b.inet, b.denied4()), ret)
 	rules(false)
-	// add element inet T sni_P { IP : goto s_TAP }
+	// add element inet T sni_P { IP . MAC : goto s_TAP }
 	b.addElements(sni, entry)
 }
 
@@ -851,36 +897,37 @@ func nets4List(nets []netip.Prefix, explicit func(netip.Prefix) bool, want bool)
 	return out
 }
 
-// forget takes ip's entries out (forgetAddress's text). The egress4 entry
-// goes only if it points at tap's chain (owner is the tap it points at in
-// the kernel): in kairon-local a migration's source and target share the
-// namespace and the guest's address, and the entry may be the other
-// agent's by now. The DNS set and SNI map are this agent's own: never
-// another tap's entry.
-func (b *batch) forget(e *Enforcer, tap string, ip netip.Addr, owner string) {
-	key := []nftables.SetElement{{Key: ip4Key(ip)}}
+// forget takes the entries of key (a Machine's "IP . MAC") out
+// (forgetKey's text). The egress4 entry goes only if it points at tap's
+// chain (owner is the tap it points at in the kernel): in kairon-local a
+// migration's source and target share the namespace and the guest's key,
+// and the entry may be the other agent's by now; another Machine's entry
+// has another key, so it is never touched. The DNS set and SNI map are
+// this agent's own: never another tap's entry.
+func (b *batch) forget(e *Enforcer, tap string, key []byte, owner string) {
 	if owner == tap {
-		// delete element inet T egress4 { IP }
-		b.deleteElements(b.egress4(), key)
+		// delete element inet T egress4 { IP . MAC }
+		b.deleteElements(b.egress4(), keysOf(key))
 	}
 	if e.DNSPort != 0 {
-		// add element inet T dns_P { IP }; delete element inet T dns_P { IP }
-		b.addElements(b.dnsSet(e), key)
-		b.deleteElements(b.dnsSet(e), key)
+		// add element inet T dns_P { IP . MAC }; delete element inet T dns_P { IP . MAC }
+		b.addElements(b.dnsSet(e), keysOf(key))
+		b.deleteElements(b.dnsSet(e), keysOf(key))
 	}
 	if e.SNIPort != 0 {
 		// add chain inet T s_TAP
-		// add element inet T sni_P { IP : goto s_TAP }; delete element inet T sni_P { IP }
+		// add element inet T sni_P { IP . MAC : goto s_TAP }; delete element inet T sni_P { IP . MAC }
 		b.addChain(b.inet, "s_"+tap, false)
-		b.addElements(b.sniMap(e), []nftables.SetElement{gotoElement(ip4Key(ip), "s_"+tap)})
-		b.deleteElements(b.sniMap(e), key)
+		b.addElements(b.sniMap(e), []nftables.SetElement{gotoElement(key, "s_"+tap)})
+		b.deleteElements(b.sniMap(e), keysOf(key))
 	}
 }
 
-// remove takes out everything of tap and address ip (removeScript's
-// text). Each object is added before it is deleted, so the batch
+// remove takes out everything of tap and of the Machine keys in owners
+// (removeScript's text): each key maps to the tap its egress4 entry
+// points at. Each object is added before it is deleted, so the batch
 // succeeds whatever is left.
-func (b *batch) remove(e *Enforcer, tap string, ip netip.Addr, owner string, sets []string) {
+func (b *batch) remove(e *Enforcer, tap string, owners map[string]string, sets []string) {
 	// add chain bridge T e_TAP
 	b.addChain(b.bridge, "e_"+tap, false)
 	// add element bridge T egress_vmap { "TAP" : goto e_TAP }; delete element ...
@@ -891,8 +938,8 @@ func (b *batch) remove(e *Enforcer, tap string, ip netip.Addr, owner string, set
 	b.c.DelChain(chainOf(b.bridge, "e_"+tap))
 	// add chain inet T e_TAP
 	b.addChain(b.inet, "e_"+tap, false)
-	if ip.IsValid() {
-		b.forget(e, tap, ip, owner)
+	for _, key := range slices.Sorted(maps.Keys(owners)) {
+		b.forget(e, tap, []byte(key), owners[key])
 	}
 	// flush chain inet T e_TAP; delete chain inet T e_TAP
 	b.c.FlushChain(chainOf(b.inet, "e_"+tap))
@@ -922,6 +969,24 @@ func (b *batch) learn(sets []string, addrs []netip.Addr, ttl time.Duration) {
 		b.addElements(s, keys4(addrs, 0))
 		b.deleteElements(s, keys4(addrs, 0))
 		b.addElements(s, keys4(addrs, ttl))
+	}
+}
+
+// dropAddressKeyed deletes the sets and maps of an older agent that were
+// keyed by address alone, named in old (each with the base chain of the
+// same name, or forward for egress4, which refers to it): setup, later in
+// the same batch, creates them keyed by Machine. Their entries go with
+// them; each agent writes its own again (Apply, or Repair at its next
+// tick, which finds them missing).
+func (b *batch) dropAddressKeyed(old []string) {
+	for _, name := range old {
+		chain := name
+		if name == "egress4" {
+			chain = "forward"
+		}
+		// flush chain inet T CHAIN; delete set inet T NAME
+		b.c.FlushChain(chainOf(b.inet, chain))
+		b.c.DelSet(&nftables.Set{Table: b.inet, Name: name})
 	}
 }
 
@@ -1049,6 +1114,82 @@ func (s *session) dump(family nftables.TableFamily, msg int, attrs []netlink.Att
 		}
 	}
 	return nil
+}
+
+// addressKeyed lists those of egress4, dns_<port> and sni_<port> that the
+// kernel holds keyed by address alone (an agent before Machine keys wrote
+// them), and whose base chain exists: Setup replaces them.
+func (s *session) addressKeyed(e *Enforcer) ([]string, error) {
+	names := []string{"egress4"}
+	if e.DNSPort != 0 {
+		names = append(names, e.dnsSet())
+	}
+	if e.SNIPort != 0 {
+		names = append(names, e.sniMap())
+	}
+	chains, err := s.chainNames(nftables.TableFamilyINet)
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return nil, fmt.Errorf("egress: listing the chains of table inet %s: %w", Table, err)
+	}
+	keyLens, err := s.keyLengths()
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return nil, fmt.Errorf("egress: listing the sets of table inet %s: %w", Table, err)
+	}
+	var old []string
+	for _, name := range names {
+		chain := name
+		if name == "egress4" {
+			chain = "forward"
+		}
+		if n, ok := keyLens[name]; ok && n != machineType.Bytes && slices.Contains(chains, chain) {
+			old = append(old, name)
+		}
+	}
+	return old, nil
+}
+
+// keyLengths maps the inet table's sets to their key lengths. Read here:
+// github.com/google/nftables decodes a verdict map's key type as the
+// verdict type.
+func (s *session) keyLengths() (map[string]uint32, error) {
+	lens := map[string]uint32{}
+	var name string
+	err := s.dump(nftables.TableFamilyINet, unix.NFT_MSG_GETSET, []netlink.Attribute{
+		{Type: unix.NFTA_SET_TABLE, Data: []byte(Table + "\x00")},
+	}, func(ad *netlink.AttributeDecoder) {
+		switch ad.Type() {
+		case unix.NFTA_SET_NAME:
+			name = ad.String()
+		case unix.NFTA_SET_KEY_LEN:
+			lens[name] = ad.Uint32()
+		}
+	})
+	return lens, err
+}
+
+// pinnedTo tells whether the bridge baseline (internal/node/network) pins
+// tap to mac: its chain g_<tap> drops what the tap sends from any other
+// source MAC ("ether saddr != MAC drop").
+func (s *session) pinnedTo(tap string, mac net.HardwareAddr) bool {
+	t := &nftables.Table{Family: nftables.TableFamilyBridge, Name: network.BaselineTable}
+	rules, err := s.conn.GetRules(t, chainOf(t, "g_"+tap))
+	if err != nil {
+		if !errors.Is(err, unix.ENOENT) {
+			s.broken = true
+		}
+		return false
+	}
+	for _, r := range rules {
+		for i := 0; i+1 < len(r.Exprs); i++ {
+			p, isPayload := r.Exprs[i].(*expr.Payload)
+			c, isCmp := r.Exprs[i+1].(*expr.Cmp)
+			if isPayload && isCmp && p.Base == expr.PayloadBaseLLHeader && p.Offset == etherSaddrOffset && p.Len == 6 &&
+				c.Op == expr.CmpOpNeq && bytes.Equal(c.Data, mac) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // setNames lists the names of the inet table's sets.

@@ -64,9 +64,9 @@ func TestNetlinkMatchesScript(t *testing.T) {
 	compare("setup")
 
 	machines := []Machine{
-		{Namespace: "team-a", Name: "a", Tap: "kt0123456789", IP: netip.MustParseAddr("10.88.1.2")},
-		{Namespace: "team-a", Name: "b", Tap: "kt_b.c-d", IP: netip.MustParseAddr("10.88.1.3")},
-		{Namespace: "team-b", Name: "c", Tap: "kt0000000003", IP: netip.MustParseAddr("10.88.1.4")},
+		{Namespace: "team-a", Name: "a", Tap: "kt0123456789", MAC: macOf("team-a", "a"), IP: netip.MustParseAddr("10.88.1.2")},
+		{Namespace: "team-a", Name: "b", Tap: "kt_b.c-d", MAC: macOf("team-a", "b"), IP: netip.MustParseAddr("10.88.1.3")},
+		{Namespace: "team-b", Name: "c", Tap: "kt0000000003", MAC: macOf("team-b", "c"), IP: netip.MustParseAddr("10.88.1.4")},
 	}
 	policies := []*Policy{
 		mustCompile(t,
@@ -110,7 +110,7 @@ func TestNetlinkMatchesScript(t *testing.T) {
 	compare("changed policies")
 
 	// The whole address space, alone and with another net.
-	everywhere := Machine{Namespace: "team-c", Name: "d", Tap: "kt0000000004", IP: netip.MustParseAddr("10.88.1.5")}
+	everywhere := Machine{Namespace: "team-c", Name: "d", Tap: "kt0000000004", MAC: macOf("team-c", "d"), IP: netip.MustParseAddr("10.88.1.5")}
 	for i, cidrs := range [][]kaironv1.CIDR{{"0.0.0.0/0"}, {"0.0.0.0/0", "198.51.100.0/24"}} {
 		p := mustCompile(t, kaironv1.EgressRules{AllowCidrs: cidrs, AllowPorts: []kaironv1.PortRange{"1-65535"}})
 		if err := e.Apply(everywhere, p); err != nil {
@@ -139,7 +139,7 @@ func TestNetlinkMatchesScript(t *testing.T) {
 	if err := e.Apply(moved, p); err != nil {
 		t.Fatal(err)
 	}
-	nftScript(t, viaText, e.machineScript(moved, p, nil)+e.forgetAddress(moved.Tap, machines[1].IP, machines[1].Tap))
+	nftScript(t, viaText, e.machineScript(moved, p, nil)+e.forgetKey(moved.Tap, keyText(machines[1]), machines[1].Tap))
 	compare("moved address")
 
 	// Repair after a flush of everything.
@@ -164,7 +164,7 @@ func TestNetlinkMatchesScript(t *testing.T) {
 	if err := e.Remove(machines[0].Tap); err != nil {
 		t.Fatal(err)
 	}
-	nftScript(t, viaText, e.removeScript(machines[0].Tap, machines[0].IP, machines[0].Tap, learnedSets(machines[0].Tap, policies[1])))
+	nftScript(t, viaText, e.removeScript(machines[0].Tap, keyText(machines[0]), machines[0].Tap, learnedSets(machines[0].Tap, policies[1])))
 	compare("removal")
 	restarted := &Enforcer{NetNS: viaNetlink, Bridge: e.Bridge, Network: e.Network, Gateway: e.Gateway, DNSPort: e.DNSPort, SNIPort: e.SNIPort, Masquerade: e.Masquerade}
 	if err := restarted.Setup(); err != nil {
@@ -174,7 +174,7 @@ func TestNetlinkMatchesScript(t *testing.T) {
 	if err := restarted.Remove(m.Tap); err != nil {
 		t.Fatal(err)
 	}
-	nftScript(t, viaText, e.removeScript(m.Tap, m.IP, m.Tap, learnedSets(m.Tap, policies[0])))
+	nftScript(t, viaText, e.removeScript(m.Tap, keyText(m), m.Tap, learnedSets(m.Tap, policies[0])))
 	compare("removal after a restart")
 
 	if err := RemoveTables(viaNetlink); err != nil {
@@ -238,7 +238,7 @@ func TestLargeBatches(t *testing.T) {
 		})
 	}
 	large := mustCompile(t, rules...)
-	big := Machine{Namespace: "team-a", Name: "big", Tap: "ktbig", IP: netip.MustParseAddr("10.88.9.9")}
+	big := Machine{Namespace: "team-a", Name: "big", Tap: "ktbig", MAC: macOf("team-a", "big"), IP: netip.MustParseAddr("10.88.9.9")}
 	if err := e.Apply(big, large); err != nil {
 		t.Fatalf("a policy of 60 grants: %v", err)
 	}
@@ -247,7 +247,7 @@ func TestLargeBatches(t *testing.T) {
 	}
 	p := mustCompile(t, kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24"}, AllowFqdns: []kaironv1.Hostname{"pkg.test"}, AllowPorts: []kaironv1.PortRange{"443"}})
 	for i := range 200 {
-		m := Machine{Namespace: "crowd", Name: fmt.Sprint(i), Tap: fmt.Sprintf("kc%010d", i), IP: netip.AddrFrom4([4]byte{10, 88, byte(200 + i/250), byte(2 + i%250)})}
+		m := Machine{Namespace: "crowd", Name: fmt.Sprint(i), Tap: fmt.Sprintf("kc%010d", i), MAC: macOf("crowd", fmt.Sprint(i)), IP: netip.AddrFrom4([4]byte{10, 88, byte(200 + i/250), byte(2 + i%250)})}
 		if err := e.Apply(m, p); err != nil {
 			t.Fatal(err)
 		}

@@ -126,8 +126,8 @@ func (n *testNode) newEnforcer(t *testing.T) *Enforcer {
 func (n *testNode) guest(t *testing.T, namespace, name, ip string) *testGuest {
 	t.Helper()
 	id := namespace + "_" + name
-	g := &testGuest{netns: testNetNS(t), Machine: Machine{Namespace: namespace, Name: name, Tap: network.TapName("node-1", id), IP: netip.MustParseAddr(ip)}}
 	mac := network.MAC(id)
+	g := &testGuest{netns: testNetNS(t), Machine: Machine{Namespace: namespace, Name: name, Tap: network.TapName("node-1", id), MAC: mac, IP: netip.MustParseAddr(ip)}}
 	run(t, "ip", "-n", n.host, "link", "add", g.Tap, "type", "veth", "peer", "name", "eth0", "netns", g.netns)
 	run(t, "ip", "-n", n.host, "link", "set", g.Tap, "master", n.bridge, "up")
 	run(t, "ip", "-n", g.netns, "link", "set", "lo", "up")
@@ -140,6 +140,9 @@ func (n *testNode) guest(t *testing.T, namespace, name, ip string) *testGuest {
 	}
 	return g
 }
+
+// macOf is the MAC the agent gives Machine namespace/name.
+func macOf(namespace, name string) string { return network.MAC(namespace + "_" + name) }
 
 // serveTCP listens on addr in ns and answers every connection with "hi".
 func serveTCP(t *testing.T, ns, addr string) {

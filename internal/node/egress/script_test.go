@@ -27,29 +27,29 @@ func (e *Enforcer) setupScript() string {
 
 	i := "inet " + Table
 	w("add table %s", i)
-	w("add map %s egress4 { type ipv4_addr : verdict; }", i)
+	w("add map %s egress4 { type ipv4_addr . ether_addr : verdict; }", i)
 	w("add set %s denied4 { type ipv4_addr; flags interval; auto-merge; }", i)
 	w("add chain %s forward { type filter hook forward priority 10; policy accept; }", i)
 	w("flush chain %s forward", i)
-	w("add rule %s forward ip saddr vmap @egress4", i)
+	w("add rule %s forward ip saddr . ether saddr vmap @egress4", i)
 	if e.DNSPort != 0 {
 		// One chain and set per proxy port: agents sharing the namespace
 		// (kairon-local) each have their own proxy. Before the usual dstnat
 		// (-100), so that no other DNAT of the node (kube-proxy) takes a
 		// confined guest's DNS elsewhere first.
-		w("add set %s %s { type ipv4_addr; }", i, e.dnsSet())
+		w("add set %s %s { type ipv4_addr . ether_addr; }", i, e.dnsSet())
 		w("add chain %s %s { type nat hook prerouting priority -110; policy accept; }", i, e.dnsSet())
 		w("flush chain %s %s", i, e.dnsSet())
-		w("add rule %s %s ip saddr @%s meta l4proto { tcp, udp } th dport 53 redirect to :%d", i, e.dnsSet(), e.dnsSet(), e.DNSPort)
+		w("add rule %s %s ip saddr . ether saddr @%s meta l4proto { tcp, udp } th dport 53 redirect to :%d", i, e.dnsSet(), e.dnsSet(), e.DNSPort)
 	}
 	if e.SNIPort != 0 {
 		// As the DNS proxy's: one map and chain per proxy port. A map
 		// entry sends a guest's new connections to its own nat chain,
 		// which redirects those its allowSNI grants must check.
-		w("add map %s %s { type ipv4_addr : verdict; }", i, e.sniMap())
+		w("add map %s %s { type ipv4_addr . ether_addr : verdict; }", i, e.sniMap())
 		w("add chain %s %s { type nat hook prerouting priority -110; policy accept; }", i, e.sniMap())
 		w("flush chain %s %s", i, e.sniMap())
-		w("add rule %s %s meta l4proto tcp ip saddr vmap @%s", i, e.sniMap(), e.sniMap())
+		w("add rule %s %s meta l4proto tcp ip saddr . ether saddr vmap @%s", i, e.sniMap(), e.sniMap())
 	}
 	if e.Masquerade != "" {
 		// One chain per uplink, as the proxy's: agents sharing the
@@ -197,9 +197,9 @@ func (e *Enforcer) machineScript(m Machine, p *Policy, staleSets []string) strin
 		w("delete set %s %s", i, set)
 	}
 	w("add element %s egress_vmap { %q : goto e_%s }", b, tap, tap)
-	w("add element %s egress4 { %s : goto e_%s }", i, m.IP, tap)
+	w("add element %s egress4 { %s : goto e_%s }", i, keyText(m), tap)
 	if e.DNSPort != 0 {
-		w("add element %s %s { %s }", i, e.dnsSet(), m.IP)
+		w("add element %s %s { %s }", i, e.dnsSet(), keyText(m))
 	}
 	return s.String()
 }
@@ -218,8 +218,8 @@ func (e *Enforcer) sniScript(m Machine, p *Policy) string {
 	w("flush chain %s s_%s", i, tap)
 	// Out of the map first (added so that the delete cannot fail): a
 	// policy without allowSNI leaves no entry behind.
-	w("add element %s %s { %s : goto s_%s }", i, e.sniMap(), m.IP, tap)
-	w("delete element %s %s { %s }", i, e.sniMap(), m.IP)
+	w("add element %s %s { %s : goto s_%s }", i, e.sniMap(), keyText(m), tap)
+	w("delete element %s %s { %s }", i, e.sniMap(), keyText(m))
 	checked := slices.ContainsFunc(p.Grants, func(g Grant) bool { return len(g.SNI) > 0 })
 	if !checked {
 		return s.String()
@@ -250,7 +250,7 @@ func (e *Enforcer) sniScript(m Machine, p *Policy) string {
 	rules(true)
 	w("add rule %s s_%s ip daddr @denied4 return", i, tap)
 	rules(false)
-	w("add element %s %s { %s : goto s_%s }", i, e.sniMap(), m.IP, tap)
+	w("add element %s %s { %s : goto s_%s }", i, e.sniMap(), keyText(m), tap)
 	return s.String()
 }
 
@@ -266,12 +266,18 @@ func tcpPorts(g Grant) string {
 	return fmt.Sprintf("tcp dport { %s }", strings.Join(ports, ", "))
 }
 
-// forgetAddress takes ip's entries out. The egress4 entry goes only if it
-// points at tap's chain (owner is the tap it points at in the kernel): in
-// kairon-local a migration's source and target share the namespace and
-// the guest's address, and the entry may be the other agent's by now.
-func (e *Enforcer) forgetAddress(tap string, ip netip.Addr, owner string) string {
+// keyText is a Machine's key in the maps keyed by Machine, as nft writes
+// it.
+func keyText(m Machine) string { return m.IP.String() + " . " + m.MAC }
+
+// forgetKey takes the entries of key (keyText) out. The egress4 entry
+// goes only if it points at tap's chain (owner is the tap it points at in
+// the kernel): in kairon-local a migration's source and target share the
+// namespace and the guest's key, and the entry may be the other agent's
+// by now.
+func (e *Enforcer) forgetKey(tap string, key string, owner string) string {
 	i := "inet " + Table
+	ip := key
 	var s string
 	if owner == tap {
 		s = fmt.Sprintf("delete element %s egress4 { %s }\n", i, ip)
@@ -286,10 +292,10 @@ func (e *Enforcer) forgetAddress(tap string, ip netip.Addr, owner string) string
 	return s
 }
 
-// removeScript takes out everything of tap and address ip. Each object is
-// added before it is deleted (nft 1.0.6 has no "destroy"), so the script
-// succeeds whatever is left.
-func (e *Enforcer) removeScript(tap string, ip netip.Addr, owner string, sets []string) string {
+// removeScript takes out everything of tap and of the Machine key (keyText;
+// empty: none). Each object is added before it is deleted (nft 1.0.6 has
+// no "destroy"), so the script succeeds whatever is left.
+func (e *Enforcer) removeScript(tap string, key string, owner string, sets []string) string {
 	var s strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&s, format+"\n", args...) }
 	b := "bridge " + Table
@@ -300,8 +306,8 @@ func (e *Enforcer) removeScript(tap string, ip netip.Addr, owner string, sets []
 	w("flush chain %s e_%s", b, tap)
 	w("delete chain %s e_%s", b, tap)
 	w("add chain %s e_%s", i, tap)
-	if ip.IsValid() {
-		s.WriteString(e.forgetAddress(tap, ip, owner))
+	if key != "" {
+		s.WriteString(e.forgetKey(tap, key, owner))
 	}
 	w("flush chain %s e_%s", i, tap)
 	w("delete chain %s e_%s", i, tap)

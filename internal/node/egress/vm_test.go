@@ -63,7 +63,7 @@ func TestEgressWithARealGuest(t *testing.T) {
 	if err := n.baseline.Ensure(network.Guest{Tap: tap, Namespace: "team-a", MAC: network.MAC(id), IP: addr}); err != nil {
 		t.Fatal(err)
 	}
-	m := Machine{Namespace: "team-a", Name: "sandbox", Tap: tap, IP: addr}
+	m := Machine{Namespace: "team-a", Name: "sandbox", Tap: tap, MAC: macOf("team-a", "sandbox"), IP: addr}
 	// Confined before it boots: the guest never runs open.
 	if err := n.enforcer.Apply(m, mustCompile(t, kaironv1.EgressRules{AllowFqdns: []kaironv1.Hostname{"pkg.test"}, AllowPorts: []kaironv1.PortRange{"8050"}})); err != nil {
 		t.Fatal(err)
