@@ -95,7 +95,10 @@ func newTestNode(t *testing.T) *testNode {
 	}
 	run(t, "ip", "-n", n.outside, "route", "add", n.network.String(), "via", uplinkNode)
 
-	n.baseline = &network.Baseline{NetNS: n.host, Bridge: n.bridge, Network: n.network, Gateway: n.gateway}
+	// What the egress tables do with link-local is under test here; the
+	// baseline's own metadata drop (network.MetadataAddresses) would hide
+	// it, so this node allows metadata as --allow-guest-metadata does.
+	n.baseline = &network.Baseline{NetNS: n.host, Bridge: n.bridge, Network: n.network, Gateway: n.gateway, AllowMetadata: true}
 	if err := n.baseline.Setup(); err != nil {
 		t.Fatal(err)
 	}
