@@ -31,12 +31,17 @@ import (
 // through the API server's node proxy the request carries the API server's
 // kubelet-client identity, which RBAC must grant get machines/console.
 
-// consoleUser is an authenticated requester.
+// consoleUser is an authenticated requester, or the user it impersonates
+// (console_impersonation.go).
 type consoleUser struct {
 	name   string
 	uid    string
 	groups []string
 	extra  map[string]authzv1.ExtraValue
+	// impersonatedBy is the name of the authenticated requester when this
+	// is the user it impersonates, for the logs; authorization never
+	// looks at it.
+	impersonatedBy string
 }
 
 // accessReviewer asks the API server who a token is and what a user may do.
@@ -47,6 +52,8 @@ type accessReviewer interface {
 	// mayAccess tells whether user may do access (a verb on a subresource
 	// of machines) to namespace/name.
 	mayAccess(ctx context.Context, user consoleUser, access machineAccess, namespace, name string) (bool, error)
+	// mayImpersonate tells whether user may impersonate target.
+	mayImpersonate(ctx context.Context, user consoleUser, target impersonationTarget) (bool, error)
 }
 
 // machineAccess is what a request to the node agent asks of a Machine: a
@@ -98,6 +105,20 @@ func (r apiReviewer) mayAccess(ctx context.Context, user consoleUser, access mac
 	return review.Status.Allowed, nil
 }
 
+func (r apiReviewer) mayImpersonate(ctx context.Context, user consoleUser, target impersonationTarget) (bool, error) {
+	review := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+		User: user.name, UID: user.uid, Groups: user.groups, Extra: user.extra,
+		ResourceAttributes: &authzv1.ResourceAttributes{
+			Namespace: target.namespace, Verb: "impersonate", Group: target.group,
+			Resource: target.resource, Subresource: target.subresource, Name: target.name,
+		},
+	}}
+	if err := r.c.Create(ctx, review); err != nil {
+		return false, err
+	}
+	return review.Status.Allowed, nil
+}
+
 // consoleDecisionTTL is how long an authentication or authorization result
 // is reused, as the kubelet caches its webhook decisions: a revoked
 // permission or token still works for at most this long. Streams that
@@ -134,10 +155,22 @@ func newConsoleAuth(reviewer accessReviewer) *consoleAuth {
 	return &consoleAuth{reviewer: reviewer, now: time.Now, tokens: map[string]cachedUser{}, access: map[string]cachedDecision{}}
 }
 
-// authenticate finds who sent r: its verified client certificate, else its
+// authenticate finds who r acts as: who sent it (identify), or the user
+// its Impersonate-* headers name if the sender may impersonate it
+// (console_impersonation.go). On failure it answers 401, 403 or 400 (500
+// if the API server could not be asked) and returns ok false.
+func (c *consoleAuth) authenticate(w http.ResponseWriter, r *http.Request) (consoleUser, bool) {
+	requester, ok := c.identify(w, r)
+	if !ok {
+		return consoleUser{}, false
+	}
+	return c.impersonate(w, r, requester)
+}
+
+// identify finds who sent r: its verified client certificate, else its
 // bearer token. On failure it answers 401 (500 if the API server could not
 // be asked) and returns ok false.
-func (c *consoleAuth) authenticate(w http.ResponseWriter, r *http.Request) (consoleUser, bool) {
+func (c *consoleAuth) identify(w http.ResponseWriter, r *http.Request) (consoleUser, bool) {
 	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
 		leaf := r.TLS.VerifiedChains[0][0]
 		groups := append(slices.Clone(leaf.Subject.Organization), "system:authenticated")
@@ -180,27 +213,39 @@ func (c *consoleAuth) authorize(w http.ResponseWriter, r *http.Request, user con
 		http.Error(w, "Forbidden", http.StatusForbidden)
 		return false
 	}
-	key := decisionKey(user, access, namespace, name)
-	c.mu.Lock()
-	cached, hit := c.access[key]
-	c.mu.Unlock()
-	if !hit || c.now().After(cached.until) {
-		allowed, err := c.reviewer.mayAccess(r.Context(), user, access, namespace, name)
-		if err != nil {
-			log.FromContext(r.Context()).Error(err, "SubjectAccessReview failed", "access", access.String())
-			http.Error(w, "Authorization unavailable", http.StatusInternalServerError)
-			return false
-		}
-		cached = cachedDecision{allowed: allowed, until: c.now().Add(consoleDecisionTTL)}
-		c.mu.Lock()
-		c.access = store(c.access, key, cached, c.now())
-		c.mu.Unlock()
+	allowed, err := c.decide(r.Context(), decisionKey(user, access, namespace, name), func() (bool, error) {
+		return c.reviewer.mayAccess(r.Context(), user, access, namespace, name)
+	})
+	if err != nil {
+		log.FromContext(r.Context()).Error(err, "SubjectAccessReview failed", "access", access.String())
+		http.Error(w, "Authorization unavailable", http.StatusInternalServerError)
+		return false
 	}
-	if !cached.allowed {
+	if !allowed {
 		http.Error(w, "Forbidden", http.StatusForbidden)
 		return false
 	}
 	return true
+}
+
+// decide is the cached answer to the SubjectAccessReview key stands for,
+// asking ask when there is none or it expired.
+func (c *consoleAuth) decide(ctx context.Context, key string, ask func() (bool, error)) (bool, error) {
+	c.mu.Lock()
+	cached, hit := c.access[key]
+	c.mu.Unlock()
+	if hit && !c.now().After(cached.until) {
+		return cached.allowed, nil
+	}
+	allowed, err := ask()
+	if err != nil {
+		return false, err
+	}
+	cached = cachedDecision{allowed: allowed, until: c.now().Add(consoleDecisionTTL)}
+	c.mu.Lock()
+	c.access = store(c.access, key, cached, c.now())
+	c.mu.Unlock()
+	return allowed, nil
 }
 
 // decisionKey identifies one SubjectAccessReview. Every part is written
@@ -208,10 +253,24 @@ func (c *consoleAuth) authorize(w http.ResponseWriter, r *http.Request, user con
 // bytes the names hold; groups and the extra's keys are sorted, their
 // order means nothing.
 func decisionKey(user consoleUser, access machineAccess, namespace, name string) string {
+	return reviewKey(user, access.verb, kaironv1.GroupVersion.Group, "machines", access.subresource, namespace, name)
+}
+
+// impersonationKey identifies the SubjectAccessReview of user
+// impersonating target.
+func impersonationKey(user consoleUser, target impersonationTarget) string {
+	return reviewKey(user, "impersonate", target.group, target.resource, target.subresource, target.namespace, target.name)
+}
+
+// reviewKey identifies the SubjectAccessReview of user doing verb on a
+// resource (see decisionKey).
+func reviewKey(user consoleUser, verb, group, resource, subresource, namespace, name string) string {
 	h := sha256.New()
 	put := func(s string) { fmt.Fprintf(h, "%d:%s", len(s), s) }
-	put(access.verb)
-	put(access.subresource)
+	put(verb)
+	put(group)
+	put(resource)
+	put(subresource)
 	put(user.name)
 	put(user.uid)
 	put(namespace)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -202,4 +203,92 @@ func TestConsoleServesTheNodeProxyIdentity(t *testing.T) {
 		code, body := get()
 		return code == http.StatusOK && body == "KAIRON-READY\n", fmt.Sprintf("%d %q", code, body)
 	})
+}
+
+// grantClusterRule gives subject rule cluster-wide, until the test ends.
+func grantClusterRule(t *testing.T, env *testenv.Env, rule rbacv1.PolicyRule, subject rbacv1.Subject) {
+	t.Helper()
+	ctx := context.Background()
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{GenerateName: "console-test-"}, Rules: []rbacv1.PolicyRule{rule}}
+	if err := env.Client.Create(ctx, role); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), role) })
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "console-test-"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{subject},
+	}
+	if err := env.Client.Create(ctx, binding); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), binding) })
+}
+
+// TestConsoleImpersonation (issue 42) plays impersonation against a real
+// agent and RBAC: the agent asks the API server whether the certificate
+// holder may impersonate the user its Impersonate-User header names, then
+// authorizes the console read as that user. Carol may impersonate alice
+// only and may not read the console; admin-like dave may read it and
+// impersonate anyone; alice may read it. Without the agent's check, dave
+// as carol would read it as dave.
+func TestConsoleImpersonation(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	ca := newMigrationCA(t, "console client CA")
+	caFile := filepath.Join(ca.dir(t, "unused"), "ca.crt")
+	runSimAgent(t, env, "con-imp", t.TempDir(), nil, func(o *node.Options) { o.ClientCAFile = caFile })
+	m := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm"}, Spec: kaironv1.MachineSpec{NodeName: "con-imp"}}
+	if err := env.Client.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineRunning)
+	user := func(name string) rbacv1.Subject {
+		return rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: name}
+	}
+	alice, carol, dave := "imp-alice-"+ns, "imp-carol-"+ns, "imp-dave-"+ns
+	grantConsole(t, env, ns, user(alice))
+	grantConsole(t, env, ns, user(dave))
+	grantClusterRule(t, env, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"users"}, Verbs: []string{"impersonate"}, ResourceNames: []string{alice}}, user(carol))
+	grantClusterRule(t, env, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"users", "groups"}, Verbs: []string{"impersonate"}}, user(dave))
+	address := consoleAddress(t, env, "con-imp")
+	url := "https://" + address + fmt.Sprintf("/v1/machines/%s/vm/console?tail=1", ns)
+	get := func(as, impersonate string, groups ...string) (int, string) {
+		t.Helper()
+		c := &http.Client{Transport: &http.Transport{TLSClientConfig: ca.tlsClient(t, as)}, Timeout: 10 * time.Second}
+		req, err := http.NewRequest(http.MethodGet, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(authnv1.ImpersonateUserHeader, impersonate)
+		for _, g := range groups {
+			req.Header.Add(authnv1.ImpersonateGroupHeader, g)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return resp.StatusCode, string(body)
+	}
+	for _, c := range []struct {
+		who, as, impersonate string
+		groups               []string
+		code                 int
+		body                 string
+	}{
+		{"bob, who may impersonate no one, as alice", "imp-bob", alice, nil, http.StatusForbidden, `may not impersonate users "` + alice + `"`},
+		{"carol as alice, who may read it", carol, alice, nil, http.StatusOK, "KAIRON-READY\n"},
+		{"carol as someone she may not impersonate", carol, dave, nil, http.StatusForbidden, `user "` + carol + `" may not impersonate users "` + dave + `"`},
+		{"carol as alice in a group she may not impersonate", carol, alice, []string{"system:masters"}, http.StatusForbidden, `may not impersonate groups "system:masters"`},
+		{"dave, who may impersonate anyone, as carol, who may not read it", dave, carol, nil, http.StatusForbidden, "Forbidden"},
+		{"dave as alice", dave, alice, nil, http.StatusOK, "KAIRON-READY\n"},
+	} {
+		code, body := get(c.as, c.impersonate, c.groups...)
+		if code != c.code || !strings.Contains(body, c.body) {
+			t.Errorf("%s: %d %q, want %d %q", c.who, code, body, c.code, c.body)
+		}
+	}
 }

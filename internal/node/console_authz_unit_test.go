@@ -26,6 +26,11 @@ func (c *countingReviewer) mayAccess(ctx context.Context, user consoleUser, acce
 	return nsReader{}.mayAccess(ctx, user, access, namespace, name)
 }
 
+func (c *countingReviewer) mayImpersonate(ctx context.Context, user consoleUser, target impersonationTarget) (bool, error) {
+	c.access++
+	return nsReader{}.mayImpersonate(ctx, user, target)
+}
+
 // TestConsoleAuthCachesBriefly: a decision is reused within
 // consoleDecisionTTL and asked again after it, for tokens and for access
 // alike, denials included.

@@ -66,6 +66,10 @@ func (nsReader) mayAccess(_ context.Context, user consoleUser, access machineAcc
 	return user.name == "reader" && namespace == "ns" && access == readConsole, nil
 }
 
+func (nsReader) mayImpersonate(context.Context, consoleUser, impersonationTarget) (bool, error) {
+	return false, nil
+}
+
 // rawRequest is a request exactly as written on the wire.
 func rawRequest(t *testing.T, target string) *http.Request {
 	t.Helper()

@@ -36,9 +36,11 @@ import (
 // Each is authenticated like the console (a client certificate of
 // --client-ca-file or a bearer token) and authorized per request with a
 // SubjectAccessReview: create machines/exec for exec and the files,
-// create machines/console to attach. A refused request gets its status
-// before anything is dialed: nothing reaches the guest. Every session is
-// logged with who ran it.
+// create machines/console to attach. A request with Impersonate-* headers
+// is authorized and logged as the user it impersonates, once its sender
+// was found allowed to (console_impersonation.go). A refused request gets
+// its status before anything is dialed: nothing reaches the guest. Every
+// session is logged with who ran it, and who impersonated them.
 
 // agentChannel is a backend whose VMs have a guest agent channel (qemu).
 type agentChannel interface {
@@ -86,7 +88,7 @@ func (a *Agent) admit(w http.ResponseWriter, r *http.Request, access machineAcce
 	g := &guestRequest{user: user, namespace: namespace, name: name, op: op, start: time.Now()}
 	if !a.consoleAuth.authorize(w, r, user, access, namespace, name) {
 		log.FromContext(r.Context()).WithName("guest-session").Info("refused",
-			"op", op, "user", user.name, "groups", user.groups, "machine", g.machine(), "needs", access.String())
+			append(user.logValues(), "op", op, "machine", g.machine(), "needs", access.String())...)
 		return nil, false
 	}
 	if r.ProtoMajor != 1 || !execstream.IsUpgrade(r) {
@@ -289,7 +291,7 @@ func (a *Agent) finish(ctx context.Context, conn net.Conn, w *execstream.Writer,
 	_ = conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
 	_ = w.Send(&exit)
 	_ = conn.Close()
-	kv = append([]any{"op", g.op, "user", g.user.name, "groups", g.user.groups, "machine", g.machine()}, kv...)
+	kv = append(append([]any{"op", g.op}, append(g.user.logValues(), "machine", g.machine())...), kv...)
 	kv = append(kv, "exitCode", exit.Code, "duration", time.Since(g.start).Round(time.Millisecond).String())
 	if exit.Signal != "" {
 		kv = append(kv, "signal", exit.Signal)

@@ -43,6 +43,10 @@ func (execReviewer) mayAccess(_ context.Context, user consoleUser, access machin
 	return access == readConsole || user.name == "runner", nil
 }
 
+func (execReviewer) mayImpersonate(context.Context, consoleUser, impersonationTarget) (bool, error) {
+	return false, nil
+}
+
 // logLines collects log lines.
 type logLines struct {
 	mu    sync.Mutex
@@ -75,6 +79,12 @@ func (l *logLines) find(parts ...string) (bool, string) {
 // guest agent unless plain; its logs go to the returned lines.
 func execServer(t *testing.T, plain bool) (string, *guestsim.Guest, *logLines) {
 	t.Helper()
+	return execServerWith(t, plain, execReviewer{})
+}
+
+// execServerWith is execServer whose agent asks reviewer.
+func execServerWith(t *testing.T, plain bool, reviewer accessReviewer) (string, *guestsim.Guest, *logLines) {
+	t.Helper()
 	b, err := sim.New(sim.Options{StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +98,7 @@ func execServer(t *testing.T, plain bool) (string, *guestsim.Guest, *logLines) {
 		gb := guestsim.New(t, b)
 		be, guest = gb, gb.Guest("ns_vm")
 	}
-	a := &Agent{opts: Options{NodeName: "n1", Backend: be}, consoleAuth: newConsoleAuth(execReviewer{})}
+	a := &Agent{opts: Options{NodeName: "n1", Backend: be}, consoleAuth: newConsoleAuth(reviewer)}
 	logs := &logLines{}
 	srv := httptest.NewUnstartedServer(a.handler())
 	srv.Config.BaseContext = func(net.Listener) context.Context {
