@@ -607,8 +607,14 @@ func (b *Baseline) Remove(tap, namespace string) error {
 	// The other taps' chains of the namespace, any agent's, refer to these
 	// while the namespace has one, so the kernel refuses (EBUSY) until the
 	// last is gone; an agent adding a tap re-creates them in the same
-	// transaction as the reference.
-	for _, object := range []string{"chain bridge " + BaselineTable + " " + peersChain(namespace), "set bridge " + BaselineTable + " " + nsSet(namespace)} {
+	// transaction as the reference. ips_<namespace> is the set all agents
+	// shared before each had its own: the last tap rewritten or removed
+	// frees it.
+	for _, object := range []string{
+		"chain bridge " + BaselineTable + " " + peersChain(namespace),
+		"set bridge " + BaselineTable + " " + nsSet(namespace),
+		"set bridge " + BaselineTable + " ips_" + namespace,
+	} {
 		if err := b.nft("delete " + object + "\n"); err != nil && !gone(err) {
 			return err
 		}
