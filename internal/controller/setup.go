@@ -39,7 +39,8 @@ type Options struct {
 	// the manager's webhook server. Registering the
 	// ValidatingWebhookConfiguration that points the API server at it is
 	// up to the installer. It also serves the MachineMigration webhook at
-	// MachineMigrationWebhookPath.
+	// MachineMigrationWebhookPath, and the node agents' policy status one
+	// at PolicyStatusWebhookPath.
 	Webhook bool
 
 	// CordonEvacuate runs cordon-triggered evacuation: the Machines on a
@@ -210,6 +211,7 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 		mgr.GetWebhookServer().Register(MachineWebhookPath, admission.WithValidator[*kaironv1.Machine](mgr.GetScheme(),
 			&MachineValidator{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Seen: seen.seenBefore}))
 		mgr.GetWebhookServer().Register(MachineMigrationWebhookPath, NewMachineMigrationWebhook(mgr.GetScheme(), mgr.GetAPIReader()))
+		mgr.GetWebhookServer().Register(PolicyStatusWebhookPath, NewPolicyStatusWebhook(mgr.GetScheme(), mgr.GetAPIReader()))
 	}
 	return nil
 }
