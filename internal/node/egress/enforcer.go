@@ -653,14 +653,19 @@ func (e *Enforcer) Repair() (bool, error) {
 		s.close()
 		return false, nil
 	}
-	if s.broken {
-		// A read failed midway: new sockets for the batch.
-		s.close()
-		if s, err = e.open(); err != nil {
-			return true, err
+	// renew gives a session whose read failed midway (its replies may be
+	// left unread) new sockets.
+	renew := func() error {
+		if !s.broken {
+			return nil
 		}
+		s.close()
+		s, err = e.open()
+		return err
 	}
-	defer s.close()
+	if err := renew(); err != nil {
+		return true, err
+	}
 	// What holds this agent's keys now, read before the batch: an entry
 	// that points elsewhere is taken out in the batch that writes ours,
 	// as the kernel refuses to overwrite it. If the read fails, the batch
@@ -685,6 +690,10 @@ func (e *Enforcer) Repair() (bool, error) {
 		}
 		fixes[tap] = f
 	}
+	if err := renew(); err != nil {
+		return true, err
+	}
+	defer s.close()
 	b := s.batch()
 	b.setup(e)
 	n := 0
