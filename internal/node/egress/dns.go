@@ -61,204 +61,64 @@ func (d *DNSProxy) init() {
 	})
 }
 
-// Query is a parsed DNS question.
-type Query struct {
-	ID   uint16
-	Name string // canonical: lower case, no trailing dot
-	Type dnsmessage.Type
-}
-
-// ParseQuery reads a guest's query defensively: one question of class IN,
-// no answers, nothing after the message. Anything else is refused.
-func ParseQuery(msg []byte) (Query, error) {
-	if len(msg) > maxDNSMessage {
-		return Query{}, errors.New("query too long")
-	}
-	var p dnsmessage.Parser
-	h, err := p.Start(msg)
-	if err != nil {
-		return Query{}, err
-	}
-	if h.Response || h.OpCode != 0 {
-		return Query{}, errors.New("not a standard query")
-	}
-	qs, err := p.AllQuestions()
-	if err != nil {
-		return Query{}, err
-	}
-	if len(qs) != 1 {
-		return Query{}, fmt.Errorf("%d questions, want 1", len(qs))
-	}
-	if qs[0].Class != dnsmessage.ClassINET {
-		return Query{}, errors.New("not class IN")
-	}
-	if err := p.SkipAllAnswers(); err != nil {
-		return Query{}, err
-	}
-	return Query{ID: h.ID, Name: canonicalName(qs[0].Name.String()), Type: qs[0].Type}, nil
-}
-
-// refusal is the REFUSED (or rcode) answer to a query with id; question is
-// echoed when known.
-func refusal(id uint16, q *Query, rcode dnsmessage.RCode) []byte {
-	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: id, Response: true, RCode: rcode})
-	if q != nil {
-		if name, err := dnsmessage.NewName(q.Name + "."); err == nil {
-			_ = b.StartQuestions()
-			_ = b.Question(dnsmessage.Question{Name: name, Type: q.Type, Class: dnsmessage.ClassINET})
-		}
-	}
-	out, err := b.Finish()
-	if err != nil {
-		return nil
-	}
-	return out
-}
-
-// Answer is what an upstream response teaches: the addresses of the
-// question's name (following CNAMEs in the answer) and their shortest TTL.
-type Answer struct {
-	RCode dnsmessage.RCode
-	Addrs []netip.Addr
-	TTL   time.Duration
-	// Longest is the longest TTL of any answer record.
-	Longest time.Duration
-}
-
-// ParseAnswer reads the upstream's response to q defensively: it must
-// answer q's ID and question; only records on the question's CNAME chain
-// count.
-func ParseAnswer(q Query, msg []byte) (Answer, error) {
-	var p dnsmessage.Parser
-	h, err := p.Start(msg)
-	if err != nil {
-		return Answer{}, err
-	}
-	if !h.Response || h.ID != q.ID {
-		return Answer{}, errors.New("not the response to the query")
-	}
-	qs, err := p.AllQuestions()
-	if err != nil {
-		return Answer{}, err
-	}
-	if len(qs) != 1 || canonicalName(qs[0].Name.String()) != q.Name || qs[0].Type != q.Type {
-		return Answer{}, errors.New("the response answers another question")
-	}
-	a := Answer{RCode: h.RCode}
-	chain := map[string]bool{q.Name: true}
-	var ttl uint32
-	first := true
-	for {
-		rh, err := p.AnswerHeader()
-		if errors.Is(err, dnsmessage.ErrSectionDone) {
-			break
-		}
-		if err != nil {
-			return Answer{}, err
-		}
-		a.Longest = max(a.Longest, time.Duration(rh.TTL)*time.Second)
-		owner := canonicalName(rh.Name.String())
-		if rh.Class != dnsmessage.ClassINET || !chain[owner] {
-			if err := p.SkipAnswer(); err != nil {
-				return Answer{}, err
-			}
-			continue
-		}
-		switch rh.Type {
-		case dnsmessage.TypeA:
-			r, err := p.AResource()
-			if err != nil {
-				return Answer{}, err
-			}
-			a.Addrs = append(a.Addrs, netip.AddrFrom4(r.A))
-		case dnsmessage.TypeAAAA:
-			r, err := p.AAAAResource()
-			if err != nil {
-				return Answer{}, err
-			}
-			a.Addrs = append(a.Addrs, netip.AddrFrom16(r.AAAA))
-		case dnsmessage.TypeCNAME:
-			r, err := p.CNAMEResource()
-			if err != nil {
-				return Answer{}, err
-			}
-			chain[canonicalName(r.CNAME.String())] = true
-		default:
-			if err := p.SkipAnswer(); err != nil {
-				return Answer{}, err
-			}
-			continue
-		}
-		if first || rh.TTL < ttl {
-			ttl, first = rh.TTL, false
-		}
-	}
-	a.TTL = time.Duration(ttl) * time.Second
-	return a, nil
-}
-
-// Handle answers one query from the guest at from. It never returns an
-// answer whose addresses are not installed.
+// Handle answers one query from the guest at from. It never forwards the
+// guest's bytes (see dns_query.go) and never returns an answer whose
+// addresses are not installed.
 func (d *DNSProxy) Handle(ctx context.Context, from netip.Addr, msg []byte, network string) []byte {
-	var id uint16
-	if len(msg) >= 2 {
-		id = binary.BigEndian.Uint16(msg)
-	}
 	m, policy, ok := d.Enforcer.Lookup(from)
 	if !ok {
-		return refusal(id, nil, dnsmessage.RCodeRefused)
+		var id uint16
+		if len(msg) >= 2 {
+			id = binary.BigEndian.Uint16(msg)
+		}
+		return refusal(&Query{ID: id}, dnsmessage.RCodeRefused)
 	}
 	q, err := ParseQuery(msg)
 	if err != nil {
-		return refusal(id, nil, dnsmessage.RCodeFormatError)
+		return refusal(&q, rcodeOf(err))
 	}
-	if !policy.AllowsQuery(q.Name) {
+	if !hostName(q.Name) || !policy.AllowsQuery(q.Name) {
 		if d.Denied != nil {
 			d.Denied(m, q.Name)
 		}
-		return refusal(id, &q, dnsmessage.RCodeRefused)
+		return refusal(&q, dnsmessage.RCodeRefused)
 	}
-	resp, err := d.forward(ctx, network, msg)
-	if err != nil {
-		return refusal(id, &q, dnsmessage.RCodeServerFailure)
+	if !forwardedType(q.Type) {
+		return refusal(&q, dnsmessage.RCodeSuccess) // no data
 	}
-	a, err := ParseAnswer(q, resp)
+	ask := Query{ID: newQueryID(), Name: q.Name, Type: q.Type}
+	query, err := upstreamQuery(ask)
 	if err != nil {
-		return refusal(id, &q, dnsmessage.RCodeServerFailure)
+		return refusal(&q, dnsmessage.RCodeServerFailure)
+	}
+	resp, err := d.forward(ctx, network, query)
+	if err != nil {
+		return refusal(&q, dnsmessage.RCodeServerFailure)
+	}
+	a, err := ParseAnswer(ask, resp)
+	if err != nil {
+		return refusal(&q, dnsmessage.RCodeServerFailure)
+	}
+	if a.Truncated {
+		// Over UDP: the guest asks again over TCP, and so does the proxy.
+		return truncatedReply(&q, dnsmessage.RCodeSuccess)
+	}
+	if a.RCode != dnsmessage.RCodeSuccess && a.RCode != dnsmessage.RCodeNameError {
+		return refusal(&q, dnsmessage.RCodeServerFailure)
 	}
 	if len(a.Addrs) > maxLearned {
-		return refusal(id, &q, dnsmessage.RCodeServerFailure)
+		return refusal(&q, dnsmessage.RCodeServerFailure)
 	}
 	if len(a.Addrs) > 0 {
 		if err := d.Enforcer.Learn(from, q.Name, a.Addrs, a.TTL); err != nil {
-			return refusal(id, &q, dnsmessage.RCodeServerFailure)
+			return refusal(&q, dnsmessage.RCodeServerFailure)
 		}
 	}
-	if limit := d.Enforcer.MaxTTL; limit > 0 && a.Longest > limit {
-		// The guest must not cache an address longer than it stays
-		// allowed: it would connect to it without asking again.
-		capped, err := capTTL(resp, limit)
-		if err != nil {
-			return refusal(id, &q, dnsmessage.RCodeServerFailure)
-		}
-		return capped
+	limit := maxDNSMessage
+	if network == "udp" {
+		limit = q.UDPSize
 	}
-	return resp
-}
-
-// capTTL lowers every answer record's TTL above limit to limit.
-func capTTL(msg []byte, limit time.Duration) ([]byte, error) {
-	var m dnsmessage.Message
-	if err := m.Unpack(msg); err != nil {
-		return nil, err
-	}
-	secs := uint32(limit / time.Second)
-	for i := range m.Answers {
-		if m.Answers[i].Header.TTL > secs {
-			m.Answers[i].Header.TTL = secs
-		}
-	}
-	return m.Pack()
+	return reply(&q, a.RCode, a.Records, d.Enforcer.MaxTTL, limit)
 }
 
 func (d *DNSProxy) forward(ctx context.Context, network string, msg []byte) ([]byte, error) {
