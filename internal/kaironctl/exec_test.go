@@ -478,3 +478,84 @@ func TestExecThroughTheNodeProxy(t *testing.T) {
 		t.Errorf("cp through the proxy: %q exit %d", stderr, code)
 	}
 }
+
+// TestExecImpersonationReachesTheAgent (issue 42): kaironctl --as and
+// --as-group reach the node agent, which authorizes the session as the
+// impersonated user, not as the credential (an admin, who may exec
+// anything): exec, cp and console as a tenant without the permission are
+// refused; granted, the tenant's exec runs; a group's grant counts for
+// --as-group.
+func TestExecImpersonationReachesTheAgent(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	gb := runGuestNode(t, env, "exec-imp")
+	runningMachine(t, env, ns, "vm", "exec-imp")
+	tenant, grouped := "tenant-a-"+ns, "tenant-b-"+ns
+	user := func(name string) rbacv1.Subject {
+		return rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: name}
+	}
+	// Both tenants may find the Machine and its Node, nothing more.
+	bind(t, env, ns, "reader", []rbacv1.PolicyRule{{APIGroups: []string{kaironv1.GroupVersion.Group}, Resources: []string{"machines", "machineclaims"}, Verbs: []string{"get", "list"}}}, user(tenant))
+	rb := &rbacv1.RoleBinding{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "reader"}, rb); err != nil {
+		t.Fatal(err)
+	}
+	rb.Subjects = append(rb.Subjects, user(grouped))
+	if err := env.Client.Update(ctx, rb); err != nil {
+		t.Fatal(err)
+	}
+	nodeReader := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{GenerateName: "node-reader-"}, Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}}}}
+	if err := env.Client.Create(ctx, nodeReader); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), nodeReader) })
+	crb := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{GenerateName: "node-reader-"}, RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: nodeReader.Name}, Subjects: []rbacv1.Subject{user(tenant), user(grouped)}}
+	if err := env.Client.Create(ctx, crb); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), crb) })
+	guest := gb.Guest(ns + "_vm")
+
+	// (1) The admin as a tenant without create machines/exec: refused by
+	// the agent, for exec, cp and console alike, and nothing reaches the
+	// guest.
+	for _, c := range []struct {
+		args  []string
+		needs string
+	}{
+		{[]string{"exec", "vm", "--", "touch", "/tmp/should-not-exist"}, "create on machines/exec"},
+		{[]string{"cp", "vm:/etc/hostname", "-"}, "create on machines/exec"},
+		{[]string{"cp", "/etc/hostname", "vm:/tmp/x"}, "create on machines/exec"},
+		{[]string{"console", "vm"}, "create on machines/console"},
+	} {
+		stderr, code := kctlIO(t, env.Kubeconfig, strings.NewReader(""), io.Discard, append([]string{"-n", ns, "--as", tenant}, c.args...)...)
+		if code != 1 || !strings.Contains(stderr, "node agent answered 403") || !strings.Contains(stderr, c.needs+" in namespace "+ns+" for user "+tenant+" (--as)") {
+			t.Errorf("kaironctl --as %s %s: %q exit %d, want the agent's 403 for the tenant", tenant, strings.Join(c.args, " "), stderr, code)
+		}
+	}
+	if n := guest.Requests(); n != 0 {
+		t.Errorf("the tenant's refused sessions reached the guest: %d", n)
+	}
+
+	// (2) Granted, the tenant's exec runs.
+	bind(t, env, ns, "exec", []rbacv1.PolicyRule{{APIGroups: []string{kaironv1.GroupVersion.Group}, Resources: []string{"machines/exec"}, Verbs: []string{"create"}}}, user(tenant))
+	testenv.Eventually(t, guestWait, "the tenant's exec once granted", func() (bool, string) {
+		var out bytes.Buffer
+		stderr, code := kctlIO(t, env.Kubeconfig, nil, &out, "-n", ns, "--as", tenant, "exec", "vm", "--", "echo", "as tenant")
+		return code == 0 && out.String() == "as tenant\n", fmt.Sprintf("%q %q exit %d", out.String(), stderr, code)
+	})
+
+	// --as-group: the group's grant counts, and only with the group.
+	group := "execs-" + ns
+	if stderr, code := kctlIO(t, env.Kubeconfig, nil, io.Discard, "-n", ns, "--as", grouped, "exec", "vm", "--", "true"); code != 1 || !strings.Contains(stderr, "403") {
+		t.Errorf("--as %s without the group: %q exit %d, want 403", grouped, stderr, code)
+	}
+	bind(t, env, ns, "group-exec", []rbacv1.PolicyRule{{APIGroups: []string{kaironv1.GroupVersion.Group}, Resources: []string{"machines/exec"}, Verbs: []string{"create"}}},
+		rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: group})
+	testenv.Eventually(t, guestWait, "exec as a member of the granted group", func() (bool, string) {
+		var out bytes.Buffer
+		stderr, code := kctlIO(t, env.Kubeconfig, nil, &out, "-n", ns, "--as", grouped, "--as-group", group, "--as-group", "system:authenticated", "exec", "vm", "--", "echo", "grouped")
+		return code == 0 && out.String() == "grouped\n", fmt.Sprintf("%q %q exit %d", out.String(), stderr, code)
+	})
+}

@@ -142,6 +142,12 @@ func (o *Options) openStream(ctx context.Context, ref *machineRef, path string, 
 			target = "https://" + strings.TrimPrefix(target, "/")
 		}
 	}
+	// The transport carries --as, --as-group and --as-uid as the standard
+	// Impersonate-* headers, to the agent as to the API server: an agent
+	// reached directly checks that the credential may impersonate them,
+	// then authorizes and logs the session as the impersonated user
+	// (docs/guides/exec.md). Through the node proxy, the API server does
+	// both itself.
 	rt, err := rest.TransportFor(cfg)
 	if err != nil {
 		return nil, err
@@ -152,9 +158,19 @@ func (o *Options) openStream(ctx context.Context, ref *machineRef, path string, 
 	case errors.As(err, &status) && status.Code == 401:
 		return nil, fmt.Errorf("%s on node %s: %w (the agent accepts a client certificate of its --client-ca-file or a bearer token)", ref, m.Spec.NodeName, err)
 	case errors.As(err, &status) && status.Code == 403:
-		return nil, fmt.Errorf("%s on node %s: %w (this needs %s in namespace %s)", ref, m.Spec.NodeName, err, needs, m.Namespace)
+		return nil, fmt.Errorf("%s on node %s: %w (this needs %s in namespace %s%s)", ref, m.Spec.NodeName, err, needs, m.Namespace, actingAs(cfg))
 	case err != nil:
 		return nil, fmt.Errorf("%s on node %s: %w", ref, m.Spec.NodeName, err)
 	}
 	return conn, nil
+}
+
+// actingAs says, for a refusal, whom --as made the request act as: the
+// permission is that user's, and the credential must be allowed to
+// impersonate them.
+func actingAs(cfg *rest.Config) string {
+	if cfg.Impersonate.UserName == "" {
+		return ""
+	}
+	return fmt.Sprintf(" for user %s (--as), whom the credential must be allowed to impersonate", cfg.Impersonate.UserName)
 }
