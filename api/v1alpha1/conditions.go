@@ -105,6 +105,11 @@ const (
 	// pass (an address, a tap, the disk); the agent tries again with
 	// backoff until --boot-timeout.
 	MachineReasonStartRetrying = "StartRetrying"
+	// MachineReasonAddressInUse: the guest address the node would give
+	// the VM is held by another Machine of the cluster; the VM does not
+	// start (the Machine stays Pending) until the address is free or the
+	// node picks another.
+	MachineReasonAddressInUse = "AddressInUse"
 )
 
 // Reasons of a Machine's Scheduled condition.
@@ -356,6 +361,9 @@ const (
 	// EventReasonStartRetrying is the node agent's Warning on a Machine
 	// whose VM start failed in a way that can pass; it tries again.
 	EventReasonStartRetrying = MachineReasonStartRetrying
+	// EventReasonAddressInUse is the node agent's Warning on a Machine
+	// whose VM it would not start: another Machine holds its address.
+	EventReasonAddressInUse = MachineReasonAddressInUse
 	// EventReasonEgressDenied is the node agent's Warning on a confined
 	// Machine whose egress was refused (a DNS name), at most one a minute.
 	EventReasonEgressDenied = "EgressDenied"

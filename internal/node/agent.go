@@ -49,6 +49,9 @@ type Agent struct {
 	// crossNode routes to other nodes' guests (crossnode_routes.go); nil
 	// without a cluster guest range.
 	crossNode *crossNode
+	// addresses is every guest address of the cluster
+	// (guest_addresses.go); nil where guests have no network.
+	addresses *guestAddresses
 	// egress enforces MachineNetworkPolicies (egress_controller.go); nil
 	// without a node network. dnsProxy answers confined guests' DNS;
 	// sniProxy checks the server names of their allowSNI connections.
@@ -143,6 +146,7 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 		if eo := opts.Egress; eo != nil && eo.Enforcer != nil {
 			a.egress = eo.Enforcer
 		}
+		a.setupGuestAddresses()
 	}
 
 	if opts.ListenAddress != "" {
@@ -219,7 +223,11 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 			return nil, err
 		}
 	}
-	if err := a.setupCrossNodeController(cfg, scheme); err != nil {
+	if err := a.setupGuestAddressController(cfg, scheme); err != nil {
+		a.close()
+		return nil, err
+	}
+	if err := a.setupCrossNodeController(); err != nil {
 		a.close()
 		return nil, err
 	}

@@ -10,11 +10,8 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -31,23 +28,17 @@ import (
 )
 
 // crossNode is the agent's part of guest networking across nodes
-// (docs/guides/networking.md): its subnet of the cluster range, the routes
-// to the other nodes' guests, and a view of every Machine of the cluster
-// for the namespaces' address sets and the host routes of moved guests.
+// (docs/guides/networking.md): its subnet of the cluster range and the
+// routes to the other nodes' guests and to the guests away from their
+// subnet's node. Every guest address of the cluster is the business of
+// guestAddresses (guest_addresses.go), whose cache of every Machine this
+// part reads too.
 type crossNode struct {
 	subnets network.GuestSubnets
 	subnet  netip.Prefix
 	// routes is nil without links (sim backend) or with routing none.
 	routes *network.CrossNode
-	// machines caches every Machine of the cluster (the manager's cache
-	// holds only this node's).
-	machines cache.Cache
 
-	mu sync.Mutex
-	// inUse is every guest address of the cluster and the Machine (instance
-	// ID) that has it, from the last sync: a node hands out none of them.
-	// It is nil until the first sync.
-	inUse map[netip.Addr]string
 	// claims caches the subnet claims checked: "node/UID/subnet" of each
 	// Node whose guest-cidr annotation its Lease confirmed.
 	claims sync.Map
@@ -81,27 +72,6 @@ func (a *Agent) confirmed(ctx context.Context, node *corev1.Node, subnet netip.P
 	return true
 }
 
-// ready tells the IPAM whether inUse can be trusted: not before the
-// agent has looked at the cluster's Machines once (a start that comes
-// earlier fails transiently and is retried).
-func (c *crossNode) ready() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.inUse == nil {
-		return errors.New("the guest addresses of the cluster are not known yet (the agent's first look at every Machine is pending): no new address until then")
-	}
-	return nil
-}
-
-// taken tells whether addr belongs to a Machine other than id anywhere in
-// the cluster (the IPAM's Taken).
-func (c *crossNode) taken(id string, addr netip.Addr) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	owner, ok := c.inUse[addr]
-	return ok && owner != id
-}
-
 // setupCrossNodeRoutes prepares routing to other nodes in the bridge's
 // namespace, once the bridge and the baseline exist.
 func (a *Agent) setupCrossNodeRoutes() error {
@@ -116,7 +86,6 @@ func (a *Agent) setupCrossNodeRoutes() error {
 	if a.crossNode == nil {
 		return nil
 	}
-	a.ipam.Taken, a.ipam.Ready = a.crossNode.taken, a.crossNode.ready
 	if mode == network.CrossNodeNone || n.NoLinks {
 		return nil
 	}
@@ -135,24 +104,17 @@ func (a *Agent) setupCrossNodeRoutes() error {
 	return nil
 }
 
-// setupCrossNodeController keeps the routes and the namespaces' address
-// sets in step with the cluster's Nodes and Machines: one sync of the
-// whole view whenever either changes, and every interval (a route someone
-// removed comes back).
-func (a *Agent) setupCrossNodeController(cfg *rest.Config, scheme *runtime.Scheme) error {
+// setupCrossNodeController keeps the routes in step with the cluster's
+// Nodes and Machines: one sync of the whole view whenever either changes,
+// and every interval (a route someone removed comes back). It runs after
+// setupGuestAddressController, whose cache of every Machine it watches.
+func (a *Agent) setupCrossNodeController() error {
 	if a.crossNode == nil {
 		return nil
 	}
-	machines, err := cache.New(cfg, cache.Options{Scheme: scheme})
-	if err != nil {
-		return err
-	}
-	a.crossNode.machines = machines
-	if err := a.mgr.Add(machines); err != nil {
-		return err
-	}
+	machines := a.addresses.machines
 	everything := reconcile.Request{NamespacedName: client.ObjectKey{Name: "cross-node"}}
-	err = ctrl.NewControllerManagedBy(a.mgr).
+	err := ctrl.NewControllerManagedBy(a.mgr).
 		Named("node-cross-node").
 		WithOptions(controller.Options{SkipNameValidation: ptr.To(true), MaxConcurrentReconciles: 1}).
 		WatchesRawSource(source.Kind(a.mgr.GetCache(), &corev1.Node{},
@@ -167,13 +129,10 @@ func (a *Agent) setupCrossNodeController(cfg *rest.Config, scheme *runtime.Schem
 }
 
 // crossNodeView is what the cluster says about guest routing: the other
-// nodes' subnets, the guests away from their subnet's node, and every
-// guest address by namespace.
+// nodes' subnets and the guests away from their subnet's node.
 type crossNodeView struct {
-	peers       []network.Peer
-	moved       []network.MovedGuest
-	byNamespace map[string][]netip.Addr
-	inUse       map[netip.Addr]string
+	peers []network.Peer
+	moved []network.MovedGuest
 }
 
 // buildCrossNodeView reads the view from Nodes and Machines. A Node's
@@ -182,7 +141,7 @@ type crossNodeView struct {
 // annotation, else its InternalIP.
 func buildCrossNodeView(subnets network.GuestSubnets, nodes []corev1.Node, machines []kaironv1.Machine,
 	confirmed func(*corev1.Node, netip.Prefix) bool) crossNodeView {
-	view := crossNodeView{byNamespace: map[string][]netip.Addr{}, inUse: map[netip.Addr]string{}}
+	var view crossNodeView
 	subnetOf := map[string]netip.Prefix{}
 	for i := range nodes {
 		node := &nodes[i]
@@ -211,8 +170,6 @@ func buildCrossNodeView(subnets network.GuestSubnets, nodes []corev1.Node, machi
 			if err != nil || !subnets.Cluster.Contains(addr) {
 				continue
 			}
-			view.byNamespace[m.Namespace] = append(view.byNamespace[m.Namespace], addr)
-			view.inUse[addr] = instanceID(m.Namespace, m.Name)
 			if subnet, ok := subnetOf[m.Spec.NodeName]; ok && !subnet.Contains(addr) {
 				view.moved = append(view.moved, network.MovedGuest{Address: addr, Node: m.Spec.NodeName})
 			}
@@ -269,7 +226,7 @@ func (a *Agent) syncCrossNode(ctx context.Context, _ reconcile.Request) (reconci
 		return reconcile.Result{}, err
 	}
 	var machines kaironv1.MachineList
-	if err := a.crossNode.machines.List(ctx, &machines); err != nil {
+	if err := a.addresses.machines.List(ctx, &machines); err != nil {
 		return reconcile.Result{}, err
 	}
 	view := buildCrossNodeView(a.crossNode.subnets, nodes.Items, machines.Items, func(node *corev1.Node, subnet netip.Prefix) bool {
@@ -278,17 +235,11 @@ func (a *Agent) syncCrossNode(ctx context.Context, _ reconcile.Request) (reconci
 	// Only this reconciler, one sync at a time, uses nodeOf.
 	var neighbours []netip.Addr
 	neighbours, a.crossNode.nodeOf = arrivals(a.opts.NodeName, a.crossNode.nodeOf, machines.Items, a.crossNode.subnets.Cluster)
-	a.crossNode.mu.Lock()
-	a.crossNode.inUse = view.inUse
-	a.crossNode.mu.Unlock()
 	var errs []error
 	if r := a.crossNode.routes; r != nil {
 		errs = append(errs, r.Sync(view.peers, view.moved))
 		// After the routes: the announced addresses must be routed away.
 		errs = append(errs, r.AnnounceElsewhere(neighbours))
-	}
-	if a.baseline != nil {
-		errs = append(errs, a.baseline.SetNamespaceAddresses(view.byNamespace))
 	}
 	return reconcile.Result{RequeueAfter: a.opts.Interval}, errors.Join(errs...)
 }

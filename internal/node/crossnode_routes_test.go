@@ -40,6 +40,15 @@ func TestCrossNodeViewFromNodesAndMachines(t *testing.T) {
 		}
 		return m
 	}
+	machines := []kaironv1.Machine{
+		machine("team-a", "one", "a", "10.88.1.2"),
+		machine("team-a", "two", "b", "10.88.2.2"),
+		machine("team-b", "three", "b", "10.88.2.3"),
+		machine("team-a", "moved", "a", "10.88.2.9"), // b's subnet, running on a
+		machine("team-b", "pending", "", ""),
+		machine("team-b", "outside", "c", "192.0.2.7"),
+		machine("team-a", "on-g", "g", "10.88.1.9"), // g's routes are not believed, nor its moved guests
+	}
 	view := buildCrossNodeView(subnets,
 		[]corev1.Node{
 			node("a", "10.88.1.0/24", "", "192.168.1.1"),
@@ -50,15 +59,7 @@ func TestCrossNodeViewFromNodesAndMachines(t *testing.T) {
 			node("f", "10.88.6.0/24", "", ""),                      // nowhere to send to
 			node("g", "10.88.7.0/24", "", "192.168.1.7"),           // its claim is not confirmed
 		},
-		[]kaironv1.Machine{
-			machine("team-a", "one", "a", "10.88.1.2"),
-			machine("team-a", "two", "b", "10.88.2.2"),
-			machine("team-b", "three", "b", "10.88.2.3"),
-			machine("team-a", "moved", "a", "10.88.2.9"), // b's subnet, running on a
-			machine("team-b", "pending", "", ""),
-			machine("team-b", "outside", "c", "192.0.2.7"),
-			machine("team-a", "on-g", "g", "10.88.1.9"), // g's routes are not believed, nor its moved guests
-		},
+		machines,
 		func(node *corev1.Node, _ netip.Prefix) bool { return node.Name != "g" })
 	wantPeers := []network.Peer{
 		{Node: "a", Subnet: netip.MustParsePrefix("10.88.1.0/24"), Address: netip.MustParseAddr("192.168.1.1")},
@@ -75,10 +76,11 @@ func TestCrossNodeViewFromNodesAndMachines(t *testing.T) {
 		"team-a": {netip.MustParseAddr("10.88.1.2"), netip.MustParseAddr("10.88.2.2"), netip.MustParseAddr("10.88.2.9"), netip.MustParseAddr("10.88.1.9")},
 		"team-b": {netip.MustParseAddr("10.88.2.3")},
 	}
-	if !reflect.DeepEqual(view.byNamespace, wantNamespaces) {
-		t.Errorf("byNamespace = %v, want %v", view.byNamespace, wantNamespaces)
+	inUse, byNamespace := guestAddressesOf(subnets.Cluster, machines)
+	if !reflect.DeepEqual(byNamespace, wantNamespaces) {
+		t.Errorf("byNamespace = %v, want %v", byNamespace, wantNamespaces)
 	}
-	c := &crossNode{inUse: view.inUse}
+	c := &guestAddresses{inUse: inUse}
 	if !c.taken("team-b_new", netip.MustParseAddr("10.88.2.9")) {
 		t.Error("the moved guest's address is free for another Machine")
 	}

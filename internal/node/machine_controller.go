@@ -164,10 +164,20 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 		if wait := a.boots.wait(id, time.Now()); wait > 0 {
 			return wait, nil // backing off a transient start failure (boot.go)
 		}
+		if a.addresses != nil && a.addresses.ready() != nil {
+			// No address is known free before the agent's first look at
+			// the cluster's Machines, just after it starts: not an attempt.
+			return addressViewWait, nil
+		}
 		a.boots.begin(id, time.Now())
 		switch {
 		case machine.Spec.RestoreFrom != nil:
 			instance, err = a.restoreSnapshot(ctx, machine, id) // machine_snapshot.go
+			var inUse addressInUseError
+			if errors.As(err, &inUse) {
+				_ = a.teardown(ctx, id)
+				return a.addressInUse(machine, id, inUse), nil
+			}
 			if err != nil {
 				_ = a.teardown(ctx, id)
 				return a.restoreFailed(machine, id, err), nil
@@ -177,6 +187,11 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 			instance, err = a.restoreClone(ctx, machine, id)
 		default:
 			instance, err = a.start(ctx, machine, id)
+		}
+		var inUse addressInUseError
+		if errors.As(err, &inUse) {
+			_ = a.teardown(ctx, id)
+			return a.addressInUse(machine, id, inUse), nil
 		}
 		if err != nil {
 			_ = a.teardown(ctx, id)
@@ -256,6 +271,14 @@ func (a *Agent) attach(machine *kaironv1.Machine, id string) (backend.Spec, erro
 		address, err := a.ipam.AllocatePreferring(id, current)
 		if err != nil {
 			return spec, transient(err) // boot.go: retried
+		}
+		if a.addresses != nil {
+			// The IPAM hands out no address another Machine reports, but
+			// one it kept for this Machine, or a migrated guest's own,
+			// may have gone to another Machine meanwhile.
+			if err := a.addresses.checkFree(id, address.Addr()); err != nil {
+				return spec, err
+			}
 		}
 		spec.Network = &backend.Network{MAC: network.MAC(id), Address: address, Gateway: a.ipam.Gateway().Addr()}
 		if a.links != nil {
@@ -353,6 +376,25 @@ func (a *Agent) observe(machine *kaironv1.Machine, instance backend.Instance, id
 	}
 }
 
+// addressViewWait is how soon a start waiting for the first look at the
+// cluster's guest addresses looks again.
+const addressViewWait = 200 * time.Millisecond
+
+// addressInUse keeps a Machine whose address another Machine holds
+// Pending: no boot attempt is counted against its boot timeout, since it
+// waits for the cluster, not for its VM. Its own claim on the address is
+// held only while it reports it, so a Machine that never ran with it gets
+// another address at a later attempt.
+func (a *Agent) addressInUse(machine *kaironv1.Machine, id string, err addressInUseError) time.Duration {
+	a.boots.forget(id)
+	message := err.Error()
+	if ready := meta.FindStatusCondition(machine.Status.Conditions, kaironv1.ConditionReady.String()); ready == nil || ready.Reason != kaironv1.MachineReasonAddressInUse || ready.Message != message {
+		a.event(machine, corev1.EventTypeWarning, kaironv1.EventReasonAddressInUse, message)
+	}
+	setPhase(machine, kaironv1.MachinePending, kaironv1.MachineReasonAddressInUse, message)
+	return a.opts.Interval
+}
+
 // setPhase sets the phase, its message and the matching Ready condition.
 func setPhase(machine *kaironv1.Machine, phase kaironv1.MachinePhase, reason, message string) {
 	machine.Status.Phase = phase
@@ -420,10 +462,8 @@ func (a *Agent) teardown(ctx context.Context, id string) error {
 			errs = append(errs, err)
 		}
 	}
-	if a.ipam != nil {
-		if err := a.ipam.Release(id); err != nil {
-			errs = append(errs, err)
-		}
+	if err := a.releaseAddress(id); err != nil { // guest_addresses.go
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
