@@ -304,6 +304,9 @@ spec:
 	if vms := vmProcesses(t, filepath.Join(c.dataDir, "nodes", dead)); len(vms) != 0 {
 		t.Errorf("VMs on the recovered node: %v", vms)
 	}
+	// The guests restored and replaced elsewhere keep what they have; the
+	// rejoined node gives none of their addresses to anyone (issue 42).
+	checkAddressesUnique(t, env, "after the fenced node rejoined")
 
 	// Everything stops as usual, the restarted agent included.
 	c.stop()

@@ -338,6 +338,40 @@ func otherNode(node string) string {
 	return "node-1"
 }
 
+// newcomerOnTheNodeLeft is issue 42's reproduction: a Machine of another
+// namespace started on the node a guest migrated away from gets an
+// address of its own, not the migrated guest's, and each guest answers at
+// its own address. Then it goes, so the rest of the test finds the node
+// as it was.
+func newcomerOnTheNodeLeft(t *testing.T, c *localCluster, left, movedAddress string) {
+	t.Helper()
+	c.kubectl("apiVersion: v1\nkind: Namespace\nmetadata: {name: team-b}\n", "apply", "-f", "-")
+	c.kubectl("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata: {name: newcomer, namespace: team-b}\nspec: {nodeName: "+left+"}\n", "apply", "-f", "-")
+	var address string
+	testenv.Eventually(t, 3*time.Minute, "machine team-b/newcomer Running", func() (bool, string) {
+		state := c.query(testenv.Query{Namespace: "team-b", Resource: "machine", Name: "newcomer"}, "{.status.phase} {.status.addresses[0].address}")
+		if strings.HasPrefix(state, string(kaironv1.MachineFailed)) {
+			t.Fatalf("machine team-b/newcomer failed: %s", state)
+		}
+		fields := strings.Fields(state)
+		if len(fields) != 2 {
+			return false, state
+		}
+		address = fields[1]
+		return fields[0] == "Running", state
+	})
+	if address == movedAddress {
+		t.Errorf("a new Machine of namespace team-b on %s got %s, the address of default/mover that migrated away from it", left, address)
+	}
+	checkAddressesUnique(t, c.env(), "a new Machine on the node a guest left")
+	for name, at := range map[string]string{"newcomer": address, "mover": movedAddress} {
+		if page, err := getInNetNS(c.netNS, "http://"+at+":8080/"); err != nil || !strings.Contains(page, "kairon guest "+name) {
+			t.Errorf("guest %s did not answer at its address %s: %v %q", name, at, err, page)
+		}
+	}
+	c.kubectl("", "delete", "namespace", "team-b", "--timeout=90s")
+}
+
 // TestMigrationKeepsTheGuestState moves a running guest between the two
 // nodes of kairon-local, cold then live, and checks what the guest holds in
 // memory after each move; then a live migration whose target does not
@@ -391,6 +425,9 @@ func TestMigrationKeepsTheGuestState(t *testing.T) {
 			t.Errorf("after the %s migration the machine reports address %q, want its %s kept", strategy, got, address)
 		}
 		answers("after the " + strategy + " migration")
+		if strategy == "cold" {
+			newcomerOnTheNodeLeft(t, c, source, address)
+		}
 	}
 
 	// kairon-local's agents speak TLS on their migration endpoints: a
