@@ -2,12 +2,15 @@ package kaironctl_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
@@ -103,4 +106,64 @@ func TestMCPGuestTools(t *testing.T) {
 	if after := gb.Guest(ns + "_theirs").Requests(); after != before {
 		t.Errorf("the refused calls reached the other Machine's guest: %d sessions, was %d", after, before)
 	}
+}
+
+// TestMCPGuestToolsImpersonate (issue 42): kaironctl mcp serve --as runs
+// the guest tools as the impersonated user on the node agent too: an
+// admin serving as a tenant without create machines/exec gets the agent's
+// 403 from exec_in_machine, read_file and write_file; granted, exec runs.
+func TestMCPGuestToolsImpersonate(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	nodeName := ns + "-n"
+	gb := runGuestNode(t, env, nodeName)
+	m := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ours", Labels: map[string]string{kaironctl.LabelMCPSession: "test-session"}},
+		Spec: kaironv1.MachineSpec{NodeName: nodeName}}
+	if err := env.Client.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, guestWait, "machine ours running", func() (bool, string) {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
+			return false, err.Error()
+		}
+		return m.Status.Phase == kaironv1.MachineRunning, string(m.Status.Phase)
+	})
+	tenant := "mcp-tenant-" + ns
+	subject := rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: tenant}
+	bind(t, env, ns, "reader", []rbacv1.PolicyRule{{APIGroups: []string{kaironv1.GroupVersion.Group}, Resources: []string{"machines", "machineclaims"}, Verbs: []string{"get", "list"}}}, subject)
+	nodeReader := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{GenerateName: "node-reader-"}, Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}}}}
+	if err := env.Client.Create(ctx, nodeReader); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), nodeReader) })
+	crb := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{GenerateName: "node-reader-"}, RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: nodeReader.Name}, Subjects: []rbacv1.Subject{subject}}
+	if err := env.Client.Create(ctx, crb); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), crb) })
+
+	cs := mcpSessionWith(t, env, ns, writable, func(f *genericclioptions.ConfigFlags) { *f.Impersonate = tenant })
+	path := filepath.Join(t.TempDir(), "f")
+	for _, c := range []struct {
+		tool string
+		args map[string]any
+	}{
+		{"exec_in_machine", map[string]any{"machine": "ours", "command": []string{"touch", path}}},
+		{"write_file", map[string]any{"machine": "ours", "path": path, "content": "x"}},
+		{"read_file", map[string]any{"machine": "ours", "path": "/etc/hostname"}},
+	} {
+		if msg := callTool(t, cs, c.tool, c.args, nil); !strings.Contains(msg, "node agent answered 403") || !strings.Contains(msg, "for user "+tenant+" (--as)") {
+			t.Errorf("%s as the tenant: %q, want the agent's 403 for the tenant", c.tool, msg)
+		}
+	}
+	if n := gb.Guest(ns + "_ours").Requests(); n != 0 {
+		t.Errorf("the tenant's refused tools reached the guest: %d sessions", n)
+	}
+	bind(t, env, ns, "exec", []rbacv1.PolicyRule{{APIGroups: []string{kaironv1.GroupVersion.Group}, Resources: []string{"machines/exec"}, Verbs: []string{"create"}}}, subject)
+	testenv.Eventually(t, guestWait, "the tenant's exec_in_machine once granted", func() (bool, string) {
+		var ran kaironctl.ExecInMachineOutput
+		msg := callTool(t, cs, "exec_in_machine", map[string]any{"machine": "ours", "command": []string{"echo", "as tenant"}}, &ran)
+		return msg == "" && ran.Stdout == "as tenant\n", fmt.Sprintf("%q %+v", msg, ran)
+	})
 }

@@ -34,9 +34,16 @@ var (
 
 func mcpSession(t *testing.T, env *testenv.Env, ns string, opts kaironctl.MCPOptions) *mcp.ClientSession {
 	t.Helper()
+	return mcpSessionWith(t, env, ns, opts, func(*genericclioptions.ConfigFlags) {})
+}
+
+// mcpSessionWith is mcpSession with flags set by set (--as, say).
+func mcpSessionWith(t *testing.T, env *testenv.Env, ns string, opts kaironctl.MCPOptions, set func(*genericclioptions.ConfigFlags)) *mcp.ClientSession {
+	t.Helper()
 	flags := genericclioptions.NewConfigFlags(true)
 	*flags.KubeConfig = env.Kubeconfig
 	*flags.Namespace = ns
+	set(flags)
 	var out bytes.Buffer
 	o := &kaironctl.Options{ConfigFlags: flags, Out: &out, ErrOut: &out, Now: time.Now}
 
