@@ -84,8 +84,10 @@ func TestAddressesStayUniqueAfterAMigration(t *testing.T) {
 			ctx := context.Background()
 			netns := testNetns(t, "kairon-addr-")
 			source, target := "addr-"+strings.ToLower(string(strategy))+"-2", "addr-"+strings.ToLower(string(strategy))+"-1"
-			sourceOpts := []func(*node.Options){sharedBridge(netns, "10.88.2.0/24")}
-			targetOpts := []func(*node.Options){sharedBridge(netns, "10.88.1.0/24")}
+			snapshots := t.TempDir()
+			store := func(o *node.Options) { o.SnapshotDir, o.SnapshotStore = snapshots, "shared" }
+			sourceOpts := []func(*node.Options){sharedBridge(netns, "10.88.2.0/24"), store}
+			targetOpts := []func(*node.Options){sharedBridge(netns, "10.88.1.0/24"), store}
 			if strategy == kaironv1.MigrationLive {
 				ca := newMigrationCA(t, "kairon migration CA")
 				sourceOpts = append(sourceOpts, withTLS(ca.dir(t, source)))
@@ -101,6 +103,18 @@ func TestAddressesStayUniqueAfterAMigration(t *testing.T) {
 			if !netip.MustParsePrefix("10.88.2.0/24").Contains(netip.MustParseAddr(moving)) {
 				t.Fatalf("the Machine on %s has %s, not an address of its pool", source, moving)
 			}
+			// A snapshot of the guest, restored on the source below.
+			snap := &kaironv1.MachineSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "snap"}, Spec: kaironv1.MachineSnapshotSpec{MachineName: "vm"}}
+			if err := env.Client.Create(ctx, snap); err != nil {
+				t.Fatal(err)
+			}
+			testenv.Eventually(t, waitTimeout, "snapshot Ready", func() (bool, string) {
+				if err := env.Client.Get(ctx, client.ObjectKeyFromObject(snap), snap); err != nil {
+					return false, err.Error()
+				}
+				return snap.Status.Phase == kaironv1.SnapshotReady, string(snap.Status.Phase) + ": " + snap.Status.Message
+			})
+			waitPhase(t, env, client.ObjectKeyFromObject(vm), kaironv1.MachineRunning)
 			waitNodeReady(t, env, target)
 			mig := &kaironv1.MachineMigration{
 				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "move"},
@@ -134,6 +148,18 @@ func TestAddressesStayUniqueAfterAMigration(t *testing.T) {
 			}
 			if !pinnedTo(t, netns, source, other+"_newcomer", addressOf(t, newcomer)) {
 				t.Errorf("the new guest's tap on %s is not pinned to its address %s", source, addressOf(t, newcomer))
+			}
+
+			// A Machine restored from the guest's snapshot on the node it
+			// left: the guest's memory, an address of its own.
+			restored := &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "restored"},
+				Spec: kaironv1.MachineSpec{NodeName: source, RestoreFrom: &kaironv1.RestoreSource{SnapshotName: "snap"}}}
+			if err := env.Client.Create(ctx, restored); err != nil {
+				t.Fatal(err)
+			}
+			restored = waitPhase(t, env, client.ObjectKeyFromObject(restored), kaironv1.MachineRunning)
+			if got := addressOf(t, restored); got == moving || got == addressOf(t, newcomer) {
+				t.Fatalf("the Machine restored from the snapshot on %s got %s, held by another (migrated %s, new %s)", source, got, moving, addressOf(t, newcomer))
 			}
 
 			// Once the migrated guest is gone, its address is the source
