@@ -20,7 +20,7 @@ import (
 const (
 	maxUDPQuery   = 4096
 	maxDNSMessage = 65535
-	// upstreamTimeout bounds one forwarded query; the guest's resolver
+	// upstreamTimeout bounds one query to the upstream; the guest's resolver
 	// retries on its own.
 	upstreamTimeout = 3 * time.Second
 	// tcpIdle closes a guest's TCP DNS connection that sends nothing.
@@ -36,9 +36,10 @@ const (
 
 // DNSProxy answers the DNS of confined guests, which the enforcer's nat
 // chain redirects to it whatever resolver they asked. A name their policy
-// does not allow gets REFUSED; an allowed one is forwarded to Upstream, and
-// the addresses of the answer are installed for the guest before the
-// answer goes back to it.
+// does not allow gets REFUSED; for an allowed one the proxy asks Upstream
+// a query of its own (never the guest's bytes: dns_query.go), and the
+// addresses of the validated answer are installed for the guest before an
+// answer rebuilt from it goes back (dns_answer.go).
 type DNSProxy struct {
 	Enforcer *Enforcer
 	// Upstream is the node's resolver, host:port.
