@@ -24,9 +24,9 @@ import (
 // print. The guest's console is an emulated 16550 UART (ttyS0), driven by
 // interrupts, a byte per port write, and QEMU writes each byte to the log
 // with a system call of its own: under TCG on this project's test hosts it
-// carries about 114 KiB/s (measured; the kernel's own console, /dev/kmsg,
+// carries 114 to 279 KiB/s, as loaded (measured; the kernel's own console, /dev/kmsg,
 // is no faster and drops lines), so the full GiB of the red team's report
-// takes two and a half hours. The default, twice the log's cap (which the
+// takes one to two and a half hours. The default, twice the log's cap (which the
 // guard then cuts several times), takes between two and three minutes, so
 // that the package's tests stay within go test's default ten minutes; pass
 // -args -console-flood-bytes=1073741824 (and a -timeout of 4h) for the GiB.
