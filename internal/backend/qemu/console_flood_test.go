@@ -27,7 +27,7 @@ import (
 // carries 114 to 279 KiB/s, as loaded (measured; the kernel's own console, /dev/kmsg,
 // is no faster and drops lines), so the full GiB of the red team's report
 // takes one to two and a half hours. The default, twice the log's cap (which the
-// guard then cuts several times), takes between two and three minutes, so
+// guard then cuts several times), takes one to three minutes, so
 // that the package's tests stay within go test's default ten minutes; pass
 // -args -console-flood-bytes=1073741824 (and a -timeout of 4h) for the GiB.
 var consoleFloodBytes = flag.Int64("console-flood-bytes", 2*defaultConsoleLogCap,
