@@ -218,14 +218,7 @@ func buildReply(q *Query, rcode dnsmessage.RCode, records []dnsmessage.Resource,
 		}
 	}
 	if q.EDNS {
-		if err := b.StartAdditionals(); err != nil {
-			return nil, err
-		}
-		var opt dnsmessage.ResourceHeader
-		if err := opt.SetEDNS0(upstreamUDPSize, dnsmessage.RCodeSuccess, false); err != nil {
-			return nil, err
-		}
-		if err := b.OPTResource(opt, dnsmessage.OPTResource{}); err != nil {
+		if err := addOwnEDNS(&b); err != nil {
 			return nil, err
 		}
 	}

@@ -209,15 +209,21 @@ func upstreamQuery(ask Query) ([]byte, error) {
 	if err := b.Question(dnsmessage.Question{Name: name, Type: ask.Type, Class: dnsmessage.ClassINET}); err != nil {
 		return nil, err
 	}
-	if err := b.StartAdditionals(); err != nil {
-		return nil, err
-	}
-	var opt dnsmessage.ResourceHeader
-	if err := opt.SetEDNS0(upstreamUDPSize, dnsmessage.RCodeSuccess, false); err != nil {
-		return nil, err
-	}
-	if err := b.OPTResource(opt, dnsmessage.OPTResource{}); err != nil {
+	if err := addOwnEDNS(&b); err != nil {
 		return nil, err
 	}
 	return b.Finish()
+}
+
+// addOwnEDNS ends a message the proxy builds with its own EDNS record: the
+// UDP size it takes, and no options.
+func addOwnEDNS(b *dnsmessage.Builder) error {
+	if err := b.StartAdditionals(); err != nil {
+		return err
+	}
+	var opt dnsmessage.ResourceHeader
+	if err := opt.SetEDNS0(upstreamUDPSize, dnsmessage.RCodeSuccess, false); err != nil {
+		return err
+	}
+	return b.OPTResource(opt, dnsmessage.OPTResource{})
 }
