@@ -24,28 +24,38 @@ import (
 // print. The guest's console is an emulated 16550 UART (ttyS0), driven by
 // interrupts, a byte per port write, and QEMU writes each byte to the log
 // with a system call of its own: under TCG on this project's test hosts it
-// carries 114 to 279 KiB/s, as loaded (measured; the kernel's own console, /dev/kmsg,
-// is no faster and drops lines), so the full GiB of the red team's report
-// takes one to two and a half hours. The default, twice the log's cap (which the
-// guard then cuts several times), takes one to three minutes, so
-// that the package's tests stay within go test's default ten minutes; pass
-// -args -console-flood-bytes=1073741824 (and a -timeout of 4h) for the GiB.
-var consoleFloodBytes = flag.Int64("console-flood-bytes", 2*defaultConsoleLogCap,
+// carries 114 to 279 KiB/s, as loaded (measured; under 50 KiB/s at a load
+// of 18; the kernel's own console, /dev/kmsg, is no faster and drops
+// lines), so the full GiB of the red team's report takes one to two and a
+// half hours from the guest. TestConsoleFloodGiBFromHostBesideGuest carries
+// the GiB in make test instead, appending it to the log from the host.
+// This test proves the guest's own path. Its default, eight times the cap
+// it sets (floodTestConsoleCap, which the guard then cuts over a dozen
+// times), takes half a minute to a minute (three at a load of 18), half the
+// time of the 16 MiB it was with the real cap; any smaller, and QEMU's
+// memory check below would drown in the guest's own use (2 MiB seen).
+// Pass -args -console-flood-bytes=1073741824 (and a -timeout of 4h) for the
+// GiB from the guest.
+var consoleFloodBytes = flag.Int64("console-flood-bytes", 8*floodTestConsoleCap,
 	"bytes the guest prints to its console in TestConsoleFloodStaysCapped (1073741824 for the full GiB)")
+
+// floodTestConsoleCap is the console log cap TestConsoleFloodStaysCapped
+// sets: an eighth of the real one, so that a guest flood of a few MiB
+// crosses it many times in a short test. (The GiB test keeps the real cap.)
+const floodTestConsoleCap = defaultConsoleLogCap / 8
 
 // consoleFloodRate is the slowest console the flood's deadline allows for,
 // in bytes a second: under a third of the measured rate.
 const consoleFloodRate = 32 << 10
 
 // A guest printing far more than the log's cap, at its console's full
-// speed, with the real cap: the log never grows past the cap by more than
+// speed, with a cap of 1 MiB: the log never grows past the cap by more than
 // what one guard interval lets through, ends with what the guest printed
 // last, QEMU's monitor and the guest agent answer throughout, and neither
 // QEMU nor the agent keeps what went through.
 func TestConsoleFloodStaysCapped(t *testing.T) {
-	if got := consoleLogCap.Load(); got != defaultConsoleLogCap {
-		t.Fatalf("the console log cap is %d, want the default %d", got, defaultConsoleLogCap)
-	}
+	const limit = floodTestConsoleCap
+	setConsoleCap(t, limit)
 	flood := *consoleFloodBytes
 	b := newTestBackend(t, Options{Log: testLogger(t)})
 	ctx := context.Background()
@@ -85,7 +95,9 @@ func TestConsoleFloodStaysCapped(t *testing.T) {
 	// guest agent answer.
 	var maxSize int64
 	checks := 0
-	slack := int64(4 << 20) // what the guest prints in a few guard intervals on a loaded host
+	// What the guest prints in a guard interval, and in two more that a
+	// look may come late (see hostFloodLogBound).
+	slack := int64((1 + guardLateIntervals) * guestFloodPerGuardInterval)
 	var r result
 	for waiting := true; waiting; {
 		select {
@@ -95,8 +107,8 @@ func TestConsoleFloodStaysCapped(t *testing.T) {
 		}
 		if fi, err := os.Stat(logPath); err == nil {
 			maxSize = max(maxSize, fi.Size())
-			if fi.Size() > defaultConsoleLogCap+slack {
-				t.Errorf("after %s the console log is %d bytes, past its cap %d", time.Since(start).Round(time.Second), fi.Size(), defaultConsoleLogCap)
+			if fi.Size() > limit+slack {
+				t.Errorf("after %s the console log is %d bytes, past its cap %d", time.Since(start).Round(time.Second), fi.Size(), limit)
 			}
 		}
 		qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
@@ -128,10 +140,10 @@ func TestConsoleFloodStaysCapped(t *testing.T) {
 			return false, err.Error()
 		}
 		tail := readTail(logPath, 4096)
-		return fi.Size() <= defaultConsoleLogCap && strings.Contains(tail, "KAIRON-FLOOD-END"), fmt.Sprintf("%d bytes, ending %q", fi.Size(), lastLines(tail, 2))
+		return fi.Size() <= limit && strings.Contains(tail, "KAIRON-FLOOD-END"), fmt.Sprintf("%d bytes, ending %q", fi.Size(), lastLines(tail, 2))
 	})
 	if fi, err := os.Stat(logPath); err == nil {
-		if blocks := fi.Sys().(*syscall.Stat_t).Blocks * 512; blocks > defaultConsoleLogCap+slack {
+		if blocks := fi.Sys().(*syscall.Stat_t).Blocks * 512; blocks > limit+slack {
 			t.Errorf("the log takes %d bytes of disk, past its cap", blocks)
 		}
 	}
@@ -150,9 +162,9 @@ func TestConsoleFloodStaysCapped(t *testing.T) {
 	rssGrowth := vmRSS(t, inst.PID) - rssBefore
 	heapGrowth := heapInUse() - heapBefore
 	t.Logf("growth over the flood: qemu's RSS %d KiB, the agent's heap %d KiB", rssGrowth>>10, heapGrowth>>10)
-	if limit := min(flood/2, 32<<20); rssGrowth > limit || heapGrowth > limit {
+	if most := min(flood/2, 32<<20); rssGrowth > most || heapGrowth > most {
 		t.Errorf("over a flood of %d MiB, qemu's RSS grew by %d KiB and the agent's heap by %d KiB, want each under %d KiB",
-			flood>>20, rssGrowth>>10, heapGrowth>>10, limit>>10)
+			flood>>20, rssGrowth>>10, heapGrowth>>10, most>>10)
 	}
 }
 
