@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/ops"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -284,7 +285,7 @@ func (r *CordonEvacuationReconciler) migrate(ctx context.Context, m *kaironv1.Ma
 			"why", mig.Annotations[kaironv1.AnnotationMigrationStrategyMessage])
 		r.Recorder.Eventf(m, mig, corev1.EventTypeNormal, kaironv1.EventReasonEvacuationMigrationCreated, "Evacuate",
 			"Node %s is cordoned: created MachineMigration %s (%s) to move the machine off it%s", node, mig.Name, mig.Spec.Strategy, chose)
-	case isRefusal(err):
+	case ops.IsMigrationRefusal(err):
 		logger.Info("Evacuation migration refused by admission", "reason", err.Error())
 		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, kaironv1.EventReasonEvacuationBlocked, "Evacuate",
 			"Node %s is cordoned, but creating the machine's migration was refused: %v; trying again in %s", node, err, r.MinRetryInterval)
@@ -293,14 +294,6 @@ func (r *CordonEvacuationReconciler) migrate(ctx context.Context, m *kaironv1.Ma
 		r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, kaironv1.EventReasonEvacuationFailed, "Evacuate",
 			"Node %s is cordoned, but creating the machine's migration failed: %v; trying again in %s", node, err, r.MinRetryInterval)
 	}
-}
-
-// isRefusal is a create the disruption budget refused (429), or one the
-// webhook refused because the Machine went away meanwhile (422): both are
-// the webhook judging a cluster that moved on since the pass read it.
-func isRefusal(err error) bool {
-	_, budget := rules.IsDisruptionRefusal(err)
-	return budget || apierrors.IsInvalid(err)
 }
 
 // retryAt is when m may be tried again, and whether that is still to come.

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/ops"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -90,11 +91,8 @@ the scheduler places nothing new there.`,
 
 // check checks the flags before anything talks to the API server.
 func (f *evacuateFlags) check(cmd *cobra.Command) (kaironv1.MigrationStrategy, error) {
-	var strategy kaironv1.MigrationStrategy
-	switch s := kaironv1.MigrationStrategy(f.strategy); s {
-	case kaironv1.MigrationCold, kaironv1.MigrationLive:
-		strategy = s
-	default:
+	strategy, ok := ops.ParseStrategy(f.strategy)
+	if !ok {
 		return "", usageError(cmd, "invalid --strategy %q: use cold or live", f.strategy)
 	}
 	if !f.wait {
@@ -254,7 +252,7 @@ func (e *evacuation) untilEmpty(ctx context.Context, timeout time.Duration) erro
 		var err error
 		res, err = e.pass(ctx)
 		if err != nil {
-			if !retriable(err) || ctx.Err() != nil {
+			if !ops.Retriable(err) || ctx.Err() != nil {
 				return err
 			}
 			fmt.Fprintf(e.o.Out, "[%s] pass failed: %s; trying again in %s\n", shortDuration(time.Since(start)), oneLine(err.Error()), shortDuration(e.poll))
@@ -391,7 +389,7 @@ func (e *evacuation) pass(ctx context.Context) (*passResult, error) {
 		case rules.EvacuationMigrate:
 			mig := rules.NewEvacuationMigration(m, e.node, e.strategy)
 			if err := e.c.Create(ctx, mig); err != nil {
-				if !isMigrationRefusal(err) {
+				if !ops.IsMigrationRefusal(err) {
 					return nil, fmt.Errorf("creating a migration for machine %s: %w", key, err)
 				}
 				// The MachineMigration webhook judged again and refused:

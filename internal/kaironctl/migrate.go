@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/ops"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -50,8 +51,8 @@ fails or --timeout passes first.`,
 			if err != nil {
 				return err
 			}
-			strategy := kaironv1.MigrationStrategy(f.strategy)
-			if strategy != kaironv1.MigrationCold && strategy != kaironv1.MigrationLive {
+			strategy, ok := ops.ParseStrategy(f.strategy)
+			if !ok {
 				return usageError(cmd, "invalid --strategy %q: use cold or live", f.strategy)
 			}
 			if !f.wait && cmd.Flags().Changed("timeout") {
@@ -113,7 +114,7 @@ func (o *Options) runMigrate(ctx context.Context, name string, strategy kaironv1
 		Spec:       kaironv1.MachineMigrationSpec{MachineName: name, Strategy: strategy, TargetNode: f.to},
 	}
 	if err := c.Create(ctx, mig); err != nil {
-		if isMigrationRefusal(err) {
+		if ops.IsMigrationRefusal(err) {
 			return fmt.Errorf("machine %s/%s not migrated: %w", ns, name, err)
 		}
 		return fmt.Errorf("creating the migration of machine %s/%s: %w", ns, name, err)

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/ops"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -66,13 +67,13 @@ func TestErrorClassification(t *testing.T) {
 		{name: "network error", err: errors.New("dial tcp 127.0.0.1:6443: connect: connection refused"), retriable: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := isMigrationRefusal(tc.err); got != tc.migrationRefusal {
+			if got := ops.IsMigrationRefusal(tc.err); got != tc.migrationRefusal {
 				t.Errorf("isMigrationRefusal = %v, want %v", got, tc.migrationRefusal)
 			}
 			if got := isProxyRefusal(tc.err); got != tc.proxyRefusal {
 				t.Errorf("isProxyRefusal = %v, want %v", got, tc.proxyRefusal)
 			}
-			if got := retriable(tc.err); got != tc.retriable {
+			if got := ops.Retriable(tc.err); got != tc.retriable {
 				t.Errorf("retriable = %v, want %v", got, tc.retriable)
 			}
 			if why, _ := rules.IsDisruptionRefusal(tc.err); why != tc.disruptionRefusalWhy {

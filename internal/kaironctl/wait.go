@@ -14,10 +14,11 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+
+	"github.com/zyvor/kairon/internal/ops"
 )
 
 // Every command that waits for something in the cluster (claim --wait,
@@ -261,7 +262,7 @@ func (w *waiter) failed(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if !retriable(err) {
+	if !ops.Retriable(err) {
 		return err
 	}
 	w.lastErr = err
@@ -375,19 +376,3 @@ func (w *waiter) current() []client.Object {
 }
 
 func objectKey(obj client.Object) string { return obj.GetNamespace() + "/" + obj.GetName() }
-
-// retriable is an error that reading again may get past: a network error,
-// a server error, throttling. Refusals that will be the same next time
-// (forbidden, unauthorized, a bad or invalid request, a resource or kind
-// the server does not serve, a method it does not allow) are not.
-func retriable(err error) bool {
-	if meta.IsNoMatchError(err) || runtime.IsNotRegisteredError(err) {
-		return false
-	}
-	var status apierrors.APIStatus
-	if !errors.As(err, &status) {
-		return true // a network error
-	}
-	return !apierrors.IsForbidden(err) && !apierrors.IsUnauthorized(err) && !apierrors.IsBadRequest(err) &&
-		!apierrors.IsInvalid(err) && !apierrors.IsNotFound(err) && !apierrors.IsMethodNotSupported(err)
-}

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/ops"
 	"github.com/zyvor/kairon/internal/rules"
 )
 
@@ -174,34 +175,15 @@ func action[Req, Resp any](s *Server, do func(ctx context.Context, c client.Clie
 	}
 }
 
+// strategyOf is the request's strategy: cold when it names none.
 func strategyOf(s string) (kaironv1.MigrationStrategy, error) {
-	switch st := kaironv1.MigrationStrategy(s); st {
-	case "":
+	if s == "" {
 		return kaironv1.MigrationCold, nil
-	case kaironv1.MigrationCold, kaironv1.MigrationLive:
+	}
+	if st, ok := ops.ParseStrategy(s); ok {
 		return st, nil
 	}
 	return "", refuse(http.StatusBadRequest, "invalid strategy %q: use cold or live", s)
-}
-
-// isMigrationRefusal says whether creating a migration was refused for the
-// Machine's sake (the webhook's budget refusal, or an invalid Machine), not
-// for the user's: such a Machine is skipped and the evacuation goes on, as
-// in kaironctl evacuate. Any other error (403 first of all) ends it.
-func isMigrationRefusal(err error) bool {
-	if _, ok := rules.IsDisruptionRefusal(err); ok {
-		return true
-	}
-	var status apierrors.APIStatus
-	if !apierrors.IsInvalid(err) || !errors.As(err, &status) || status.Status().Details == nil {
-		return false
-	}
-	for _, c := range status.Status().Details.Causes {
-		if c.Field == "spec.machineName" {
-			return true
-		}
-	}
-	return false
 }
 
 // evacuate makes one pass of `kaironctl evacuate NODE` and, with
@@ -263,7 +245,7 @@ func evacuatePass(ctx context.Context, c client.Client, node string, strategy ka
 		case rules.EvacuationMigrate:
 			mig := rules.NewEvacuationMigration(d.Machine, node, strategy)
 			if err := c.Create(ctx, mig); err != nil {
-				if !isMigrationRefusal(err) {
+				if !ops.IsMigrationRefusal(err) {
 					return nil, err
 				}
 				m.Reason = err.Error()

@@ -10,10 +10,10 @@ import (
 	"sync"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/ops"
 )
 
 // Evacuation until empty: `kaironctl evacuate NODE --wait` run by the
@@ -281,19 +281,15 @@ func stuckReason(res *Evacuation, idleFor time.Duration) string {
 		idleFor.Round(time.Second), res.Machines, res.Node, strings.Join(why, "; "))
 }
 
-// retriable errors are the API server's passing troubles, not a refusal
-// of the user: a pass is tried again.
+// retriable errors are passing troubles, not a refusal of the user: a
+// pass is tried again. A refusal of kairon-ui's own (the node is gone) is
+// not one.
 func retriable(err error) bool {
 	var ae *actionError
 	if errors.As(err, &ae) {
 		return false
 	}
-	var status apierrors.APIStatus
-	if !errors.As(err, &status) {
-		return true // a network error
-	}
-	return apierrors.IsConflict(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) ||
-		apierrors.IsTooManyRequests(err) || apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err)
+	return ops.Retriable(err)
 }
 
 // cancelEvacuation stops one of the user's jobs.
