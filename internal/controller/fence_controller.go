@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -22,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -284,11 +282,3 @@ func (r *FenceReconciler) loseClaim(ctx context.Context, node string, d rules.Fe
 	r.Recorder.Eventf(desired, m, corev1.EventTypeWarning, kaironv1.ClaimReasonNodeFenced, "Fence", "%s", message)
 	return nil
 }
-
-// fencedNodes is kairon_fenced_nodes.
-var fencedNodes = prometheus.NewGauge(prometheus.GaugeOpts{
-	Name: "kairon_fenced_nodes",
-	Help: "Kairon nodes carrying the fence taint (kaironctl fence), which kaironctl recover lifts.",
-})
-
-func init() { metrics.Registry.MustRegister(fencedNodes) }

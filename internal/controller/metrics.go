@@ -3,18 +3,25 @@ package controller
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
 
-// Every metric kairon-controller exports is declared here and registered
-// once, with controller-runtime's registry, which the manager serves on its
-// metrics endpoint. docs/guides/observability.md lists them for users.
+// Every metric kairon-controller exports is declared in this file and
+// registered here, once, with controller-runtime's registry, which the
+// manager serves on its metrics endpoint; the reconcilers only record into
+// them. docs/guides/observability.md lists them for users.
 
 func init() {
 	metrics.Registry.MustRegister(
 		claimBindDuration, poolMembers, claimBindConflicts,
 		migrationsFinished, migrationDowntime, migrationDuration,
-		DisruptionBudgetStatus, nodeUnreachable,
+		machineSnapshots, machineSnapshotPause, machineSnapshotSize,
+		DisruptionBudgetStatus, nodeUnreachable, fencedNodes,
 	)
+	for _, phase := range []kaironv1.MachineSnapshotPhase{kaironv1.SnapshotReady, kaironv1.SnapshotFailed} {
+		machineSnapshots.WithLabelValues(string(phase)) // a 0 rather than no series
+	}
 }
 
 // Warm pools and claims.
@@ -79,6 +86,42 @@ var (
 		Help:    "Time from a MachineMigration's start (phase Running) to its end, by strategy and phase.",
 		Buckets: []float64{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300},
 	}, []string{"strategy", "phase"})
+)
+
+// Snapshots, recorded once per MachineSnapshot that ended.
+
+var (
+	machineSnapshots = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kairon_machine_snapshots_total",
+		Help: "MachineSnapshots that ended, by phase (Ready or Failed).",
+	}, []string{"phase"})
+	machineSnapshotPause = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "kairon_machine_snapshot_duration_seconds",
+		Help:    "How long taking a MachineSnapshot paused the guest: the save of its memory and devices (status.pauseMillis).",
+		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60},
+	})
+	machineSnapshotSize = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "kairon_machine_snapshot_size_bytes",
+		Help:    "Size of each Ready MachineSnapshot's state file (status.sizeBytes).",
+		Buckets: prometheus.ExponentialBuckets(16<<20, 2, 10), // 16 MiB to 8 GiB
+	})
+)
+
+// Nodes.
+
+var (
+	// nodeUnreachable is 1 for each Kairon node whose agent's Lease expired, 0
+	// for one that renews it.
+	nodeUnreachable = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kairon_node_unreachable",
+		Help: "1 while a Kairon node's agent has not renewed its Lease for the grace period (kairon-controller -node-grace-period), 0 while it renews it.",
+	}, []string{"node"})
+
+	// fencedNodes is kairon_fenced_nodes.
+	fencedNodes = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kairon_fenced_nodes",
+		Help: "Kairon nodes carrying the fence taint (kaironctl fence), which kaironctl recover lifts.",
+	})
 )
 
 // Disruption budgets.

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -311,10 +310,3 @@ func (r *NodeHealthReconciler) markMachines(ctx context.Context, node string, re
 	}
 	return conflicts, errors.Join(errs...)
 }
-
-// nodeUnreachable is 1 for each Kairon node whose agent's Lease expired, 0
-// for one that renews it.
-var nodeUnreachable = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-	Name: "kairon_node_unreachable",
-	Help: "1 while a Kairon node's agent has not renewed its Lease for the grace period (kairon-controller -node-grace-period), 0 while it renews it.",
-}, []string{"node"})

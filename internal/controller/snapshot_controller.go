@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
@@ -161,30 +159,5 @@ func (e *snapshotEnds) record(snap *kaironv1.MachineSnapshot) {
 	if snap.Status.Phase == kaironv1.SnapshotReady {
 		machineSnapshotPause.Observe(float64(snap.Status.PauseMillis) / 1000)
 		machineSnapshotSize.Observe(float64(snap.Status.SizeBytes))
-	}
-}
-
-// Snapshot metrics, recorded once per MachineSnapshot that ended.
-var (
-	machineSnapshots = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kairon_machine_snapshots_total",
-		Help: "MachineSnapshots that ended, by phase (Ready or Failed).",
-	}, []string{"phase"})
-	machineSnapshotPause = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "kairon_machine_snapshot_duration_seconds",
-		Help:    "How long taking a MachineSnapshot paused the guest: the save of its memory and devices (status.pauseMillis).",
-		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60},
-	})
-	machineSnapshotSize = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "kairon_machine_snapshot_size_bytes",
-		Help:    "Size of each Ready MachineSnapshot's state file (status.sizeBytes).",
-		Buckets: prometheus.ExponentialBuckets(16<<20, 2, 10), // 16 MiB to 8 GiB
-	})
-)
-
-func init() {
-	metrics.Registry.MustRegister(machineSnapshots, machineSnapshotPause, machineSnapshotSize)
-	for _, phase := range []kaironv1.MachineSnapshotPhase{kaironv1.SnapshotReady, kaironv1.SnapshotFailed} {
-		machineSnapshots.WithLabelValues(string(phase)) // a 0 rather than no series
 	}
 }

@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/node/egress"
@@ -23,20 +22,13 @@ type EgressDeniedCounter interface {
 	DeniedCounts() ([]egress.Denied, error)
 }
 
-var egressDeniedDesc = prometheus.NewDesc("kairon_egress_denied_total",
-	"Packets and DNS queries of Machines confined by a MachineNetworkPolicy that were refused, by reason: ip (destination allowed by no policy), port (destination allowed, not the port or protocol), icmp, dns (a name no policy allows), sni (a TLS connection whose server name its grant does not allow).",
-	[]string{"namespace", "machine", "reason"}, nil)
-
-// egressCollector reads the counters at scrape time. One for the process:
-// tests and kairon-local run several agents in one.
+// egressCollector reads the counters at scrape time. One for the process
+// (egressMetrics, in metrics.go): tests and kairon-local run several agents
+// in one.
 type egressCollector struct {
 	mu     sync.Mutex
 	agents map[*Agent]struct{}
 }
-
-var egressMetrics = &egressCollector{agents: map[*Agent]struct{}{}}
-
-func init() { metrics.Registry.MustRegister(egressMetrics) }
 
 func (c *egressCollector) add(a *Agent) {
 	c.mu.Lock()
