@@ -27,6 +27,7 @@ import (
 	"github.com/zyvor/kairon/internal/node/egress"
 	"github.com/zyvor/kairon/internal/node/network"
 	"github.com/zyvor/kairon/internal/requeue"
+	"github.com/zyvor/kairon/internal/rules/egresspolicy"
 )
 
 // EgressEnforcer is what the agent needs of egress.Enforcer: confine a
@@ -256,11 +257,11 @@ func (a *Agent) policiesSelecting(ctx context.Context, m *kaironv1.Machine) ([]*
 
 // compilePolicies is the union of policies, for the enforcer.
 func compilePolicies(policies []*kaironv1.MachineNetworkPolicy) (*egress.Policy, error) {
-	named := make([]egress.NamedPolicy, len(policies))
+	named := make([]egresspolicy.NamedPolicy, len(policies))
 	for i, p := range policies {
-		named[i] = egress.NamedPolicy{Name: p.Name, Egress: p.Spec.Egress}
+		named[i] = egresspolicy.NamedPolicy{Name: p.Name, Egress: p.Spec.Egress}
 	}
-	return egress.Compile(named)
+	return egresspolicy.Compile(named)
 }
 
 // machinesOf returns the Machines of this node that p selects, from the

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/rules/egresspolicy"
 )
 
 // crowdedEnforcer is an enforcer whose namespace already confines others
@@ -19,7 +20,7 @@ func crowdedEnforcer(b *testing.B, others int) *Enforcer {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = RemoveTables(ns) })
-	p, err := Compile([]NamedPolicy{{Name: "p", Egress: kaironv1.EgressRules{
+	p, err := egresspolicy.Compile([]egresspolicy.NamedPolicy{{Name: "p", Egress: kaironv1.EgressRules{
 		AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24"}, AllowFqdns: []kaironv1.Hostname{"pkg.test"}, AllowPorts: []kaironv1.PortRange{"443"},
 	}}})
 	if err != nil {
@@ -54,7 +55,7 @@ func benchmarkRewrite(b *testing.B, e *Enforcer) {
 	m := Machine{Namespace: "team-a", Name: "vm", Tap: "kt0123456789", MAC: macOf("team-a", "vm"), IP: netip.MustParseAddr("10.88.1.2")}
 	var policies [2]*Policy
 	for i := range policies {
-		p, err := Compile([]NamedPolicy{{Name: "p", Egress: kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{kaironv1.CIDR(fmt.Sprintf("203.0.113.%d/32", i))}, AllowPorts: []kaironv1.PortRange{"443"}}}})
+		p, err := egresspolicy.Compile([]egresspolicy.NamedPolicy{{Name: "p", Egress: kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{kaironv1.CIDR(fmt.Sprintf("203.0.113.%d/32", i))}, AllowPorts: []kaironv1.PortRange{"443"}}}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -69,7 +70,7 @@ func benchmarkRewrite(b *testing.B, e *Enforcer) {
 }
 
 func benchmarkNew(b *testing.B, e *Enforcer) {
-	p, err := Compile([]NamedPolicy{{Name: "p", Egress: kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24"}, AllowPorts: []kaironv1.PortRange{"443"}}}})
+	p, err := egresspolicy.Compile([]egresspolicy.NamedPolicy{{Name: "p", Egress: kaironv1.EgressRules{AllowCidrs: []kaironv1.CIDR{"203.0.113.0/24"}, AllowPorts: []kaironv1.PortRange{"443"}}}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -243,7 +243,7 @@ func (e *Enforcer) serverNamesFor(m Machine, p *Policy, dst netip.AddrPort) []Pa
 	denied := slices.ContainsFunc(append([]netip.Prefix{e.Network.Masked()}, AlwaysDenied...), func(d netip.Prefix) bool { return d.Contains(dst.Addr()) })
 	var names []Pattern
 	for _, g := range p.Grants {
-		if len(g.SNI) == 0 || !g.allowsPort(dst.Port()) {
+		if len(g.SNI) == 0 || !g.AllowsPort(dst.Port()) {
 			continue
 		}
 		match := slices.ContainsFunc(g.Nets, func(n netip.Prefix) bool {

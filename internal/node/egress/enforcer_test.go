@@ -9,15 +9,16 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/node/network"
+	"github.com/zyvor/kairon/internal/rules/egresspolicy"
 )
 
 func mustCompile(t *testing.T, rules ...kaironv1.EgressRules) *Policy {
 	t.Helper()
-	var nps []NamedPolicy
+	var nps []egresspolicy.NamedPolicy
 	for i, r := range rules {
-		nps = append(nps, NamedPolicy{Name: string(rune('a' + i)), Egress: r})
+		nps = append(nps, egresspolicy.NamedPolicy{Name: string(rune('a' + i)), Egress: r})
 	}
-	p, err := Compile(nps)
+	p, err := egresspolicy.Compile(nps)
 	if err != nil {
 		t.Fatal(err)
 	}
