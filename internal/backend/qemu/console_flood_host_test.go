@@ -76,7 +76,8 @@ var hostFloodRate = float64(hostFloodPerGuardInterval) / consoleGuardInterval.Se
 // O_APPEND descriptor as QEMU writes it, while the guest floods its serial
 // console at full speed beside it, with the real 8 MiB cap and the VM's
 // real guard. Throughout, the log's size and its disk use stay within the
-// cap plus what one guard interval lets through (hostFloodLogBound), and
+// cap plus what the writers append between two looks of the guard, one of
+// them up to two intervals late (hostFloodLogBound), and
 // QEMU's monitor and the guest agent answer (an exec, not only a ping).
 // After it, the log is under the cap and ends with the last bytes written,
 // and neither QEMU's memory nor this process's heap (the agent's guard runs
@@ -123,9 +124,10 @@ func TestConsoleFloodGiBFromHostBesideGuest(t *testing.T) {
 	fctx, stopFlood := context.WithTimeout(ctx, 3*nominal)
 	defer stopFlood()
 	w := &logWatcher{path: logPath, sizeBound: hostFloodLogBound, diskBound: hostFloodDiskBound, overrun: stopFlood}
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
 	watchDone := make(chan struct{})
-	stopWatch := make(chan struct{})
-	go func() { defer close(watchDone); w.run(stopWatch) }()
+	go func() { defer close(watchDone); w.run(wctx) }()
 
 	f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
@@ -200,7 +202,7 @@ func TestConsoleFloodGiBFromHostBesideGuest(t *testing.T) {
 		tail := readTail(logPath, int64(len(last)))
 		return fi.Size() <= defaultConsoleLogCap && tail == string(last), fmt.Sprintf("%d bytes, ending %q", fi.Size(), lastLines(tail, 2))
 	})
-	close(stopWatch)
+	stopWatch()
 	<-watchDone
 	if over := w.overrun1(); over != "" {
 		t.Fatalf("after the flood: %s", over)
@@ -317,15 +319,10 @@ type logWatcher struct {
 	over             string
 }
 
-func (w *logWatcher) run(stop <-chan struct{}) {
+func (w *logWatcher) run(ctx context.Context) {
 	start := time.Now()
 	var prev int64
-	for {
-		select {
-		case <-stop:
-			return
-		default:
-		}
+	for ctx.Err() == nil {
 		var st syscall.Stat_t
 		if err := syscall.Stat(w.path, &st); err != nil {
 			w.fail(fmt.Sprintf("stat %s: %v", w.path, err))
