@@ -13,7 +13,6 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/ops"
-	"github.com/zyvor/kairon/internal/rules"
 )
 
 const defaultMigrateTimeout = 5 * time.Minute
@@ -82,53 +81,52 @@ func (o *Options) runMigrate(ctx context.Context, name string, strategy kaironv1
 	if err != nil {
 		return err
 	}
-	machine := &kaironv1.Machine{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, machine); err != nil {
-		if apierrors.IsNotFound(err) {
-			return fmt.Errorf("machine %s/%s not found", ns, name)
-		}
-		return err
-	}
-	if machine.Spec.NodeName == "" {
-		return fmt.Errorf("machine %s/%s is not on a node yet (phase %s): nothing to migrate", ns, name, orDash(string(machine.Status.Phase)))
-	}
-	if f.to != "" && f.to == machine.Spec.NodeName {
-		return fmt.Errorf("machine %s/%s already runs on node %s", ns, name, f.to)
-	}
-	snap, err := rules.LoadEvacuationSnapshot(ctx, c)
+	started, err := ops.StartMigration(ctx, c, ops.Migration{Namespace: ns, Machine: name, Strategy: strategy, TargetNode: f.to})
 	if err != nil {
-		return err
+		return migrateError(ns, name, f.to, err)
 	}
-	decision := snap.Plan([]*kaironv1.Machine{machine})[0]
-	switch decision.Verdict {
-	case rules.EvacuationDeleting:
-		return fmt.Errorf("machine %s/%s is being deleted", ns, name)
-	case rules.EvacuationInFlight:
-		return fmt.Errorf("machine %s/%s already has migration %s in flight (%s)", ns, name, decision.Migration.Name, migrationPhase(decision.Migration))
-	case rules.EvacuationBlocked:
-		return fmt.Errorf("machine %s/%s not migrated: %s", ns, name, decision.Reason)
-	}
-
-	mig := &kaironv1.MachineMigration{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: name + "-mig-"},
-		Spec:       kaironv1.MachineMigrationSpec{MachineName: name, Strategy: strategy, TargetNode: f.to},
-	}
-	if err := c.Create(ctx, mig); err != nil {
-		if ops.IsMigrationRefusal(err) {
-			return fmt.Errorf("machine %s/%s not migrated: %w", ns, name, err)
-		}
-		return fmt.Errorf("creating the migration of machine %s/%s: %w", ns, name, err)
-	}
+	mig := started.Migration
 	target := f.to
 	if target == "" {
 		target = "the scheduler's choice"
 	}
 	fmt.Fprintf(o.Out, "machinemigration %s/%s created: machine %s from node %s to %s (%s)\n",
-		ns, mig.Name, name, machine.Spec.NodeName, target, strategy)
+		ns, mig.Name, name, started.SourceNode, target, strategy)
 	if !f.wait {
 		return nil
 	}
 	return o.waitMigration(ctx, c, client.ObjectKeyFromObject(mig), f.timeout)
+}
+
+// migrateError words why ops.StartMigration did not migrate machine ns/name.
+func migrateError(ns, name, to string, err error) error {
+	var lookup *ops.MachineLookupError
+	var not *ops.NotMigrated
+	var create *ops.CreateError
+	switch {
+	case errors.As(err, &lookup):
+		if apierrors.IsNotFound(lookup.Err) {
+			return fmt.Errorf("machine %s/%s not found", ns, name)
+		}
+		return lookup.Err
+	case errors.As(err, &create):
+		return fmt.Errorf("creating the migration of machine %s/%s: %w", ns, name, create.Err)
+	case !errors.As(err, &not):
+		return err
+	}
+	switch not.Cause {
+	case ops.NotOnNode:
+		return fmt.Errorf("machine %s/%s is not on a node yet (phase %s): nothing to migrate", ns, name, orDash(string(not.Machine.Status.Phase)))
+	case ops.AlreadyOnTarget:
+		return fmt.Errorf("machine %s/%s already runs on node %s", ns, name, to)
+	case ops.Deleting:
+		return fmt.Errorf("machine %s/%s is being deleted", ns, name)
+	case ops.InFlight:
+		return fmt.Errorf("machine %s/%s already has migration %s in flight (%s)", ns, name, not.Migration.Name, migrationPhase(not.Migration))
+	case ops.Blocked:
+		return fmt.Errorf("machine %s/%s not migrated: %s", ns, name, not.Reason)
+	}
+	return fmt.Errorf("machine %s/%s not migrated: %w", ns, name, not.Err)
 }
 
 var errMigrationDeleted = errors.New("migration was deleted")

@@ -279,36 +279,34 @@ func (s *Server) migrate(ctx context.Context, c client.Client, req *MigrateReque
 	if err != nil {
 		return nil, err
 	}
-	var m kaironv1.Machine
-	if err := c.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: req.Machine}, &m); err != nil {
+	started, err := ops.StartMigration(ctx, c, ops.Migration{Namespace: req.Namespace, Machine: req.Machine, Strategy: strategy, TargetNode: req.TargetNode})
+	var not *ops.NotMigrated
+	switch {
+	case errors.As(err, &not):
+		return nil, notMigrated(req, not)
+	case err != nil:
 		return nil, err
 	}
-	if m.Spec.NodeName == "" {
-		return nil, refuse(http.StatusConflict, "machine %s/%s is not on a node yet: nothing to migrate", req.Namespace, req.Machine)
+	mig := started.Migration
+	return &Migrated{Namespace: mig.Namespace, Machine: req.Machine, Migration: mig.Name, SourceNode: started.SourceNode, TargetNode: req.TargetNode, Strategy: string(strategy)}, nil
+}
+
+// notMigrated is a 409 naming why the Machine was not migrated, or the
+// webhook's refusal as it came.
+func notMigrated(req *MigrateRequest, not *ops.NotMigrated) error {
+	switch not.Cause {
+	case ops.NotOnNode:
+		return refuse(http.StatusConflict, "machine %s/%s is not on a node yet: nothing to migrate", req.Namespace, req.Machine)
+	case ops.AlreadyOnTarget:
+		return refuse(http.StatusConflict, "machine %s/%s already runs on node %s", req.Namespace, req.Machine, req.TargetNode)
+	case ops.Deleting:
+		return refuse(http.StatusConflict, "machine %s/%s is being deleted", req.Namespace, req.Machine)
+	case ops.InFlight:
+		return refuse(http.StatusConflict, "machine %s/%s already has migration %s in flight", req.Namespace, req.Machine, not.Migration.Name)
+	case ops.Blocked:
+		return refuse(http.StatusConflict, "machine %s/%s not migrated: %s", req.Namespace, req.Machine, not.Reason)
 	}
-	if req.TargetNode == m.Spec.NodeName {
-		return nil, refuse(http.StatusConflict, "machine %s/%s already runs on node %s", req.Namespace, req.Machine, req.TargetNode)
-	}
-	snap, err := rules.LoadEvacuationSnapshot(ctx, c)
-	if err != nil {
-		return nil, err
-	}
-	switch d := snap.Plan([]*kaironv1.Machine{&m})[0]; d.Verdict {
-	case rules.EvacuationDeleting:
-		return nil, refuse(http.StatusConflict, "machine %s/%s is being deleted", req.Namespace, req.Machine)
-	case rules.EvacuationInFlight:
-		return nil, refuse(http.StatusConflict, "machine %s/%s already has migration %s in flight", req.Namespace, req.Machine, d.Migration.Name)
-	case rules.EvacuationBlocked:
-		return nil, refuse(http.StatusConflict, "machine %s/%s not migrated: %s", req.Namespace, req.Machine, d.Reason)
-	}
-	mig := &kaironv1.MachineMigration{
-		ObjectMeta: metav1.ObjectMeta{Namespace: req.Namespace, GenerateName: req.Machine + "-mig-"},
-		Spec:       kaironv1.MachineMigrationSpec{MachineName: req.Machine, Strategy: strategy, TargetNode: req.TargetNode},
-	}
-	if err := c.Create(ctx, mig); err != nil {
-		return nil, err
-	}
-	return &Migrated{Namespace: mig.Namespace, Machine: req.Machine, Migration: mig.Name, SourceNode: m.Spec.NodeName, TargetNode: req.TargetNode, Strategy: string(strategy)}, nil
+	return not.Err
 }
 
 // scale sets a MachinePool's spec.replicas through its scale subresource,
