@@ -262,6 +262,8 @@ func TestFenceFollowsThrough(t *testing.T) {
 type slowStop struct{ backend.Backend }
 
 func (s slowStop) Stop(ctx context.Context, id string) error {
+	// A deliberate pause, not a wait for a state: the window in which a
+	// Ready written too early would show.
 	time.Sleep(300 * time.Millisecond)
 	return s.Backend.Stop(ctx, id)
 }

@@ -202,10 +202,11 @@ func TestSnapshotScheduleRunsAndPrunes(t *testing.T) {
 		clock.Step(time.Hour)
 		tick(t, env, cur, run)
 	}
-	time.Sleep(gcWindow) // a snapshot taken would show within this
-	if by := scheduleSnapshots(t, env, ns, "hourly"); len(by["web-1"]) != 2 || len(by["web-2"]) != 2 {
-		t.Errorf("a suspended schedule changed its snapshots: %s", snapshotNames(by))
-	}
+	// A snapshot taken would show within gcWindow.
+	testenv.Consistently(t, gcWindow, "a suspended schedule to keep its snapshots", func() (bool, string) {
+		by := scheduleSnapshots(t, env, ns, "hourly")
+		return len(by["web-1"]) == 2 && len(by["web-2"]) == 2, snapshotNames(by)
+	})
 
 	// A snapshot of web-1 by hand is handed out too, and is none of the
 	// schedule's business.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -33,13 +34,24 @@ func TestStopFailsOnlyWhenEtcdHadToBeKilled(t *testing.T) {
 				spawner: newSpawner(),
 				log:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 			}
-			// The stubborn child says when it ignores SIGTERM: a Stop sent
-			// before the shell ran its trap would find it obliging.
+			// The stubborn child says when it ignores SIGTERM, with a line
+			// on a FIFO: a Stop sent before the shell ran its trap would
+			// find it obliging. The test waits on that line, not on a clock.
 			trapped := filepath.Join(dir, "trapped")
+			if err := syscall.Mkfifo(trapped, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			// Read-write, so that opening does not wait for the writer; a
+			// FIFO goes through the runtime's poller, so its read can time out.
+			fifo, err := os.OpenFile(trapped, os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fifo.Close()
 			for _, name := range []string{Etcd, KubeAPIServer, KubeControllerManager} {
 				script := "exec sleep 60"
 				if name == tc.stubborn {
-					script = "trap '' TERM; : > '" + trapped + "'; sleep 60"
+					script = "trap '' TERM; echo > '" + trapped + "'; sleep 60"
 				}
 				c, err := startChild(cp.spawner, filepath.Join(dir, "logs"), name, "/bin/sh", []string{"-c", script}, func(*child) {})
 				if err != nil {
@@ -47,16 +59,16 @@ func TestStopFailsOnlyWhenEtcdHadToBeKilled(t *testing.T) {
 				}
 				cp.children = append(cp.children, c)
 			}
-			for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
-				if _, err := os.Stat(trapped); err == nil {
-					break
-				}
-				if time.Now().After(deadline) {
-					_ = cp.Stop()
-					t.Fatalf("%s never set its trap", tc.stubborn)
-				}
+			// A minute is an upper bound for a loaded machine: the read
+			// returns as soon as the line is written.
+			if err := fifo.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
+				t.Fatal(err)
 			}
-			err := cp.Stop()
+			if _, err := fifo.Read(make([]byte, 1)); err != nil {
+				_ = cp.Stop()
+				t.Fatalf("%s never set its trap: %v", tc.stubborn, err)
+			}
+			err = cp.Stop()
 			switch {
 			case tc.wantErr && (err == nil || !strings.Contains(err.Error(), tc.stubborn+" did not stop")):
 				t.Errorf("Stop with %s ignoring SIGTERM: %v, want an error naming it", tc.stubborn, err)

@@ -194,7 +194,8 @@ func TestEgressBindLatency(t *testing.T) {
 		if idle {
 			waitWarm()
 			// The refill's last writes (the pool's status, events) land
-			// after the pool reads warm.
+			// after the pool reads warm, and no object says when they
+			// have: a pause, not a wait for a state.
 			time.Sleep(300 * time.Millisecond)
 		}
 		withEgress := i%2 == 0

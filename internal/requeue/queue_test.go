@@ -36,7 +36,9 @@ func TestInitialListObjectIsNotStarvedByChanges(t *testing.T) {
 			quietRuns.Add(1)
 			return reconcile.Result{RequeueAfter: time.Millisecond}, nil
 		}
-		// A stream of changes: always another one ready.
+		// A stream of changes: always another one ready. Each takes a
+		// moment of real time, as a reconcile's API calls do: the pause is
+		// the work, not a wait for a state.
 		changeRuns.Add(1)
 		time.Sleep(time.Millisecond)
 		return reconcile.Result{RequeueAfter: time.Nanosecond}, nil

@@ -446,6 +446,8 @@ func (cb *claimBench) watchClaims(prefix string) *claimWatch {
 				if ctx.Err() != nil {
 					return
 				}
+				// A pause between attempts to reopen, so that a
+				// struggling API server is not asked in a tight loop.
 				time.Sleep(50 * time.Millisecond)
 			}
 		}
@@ -619,7 +621,8 @@ func (cb *claimBench) burst(c int) {
 		// The pause comes after reading the API server's /metrics, not
 		// before: rendering them is a large allocation, and the garbage
 		// collection it sets off in the API server would otherwise fall
-		// on the burst's first writes.
+		// on the burst's first writes. A pause, not a wait: no object
+		// says the last of those writes has landed.
 		time.Sleep(settle)
 		profiled := func() {}
 		if cb.controller != nil && rep == 0 {
@@ -756,6 +759,9 @@ func (cb *claimBench) sequentialWarm(n int) {
 	var watched, bindMs, ctlWall, ctlBindMs []time.Duration
 	for i := range n {
 		cb.waitWarm(pool, 1, 5*time.Minute)
+		// The refill's last writes (the pool's status, events) land after
+		// the pool reads warm, and no object says when they have: a pause,
+		// so that they do not fall inside the measured bind.
 		time.Sleep(time.Second)
 		name := fmt.Sprintf("warm-%d", i)
 		cw := cb.watchClaims(name)
