@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"github.com/zyvor/kairon/internal/backend/qemu"
 	"github.com/zyvor/kairon/internal/execstream"
 	"github.com/zyvor/kairon/internal/guestagent/wire"
+	"github.com/zyvor/kairon/internal/testenv"
 	"github.com/zyvor/kairon/internal/testenv/host"
 )
 
@@ -47,17 +49,13 @@ func BenchmarkExecEndpoint(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = be.Stop(context.Background(), spec.ID) })
-	deadline := time.Now().Add(5 * time.Minute)
-	for {
+	testenv.Eventually(b, 5*time.Minute, "the guest to boot", func() (bool, string) {
 		inst, err := be.Get(ctx, spec.ID)
-		if err == nil && inst.Phase == backend.Running {
-			break
-		}
-		if err != nil || inst.Phase == backend.Exited || time.Now().After(deadline) {
+		if err != nil || inst.Phase == backend.Exited {
 			b.Fatalf("the guest did not boot: %+v %v", inst, err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return inst.Phase == backend.Running, fmt.Sprintf("%+v", inst)
+	})
 
 	a := &Agent{opts: Options{NodeName: "n1", Backend: be}, consoleAuth: newConsoleAuth(execReviewer{})}
 	srv := httptest.NewUnstartedServer(a.handler())
