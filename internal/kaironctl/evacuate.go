@@ -348,65 +348,70 @@ func (e *evacuation) progress(res *passResult, next time.Duration) string {
 	return b.String()
 }
 
-// pass reads the cluster, plans with rules.PlanEvacuation and creates
-// the migrations it admits, printing a line per Machine (with --wait, only
-// when what it has to say about the Machine changed).
+// pass makes one ops.EvacuationPass, printing a line per Machine as the
+// pass acts on it (with --wait, only when what it has to say about the
+// Machine changed).
 func (e *evacuation) pass(ctx context.Context) (*passResult, error) {
-	snap, err := rules.LoadEvacuationSnapshot(ctx, e.c)
-	if err != nil {
+	var res *passResult
+	var migrations map[machineKey]*kaironv1.MachineMigration
+	pass := ops.EvacuationPass{
+		Node: e.node, Strategy: e.strategy,
+		Read: func(snap *rules.EvacuationSnapshot, onNode []*kaironv1.Machine) {
+			e.reportGone(snap, onNode)
+			res = &passResult{onNode: len(onNode)}
+			migrations = map[machineKey]*kaironv1.MachineMigration{}
+			for i := range snap.Migrations {
+				mig := &snap.Migrations[i]
+				migrations[machineKey{mig.Namespace, mig.Name}] = mig
+			}
+		},
+		Acted: func(o ops.EvacuationOutcome) { e.record(res, migrations, o) },
+	}
+	if _, err := pass.Run(ctx, e.c); err != nil {
+		var create *ops.CreateError
+		if errors.As(err, &create) {
+			return nil, fmt.Errorf("creating a migration for machine %s: %w", machineKey{create.Machine.Namespace, create.Machine.Name}, create.Err)
+		}
 		return nil, err
 	}
-	onNode := snap.MachinesOn(e.node)
-	e.reportGone(snap, onNode)
+	return res, nil
+}
 
-	res := &passResult{onNode: len(onNode)}
-	migrations := map[machineKey]*kaironv1.MachineMigration{}
-	for i := range snap.Migrations {
-		mig := &snap.Migrations[i]
-		migrations[machineKey{mig.Namespace, mig.Name}] = mig
-	}
-	for _, d := range snap.Plan(onNode) {
-		m := d.Machine
-		key := machineKey{m.Namespace, m.Name}
-		e.seen[m.UID] = key
-		e.reportFailedMigration(m, migrations)
-		switch d.Verdict {
-		case rules.EvacuationDeleting:
-			res.deleting++
-			e.say(m, fmt.Sprintf("machine %s is being deleted; not migrating it", key))
-		case rules.EvacuationInFlight:
-			res.inFlight++
-			res.alreadyMigrating = append(res.alreadyMigrating, key)
-			mig := d.Migration
-			e.migration[m.UID] = machineKey{mig.Namespace, mig.Name}
-			why := fmt.Sprintf("migration %s/%s %s", mig.Namespace, mig.Name, migrationPhase(mig))
-			res.migrating = append(res.migrating, waitingMachine{machine: key, why: why})
-			e.say(m, e.skippedLine(key, fmt.Sprintf("migration %s/%s already in flight (%s); not creating another", mig.Namespace, mig.Name, migrationPhase(mig))))
-		case rules.EvacuationBlocked:
+// record notes in res what the pass did with one Machine, and says it.
+func (e *evacuation) record(res *passResult, migrations map[machineKey]*kaironv1.MachineMigration, o ops.EvacuationOutcome) {
+	m := o.Machine
+	key := machineKey{m.Namespace, m.Name}
+	e.seen[m.UID] = key
+	e.reportFailedMigration(m, migrations)
+	switch o.Verdict {
+	case rules.EvacuationDeleting:
+		res.deleting++
+		e.say(m, fmt.Sprintf("machine %s is being deleted; not migrating it", key))
+	case rules.EvacuationInFlight:
+		res.inFlight++
+		res.alreadyMigrating = append(res.alreadyMigrating, key)
+		mig := o.Migration
+		e.migration[m.UID] = machineKey{mig.Namespace, mig.Name}
+		why := fmt.Sprintf("migration %s/%s %s", mig.Namespace, mig.Name, migrationPhase(mig))
+		res.migrating = append(res.migrating, waitingMachine{machine: key, why: why})
+		e.say(m, e.skippedLine(key, fmt.Sprintf("migration %s/%s already in flight (%s); not creating another", mig.Namespace, mig.Name, migrationPhase(mig))))
+	case rules.EvacuationBlocked:
+		res.skipped++
+		res.waiting = append(res.waiting, waitingMachine{machine: key, why: o.Reason, budgets: o.Budgets})
+		e.say(m, e.skippedLine(key, o.Reason))
+	case rules.EvacuationMigrate:
+		switch mig := o.Created; {
+		case o.Refused != nil:
 			res.skipped++
-			res.waiting = append(res.waiting, waitingMachine{machine: key, why: d.Reason, budgets: d.Budgets})
-			e.say(m, e.skippedLine(key, d.Reason))
-		case rules.EvacuationMigrate:
-			mig := rules.NewEvacuationMigration(m, e.node, e.strategy)
-			if err := e.c.Create(ctx, mig); err != nil {
-				if !ops.IsMigrationRefusal(err) {
-					return nil, fmt.Errorf("creating a migration for machine %s: %w", key, err)
-				}
-				// The MachineMigration webhook judged again and refused:
-				// the budgets were spent, or the Machine deleted, by
-				// someone else since this pass read the cluster.
-				res.skipped++
-				res.waiting = append(res.waiting, waitingMachine{machine: key, why: err.Error()})
-				e.say(m, e.skippedLine(key, oneLine(err.Error())))
-				continue
-			}
+			res.waiting = append(res.waiting, waitingMachine{machine: key, why: o.Refused.Error()})
+			e.say(m, e.skippedLine(key, oneLine(o.Refused.Error())))
+		case mig != nil:
 			res.created++
 			e.migration[m.UID] = machineKey{mig.Namespace, mig.Name}
 			res.migrating = append(res.migrating, waitingMachine{machine: key, why: fmt.Sprintf("migration %s/%s Pending", mig.Namespace, mig.Name)})
 			e.say(m, fmt.Sprintf("machine %s: migration %s/%s created", key, mig.Namespace, mig.Name))
 		}
 	}
-	return res, nil
 }
 
 func (e *evacuation) skippedLine(key machineKey, reason string) string {

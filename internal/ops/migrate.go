@@ -79,9 +79,13 @@ type MachineLookupError struct{ Err error }
 func (e *MachineLookupError) Error() string { return e.Err.Error() }
 func (e *MachineLookupError) Unwrap() error { return e.Err }
 
-// CreateError is the create of the migration failing for another reason
-// than IsMigrationRefusal; its text and status are the API server's.
-type CreateError struct{ Err error }
+// CreateError is the create of a Machine's migration failing for another
+// reason than IsMigrationRefusal; its text and status are the API
+// server's.
+type CreateError struct {
+	Machine *kaironv1.Machine
+	Err     error
+}
 
 func (e *CreateError) Error() string { return e.Err.Error() }
 func (e *CreateError) Unwrap() error { return e.Err }
@@ -123,7 +127,7 @@ func StartMigration(ctx context.Context, c client.Client, req Migration) (*Start
 		if IsMigrationRefusal(err) {
 			return nil, &NotMigrated{Cause: Refused, Machine: m, Err: err}
 		}
-		return nil, &CreateError{Err: err}
+		return nil, &CreateError{Machine: m, Err: err}
 	}
 	return &StartedMigration{Migration: mig, SourceNode: m.Spec.NodeName}, nil
 }

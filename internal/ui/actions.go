@@ -212,47 +212,45 @@ func (s *Server) evacuate(ctx context.Context, c client.Client, req *EvacuateReq
 	return res, nil
 }
 
-// evacuatePass is one pass: the shared plan (rules.LoadEvacuationSnapshot,
-// rules.PlanEvacuation) over what the user reads, and a MachineMigration
-// (rules.NewEvacuationMigration) for every Machine the budgets allow,
-// created as the user.
+// evacuatePass is one pass, ops.EvacuationPass, made as the user: the
+// shared plan over what the user reads, and a MachineMigration for every
+// Machine the budgets allow, created as the user.
 func evacuatePass(ctx context.Context, c client.Client, node string, strategy kaironv1.MigrationStrategy) (*Evacuation, error) {
-	snap, err := rules.LoadEvacuationSnapshot(ctx, c)
-	if err != nil {
+	pass, err := ops.EvacuationPass{Node: node, Strategy: strategy}.Run(ctx, c)
+	var create *ops.CreateError
+	switch {
+	case errors.As(err, &create):
+		return nil, create.Err
+	case err != nil:
 		return nil, err
 	}
-	onNode := snap.MachinesOn(node)
-	if len(onNode) == 0 {
+	if len(pass.OnNode) == 0 {
 		if err := c.Get(ctx, client.ObjectKey{Name: node}, &corev1.Node{}); apierrors.IsNotFound(err) {
 			return nil, refuse(http.StatusNotFound, "node %q not found, and no Machine has spec.nodeName %q", node, node)
 		}
 	}
-	res := &Evacuation{Node: node, Machines: len(onNode), Created: []EvacuatedMachine{}, InFlight: []EvacuatedMachine{}, Skipped: []EvacuatedMachine{}, Deleting: []EvacuatedMachine{}}
-	for _, d := range snap.Plan(onNode) {
-		m := EvacuatedMachine{Namespace: d.Machine.Namespace, Name: d.Machine.Name, Budgets: []string{}}
-		switch d.Verdict {
+	res := &Evacuation{Node: node, Machines: len(pass.OnNode), Created: []EvacuatedMachine{}, InFlight: []EvacuatedMachine{}, Skipped: []EvacuatedMachine{}, Deleting: []EvacuatedMachine{}}
+	for _, o := range pass.Outcomes {
+		m := EvacuatedMachine{Namespace: o.Machine.Namespace, Name: o.Machine.Name, Budgets: []string{}}
+		switch o.Verdict {
 		case rules.EvacuationDeleting:
 			res.Deleting = append(res.Deleting, m)
 		case rules.EvacuationInFlight:
-			m.Migration = d.Migration.Name
+			m.Migration = o.Migration.Name
 			res.InFlight = append(res.InFlight, m)
 		case rules.EvacuationBlocked:
-			m.Reason = d.Reason
-			if d.Budgets != nil {
-				m.Budgets = d.Budgets
+			m.Reason = o.Reason
+			if o.Budgets != nil {
+				m.Budgets = o.Budgets
 			}
 			res.Skipped = append(res.Skipped, m)
 		case rules.EvacuationMigrate:
-			mig := rules.NewEvacuationMigration(d.Machine, node, strategy)
-			if err := c.Create(ctx, mig); err != nil {
-				if !ops.IsMigrationRefusal(err) {
-					return nil, err
-				}
-				m.Reason = err.Error()
+			if o.Refused != nil {
+				m.Reason = o.Refused.Error()
 				res.Skipped = append(res.Skipped, m)
 				continue
 			}
-			m.Migration = mig.Name
+			m.Migration = o.Created.Name
 			res.Created = append(res.Created, m)
 		}
 	}
