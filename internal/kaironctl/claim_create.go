@@ -2,6 +2,7 @@ package kaironctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
@@ -87,7 +89,7 @@ func (o *Options) createClaim(ctx context.Context, c client.Client, ns, pool str
 		// machine's clock is off, or the request waited in an overloaded
 		// API server for more than a second. The claim is still wanted,
 		// unstamped.
-		if stamped && apierrors.IsInvalid(err) && strings.Contains(err.Error(), kaironv1.AnnotationClaimCreatedAt) {
+		if stamped && stampRefused(err) {
 			fmt.Fprintf(o.ErrOut, "warning: the API server refused this machine's clock for %s: the clock is off, or the API server took over a second to create the claim (%v); creating the claim without it, so its bindMillis is measured from when the controller first saw it\n",
 				kaironv1.AnnotationClaimCreatedAt, err)
 			stamped = false
@@ -101,6 +103,28 @@ func (o *Options) createClaim(ctx context.Context, c client.Client, ns, pool str
 		}
 		return nil, claimCreateError(claimKind, ns, name, err)
 	}
+}
+
+// claimStampField is the field path of the creation stamp, as the API
+// server's claim-creation-stamp policy names it in its refusals.
+var claimStampField = field.NewPath("metadata", "annotations").Key(kaironv1.AnnotationClaimCreatedAt).String()
+
+// stampRefused tells whether err is the API server refusing a claim's
+// creation stamp: a 422 Invalid whose Status has a cause about the stamp's
+// field. A schema or webhook refusal names the field in the cause's Field;
+// a ValidatingAdmissionPolicy's cause carries only its message, which the
+// claim-creation-stamp policy starts with the field path, as field errors do.
+func stampRefused(err error) bool {
+	var status apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &status) || status.Status().Details == nil {
+		return false
+	}
+	for _, cause := range status.Status().Details.Causes {
+		if cause.Field == claimStampField || strings.Contains(cause.Message, claimStampField+": ") {
+			return true
+		}
+	}
+	return false
 }
 
 // sleepCtx waits d, or until ctx ends (returning its error).

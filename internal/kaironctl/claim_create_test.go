@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +15,11 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
@@ -130,5 +136,37 @@ func TestClaimCreateTurnedAway(t *testing.T) {
 				t.Errorf("%d creates carried %d different stamps: each is stamped when sent", len(posts), len(stamps))
 			}
 		})
+	}
+}
+
+// The stamp's refusal is told from the Status's causes, whichever way the
+// API server wrote them, and from no other Invalid.
+func TestStampRefused(t *testing.T) {
+	gk := schema.GroupKind{Group: kaironv1.GroupVersion.Group, Kind: "MachineClaim"}
+	policyDenial := func(message string) error {
+		err := apierrors.NewForbidden(schema.GroupResource{Group: gk.Group, Resource: "machineclaims"}, "c", errors.New(message))
+		err.ErrStatus.Reason, err.ErrStatus.Code = metav1.StatusReasonInvalid, http.StatusUnprocessableEntity
+		err.ErrStatus.Details.Causes = append(err.ErrStatus.Details.Causes, metav1.StatusCause{Message: message})
+		return err
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"the claim-creation-stamp policy", policyDenial("ValidatingAdmissionPolicy 'kairon-claim-creation-stamp' with binding 'kairon-claim-creation-stamp' denied request: " +
+			"metadata.annotations[kairon.zyvor.dev/created-at]: 2026-12-02T12:00:00.000Z is not within a second of the claim's creation"), true},
+		{"a field error on the stamp", apierrors.NewInvalid(gk, "c", field.ErrorList{
+			field.Invalid(field.NewPath("metadata", "annotations").Key(kaironv1.AnnotationClaimCreatedAt), "x", "not a time")}), true},
+		{"a field error elsewhere", apierrors.NewInvalid(gk, "c", field.ErrorList{
+			field.Required(field.NewPath("spec", "poolName"), "")}), false},
+		{"another policy", policyDenial("ValidatingAdmissionPolicy 'p' denied request: spec.poolName: not allowed"), false},
+		{"a Forbidden naming the stamp", apierrors.NewForbidden(schema.GroupResource{Resource: "machineclaims"}, "c",
+			errors.New("metadata.annotations[kairon.zyvor.dev/created-at]: no")), false},
+		{"not an API error", errors.New("metadata.annotations[kairon.zyvor.dev/created-at]: no"), false},
+	} {
+		if got := stampRefused(fmt.Errorf("creating: %w", tc.err)); got != tc.want {
+			t.Errorf("%s: stampRefused = %v, want %v (%v)", tc.name, got, tc.want, tc.err)
+		}
 	}
 }
