@@ -5,8 +5,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/zyvor/kairon/internal/ops"
 )
 
 func newScaleCommand(o *Options) *cobra.Command {
@@ -51,8 +51,7 @@ subresource, the same way kubectl scale and a HorizontalPodAutoscaler do.`,
 				return err
 			}
 			name := names[0]
-			patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"spec":{"replicas":%d}}`, replicas))
-			if err := c.SubResource("scale").Patch(cmd.Context(), k.object(ns, name), patch); err != nil {
+			if err := ops.Scale(cmd.Context(), c, k.object(ns, name), int32(replicas)); err != nil {
 				return o.objectError(k, ns, name, err)
 			}
 			fmt.Fprintf(o.Out, "%s scaled\n", k.ref(name))

@@ -10,7 +10,8 @@
 //     budgets were asked, with NotMigrated saying why it was not created;
 //   - evacuate.go: EvacuationPass, one pass over a node's Machines that
 //     creates the migrations the budgets allow, reporting each decision as
-//     it is acted on.
+//     it is acted on;
+//   - scale.go: Scale, replicas set through the scale subresource.
 //
 // The decisions themselves (which Machine a pass may move, the budgets,
 // the migration an evacuation creates) are internal/rules'; ops is the

@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
@@ -317,8 +316,7 @@ func (s *Server) scale(ctx context.Context, c client.Client, req *ScaleRequest) 
 		return nil, refuse(http.StatusBadRequest, "replicas must be 0 or more, not %d", *req.Replicas)
 	}
 	pool := &kaironv1.MachinePool{ObjectMeta: metav1.ObjectMeta{Namespace: req.Namespace, Name: req.Pool}}
-	patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"spec":{"replicas":%d}}`, *req.Replicas))
-	if err := c.SubResource("scale").Patch(ctx, pool, patch); err != nil {
+	if err := ops.Scale(ctx, c, pool, *req.Replicas); err != nil {
 		return nil, err
 	}
 	return &Scaled{Namespace: req.Namespace, Pool: req.Pool, Replicas: *req.Replicas}, nil
