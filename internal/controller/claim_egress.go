@@ -8,7 +8,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -16,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/patch"
 	"github.com/zyvor/kairon/internal/requeue"
 )
 
@@ -169,7 +169,10 @@ func (r *PolicyMachinesReconciler) Reconcile(ctx context.Context, req reconcile.
 	if p.Status.Machines == n {
 		return reconcile.Result{}, nil
 	}
-	// A merge patch of this one field: the agents' entries are theirs.
-	body := fmt.Appendf(nil, `{"status":{"machines":%d}}`, n)
-	return reconcile.Result{}, client.IgnoreNotFound(r.Client.Status().Patch(ctx, p, client.RawPatch(types.MergePatchType, body)))
+	// A merge patch of what differs, this one field, unlocked: the agents'
+	// entries are theirs, and a count computed from a stale read is
+	// corrected by the reconcile the newer write brings.
+	counted := p.DeepCopy()
+	counted.Status.Machines = n
+	return reconcile.Result{}, patch.Status(ctx, r.Client, p, counted, patch.IgnoreNotFound())
 }
