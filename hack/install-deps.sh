@@ -8,9 +8,11 @@ set -euo pipefail
 # 7.2), iproute2 (bridge, taps, network namespaces in tests), nftables (the
 # guests' network baseline, docs/guides/networking.md). kairon-ui's browser
 # tests (internal/ui) drive Debian's headless chromium. The image tests
-# (test/images) run the images of make images in Debian's podman.
+# (test/images) run the images of make images in Debian's podman. The
+# console and `kaironctl exec -it` tests (test/e2e) type into a terminal
+# that tmux draws.
 packages=(ca-certificates git make gcc libc6-dev iproute2 nftables procps
-  cpio gzip xz-utils zstd qemu-system-x86 chromium podman)
+  cpio gzip xz-utils zstd qemu-system-x86 chromium podman tmux)
 
 missing=()
 for p in "${packages[@]}"; do

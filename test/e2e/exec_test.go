@@ -109,7 +109,7 @@ func TestKaironctlExecInARealGuest(t *testing.T) {
 func tmuxSession(t *testing.T, name, command string) (tmux func(args ...string) string, screen func() string) {
 	tmuxPath, err := exec.LookPath("tmux")
 	if err != nil {
-		t.Skip("no tmux")
+		t.Fatal("tmux not found: install Debian's tmux (make deps does)")
 	}
 	socket := "kairon-e2e-" + name
 	tmux = func(args ...string) string {
