@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
@@ -52,7 +53,14 @@ type guestAddresses struct {
 	// inUse is, from the last sync, the instance IDs of the Machines that
 	// report each guest address; nil until the first sync.
 	inUse map[netip.Addr][]string
+	// looked is closed by the first sync.
+	looked     chan struct{}
+	lookedOnce sync.Once
 }
+
+// firstLookWait bounds how long a VM that must start now (a migration's
+// target, a restore) waits for the agent's first look at the cluster.
+const firstLookWait = 30 * time.Second
 
 // addressInUseError refuses a VM whose address another Machine holds.
 type addressInUseError struct {
@@ -105,10 +113,16 @@ func (g *guestAddresses) holds(id string, addr netip.Addr) bool {
 	return slices.Contains(g.inUse[addr], id)
 }
 
-// checkFree refuses addr for id when another Machine holds it, and any
-// address before the first look at the cluster (a transient error: the
-// start is retried).
+// checkFree refuses addr for id when another Machine holds it. Just after
+// the agent started it first waits, up to firstLookWait, for the first
+// look at the cluster, and refuses any address (transiently) without it.
 func (g *guestAddresses) checkFree(id string, addr netip.Addr) error {
+	if g.ready() != nil && g.looked != nil {
+		select {
+		case <-g.looked:
+		case <-time.After(firstLookWait):
+		}
+	}
 	if err := g.ready(); err != nil {
 		return transient(err)
 	}
@@ -147,7 +161,7 @@ func (a *Agent) setupGuestAddresses() {
 	if a.ipam == nil || (a.links == nil && a.crossNode == nil) {
 		return
 	}
-	a.addresses = &guestAddresses{network: a.opts.Network.CIDR.Masked()}
+	a.addresses = &guestAddresses{network: a.opts.Network.CIDR.Masked(), looked: make(chan struct{})}
 	a.ipam.Taken, a.ipam.Ready = a.addresses.taken, a.addresses.ready
 }
 
@@ -187,6 +201,7 @@ func (a *Agent) syncGuestAddresses(ctx context.Context, _ reconcile.Request) (re
 	a.addresses.mu.Lock()
 	a.addresses.inUse = inUse
 	a.addresses.mu.Unlock()
+	a.addresses.lookedOnce.Do(func() { close(a.addresses.looked) })
 	var errs []error
 	freed, err := a.ipam.ReleaseUnheld(a.addresses.holds)
 	errs = append(errs, err)

@@ -143,6 +143,12 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 	if recErr != nil {
 		return time.Second, recErr
 	}
+	if (suspended || errors.Is(err, backend.ErrNotFound)) && a.addresses != nil && a.addresses.ready() != nil {
+		// No address is known free before the agent's first look at the
+		// cluster's Machines, just after it starts: neither a start nor a
+		// resume is attempted before it.
+		return addressViewWait, nil
+	}
 	switch {
 	case suspended:
 		// Saved when the last agent stopped: bring the guest back rather
@@ -163,11 +169,6 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 		}
 		if wait := a.boots.wait(id, time.Now()); wait > 0 {
 			return wait, nil // backing off a transient start failure (boot.go)
-		}
-		if a.addresses != nil && a.addresses.ready() != nil {
-			// No address is known free before the agent's first look at
-			// the cluster's Machines, just after it starts: not an attempt.
-			return addressViewWait, nil
 		}
 		a.boots.begin(id, time.Now())
 		switch {

@@ -22,6 +22,7 @@ import (
 	"github.com/zyvor/kairon/internal/backend/sim"
 	"github.com/zyvor/kairon/internal/node"
 	"github.com/zyvor/kairon/internal/testenv"
+	"github.com/zyvor/kairon/internal/testenv/host"
 )
 
 // failingSave is a sim backend that cannot save a VM.
@@ -111,12 +112,27 @@ func deleteNodeAtEnd(t *testing.T, env *testenv.Env, name string) {
 // agent restores it: the Machine gets a Suspended event, then a Resumed one
 // naming the pause, and nothing of the suspension is left.
 func TestSuspendedVMIsRestoredByTheNextAgent(t *testing.T) {
+	suspendAndResume(t, "sus-a")
+}
+
+// The same on kairon-local's shared bridge, where the agent watches every
+// guest address of the cluster: the next agent resumes the VM once it has
+// looked at them, instead of failing it for the look still pending.
+func TestSuspendedVMIsRestoredOnASharedBridge(t *testing.T) {
+	host.SkipIfShort(t, "root, to make network namespaces, and the control plane")
+	suspendAndResume(t, "sus-bridge", sharedBridge(testNetns(t, "kairon-sus-"), "10.88.3.0/24"))
+}
+
+// suspendAndResume runs a Machine on an agent of nodeName that suspends
+// its VMs, stops the agent and starts another, which must resume the VM.
+func suspendAndResume(t *testing.T, nodeName string, options ...func(*node.Options)) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	state := t.TempDir()
-	deleteNodeAtEnd(t, env, "sus-a")
-	stop := runAgentOnShutdown(t, env, "sus-a", state, node.ShutdownSuspend, nil)
-	m := startMachine(t, env, ns, "sus-a")
+	deleteNodeAtEnd(t, env, nodeName)
+	onShutdown := func(o *node.Options) { o.OnShutdown, o.SuspendTimeout = node.ShutdownSuspend, 20*time.Second }
+	stop := runSimAgent(t, env, nodeName, state, nil, append(options, onShutdown)...)
+	m := startMachine(t, env, ns, nodeName)
 	stop()
 
 	if inst, err := simInstance(t, state, ns, "vm"); !errors.Is(err, backend.ErrNotFound) {
@@ -132,7 +148,7 @@ func TestSuspendedVMIsRestoredByTheNextAgent(t *testing.T) {
 		t.Errorf("Suspended events when the agent returned: %+v, want one Normal event", suspended)
 	}
 
-	runAgentOnShutdown(t, env, "sus-a", state, node.ShutdownSuspend, nil)
+	runSimAgent(t, env, nodeName, state, nil, append(options, onShutdown)...)
 	resumed := waitMachineEvent(t, env, ns, "vm", kaironv1.EventReasonResumed)
 	if resumed.Type != corev1.EventTypeNormal || !strings.Contains(resumed.Note, "paused for ") {
 		t.Errorf("Resumed event %s %q, want Normal and naming the pause", resumed.Type, resumed.Note)
