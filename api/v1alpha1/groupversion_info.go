@@ -1,8 +1,3 @@
-// Package v1alpha1 contains the kairon.zyvor.dev/v1alpha1 API: Machines and
-// the objects that create, pool, move, confine and budget them.
-//
-// +kubebuilder:object:generate=true
-// +groupName=kairon.zyvor.dev
 package v1alpha1
 
 import (

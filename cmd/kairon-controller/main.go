@@ -1,9 +1,3 @@
-// Command kairon-controller runs Kairon's control loops against a
-// Kubernetes API server: the scheduler, the MachineSet and MachineQuota
-// controllers and, with -webhook, the admission webhooks (Machines,
-// MachineMigrations, node agents' MachineNetworkPolicy status reports).
-//
-//	kairon-controller -kubeconfig .kairon/kubeconfig
 package main
 
 import (

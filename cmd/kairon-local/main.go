@@ -1,8 +1,3 @@
-// Command kairon-local runs Kairon on one machine: a real Kubernetes control
-// plane (etcd, kube-apiserver, kube-controller-manager) with Kairon's CRDs
-// installed, and later the Kairon controller and node agents on top of it.
-//
-// See docs/guides/kairon-local.md.
 package main
 
 import (

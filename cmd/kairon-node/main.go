@@ -1,5 +1,3 @@
-// Command kairon-node is the node agent: it runs the Machines placed on its
-// Node as VMs and reports their status.
 package main
 
 import (

@@ -1,9 +1,3 @@
-// Command kairon-ui serves Kairon's read-only web dashboard and JSON API
-// (/api/v1/...) from an informer cache of the cluster a kubeconfig names.
-//
-//	kairon-ui --kubeconfig .kairon/kubeconfig            # http://127.0.0.1:8090
-//
-// See docs/guides/ui.md.
 package main
 
 import (

@@ -1,5 +1,3 @@
-// Command kaironctl manages Kairon Machines and the objects around them; see
-// docs/guides/kaironctl.md.
 package main
 
 import (

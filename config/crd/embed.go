@@ -1,5 +1,3 @@
-// Package crd carries the generated CustomResourceDefinitions so that
-// kairon-local and the test harness install exactly what `make generate` wrote.
 package crd
 
 import "embed"

@@ -1,7 +1,3 @@
-// Package backend is the seam between the node agent and whatever runs a
-// Machine's VM. The agent decides what should run; a Backend makes it so and
-// reports what runs. Implementations: qemu (default, real VMs) and sim
-// (hollow VMs for control-plane scale tests only).
 package backend
 
 import (

@@ -1,5 +1,3 @@
-// Package requeue holds how the controllers of Kairon's managers queue
-// their work and stop taking it.
 package requeue
 
 import (

@@ -1,8 +1,3 @@
-// Package wire is the guest agent's protocol on its virtio channel: frames,
-// and the messages they carry (docs/design/guest-agent.md). kairon-node and
-// kairon-guest-agent both speak it; kairon-node reads what a guest wrote, so
-// every read here is bounded and refuses what it does not understand instead
-// of guessing.
 package wire
 
 import (

@@ -1,7 +1,3 @@
-// Package network gives each Machine on a node its place on the node's
-// network: an address from the node's range (ipam.go) and a tap on the node's
-// bridge (links.go). The node agent owns both so that it can later filter a
-// Machine's traffic at its tap.
 package network
 
 import (

@@ -1,5 +1,3 @@
-// Package rulestest builds the in-memory objects that tests of the rules and
-// of their callers (scheduler, webhook, kaironctl) feed to them.
 package rulestest
 
 import (

@@ -1,6 +1,3 @@
-// Package netlab builds the network of a test: namespaces the test
-// creates, and the servers of its "outside" (DNS, plain TCP, TLS, HTTPS)
-// on test addresses, so that guest traffic never leaves the machine.
 package netlab
 
 import (

@@ -1,0 +1,21 @@
+// Command images builds Kairon's OCI images without a container daemon:
+// kairon-controller, kairon-ui and kairon-node, each an OCI image layout in
+// a tar file under --out (bin/images), named <registry>/<name>:<version>.
+// It is a build tool of this repository, not something Kairon ships, hence
+// hack/ rather than cmd/ (docs/guides/helm.md#images).
+//
+//	go run ./hack/images [flags]              build (make images)
+//	go run ./hack/images push --registry R    push what was built (make push)
+//
+// The files:
+//
+//   - main.go: the flags, the images and their layers, and push;
+//   - debian.go: the Debian packages an image needs, resolved, locked and
+//     unpacked;
+//   - tree.go: a layer's file tree, written as a sorted tar.
+//
+// The images are reproducible: every file is dated SOURCE_DATE_EPOCH (by
+// default the last commit's time), layer entries are sorted with numeric
+// owners, and the Go binaries are built with -trimpath and no build ID, so
+// two builds of one checkout give the same bytes.
+package main
