@@ -1,16 +1,3 @@
-// Package controller holds kairon-controller's control loops and webhooks:
-// the scheduler that places Machines on nodes; the MachineSet, MachinePool
-// (with the MachineClaim binder and claim controller), MachineQuota and
-// MachineDisruptionBudget controllers; the MachineMigration controller,
-// which picks a migration's target and its MigrationPolicy, holds it
-// Pending while that policy's parallel limits are taken, and follows it
-// while the node agents move the guest, cold or live; cordon evacuation (strategy cold, or auto:
-// live where the Machine and both nodes can); the Node migration endpoints;
-// a claim's egress enforcement and a network policy's Machines; and the
-// Machine and MachineMigration admission webhooks. The decisions they
-// share with kaironctl and the webhooks are in package rules.
-// SetupWithManager registers all of them, so kairon-controller,
-// kairon-local and the tests run the same set.
 package controller
 
 import (

@@ -1,12 +1,3 @@
-// Package kaironctl is the kaironctl command line, talking to the
-// Kubernetes API server the way kubectl does (same kubeconfig, --context
-// and --namespace rules): get, describe, create and edit budget, delete and
-// scale for Kairon's objects; claim and release on warm pools; evacuate and
-// migrate; logs, exec, cp and console into a Machine's guest (through the
-// node agent); mcp serve, an MCP server for AI agents; and version.
-//
-// Each verb is one file with a constructor listed in verbs; the kinds the
-// verbs work on are the table in kinds.go.
 package kaironctl
 
 import (

@@ -1,6 +1,3 @@
-// Package node is kairon-node, the agent that runs the Machines placed on one
-// Node: it keeps its Node object current, starts and stops VMs through a
-// backend, attaches them to the node network and reports their status.
 package node
 
 import (

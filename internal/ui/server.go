@@ -1,11 +1,3 @@
-// Package ui is kairon-ui: a web dashboard and JSON API over the Kairon
-// objects of one cluster, served from an informer cache, with pages that
-// update live through server-sent events, and (with Options.AllowWrite)
-// actions made with the user's own identity: see auth.go.
-//
-// Every number about a MachineDisruptionBudget is computed by
-// rules.ComputeBudgetStates, the code kaironctl, evacuation and the
-// admission webhook decide with; this package has no arithmetic of its own.
 package ui
 
 import (
