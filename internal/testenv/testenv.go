@@ -1,22 +1,3 @@
-// Package testenv gives integration tests a real Kubernetes control plane
-// with Kairon's CRDs installed: the same etcd, kube-apiserver and
-// kube-controller-manager that kairon-local runs (package controlplane),
-// from the pinned binaries in bin/.
-//
-// One control plane serves a whole test package. It starts on the first Get,
-// so a package whose selected tests never ask for it pays nothing, and Run
-// stops it and deletes its temporary data dir after the tests:
-//
-//	func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
-//
-//	func TestSomething(t *testing.T) {
-//		env := testenv.Get(t)
-//		ns := env.Namespace(t)
-//		...
-//	}
-//
-// Tests share the control plane, so each should work in its own namespace
-// (Namespace) and not assume it sees only its own cluster-scoped objects.
 package testenv
 
 import (
