@@ -3,7 +3,6 @@ package v1alpha1_test
 import (
 	"context"
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -17,17 +16,6 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/testenv"
 )
-
-// kubectl runs the real, pinned kubectl against the test control plane.
-func kubectl(t *testing.T, env *testenv.Env, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(env.BinDir+"/kubectl", append([]string{"--kubeconfig", env.Kubeconfig}, args...)...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
 
 func TestKubectlScaleUsesTheScaleSubresource(t *testing.T) {
 	env := testenv.Get(t)
@@ -44,8 +32,8 @@ func TestKubectlScaleUsesTheScaleSubresource(t *testing.T) {
 		}
 	}
 
-	kubectl(t, env, "-n", ns, "scale", "machinepool", "agents", "--replicas", "3")
-	kubectl(t, env, "-n", ns, "scale", "machineset", "web", "--replicas", "5")
+	env.Kubectl(t, "-n", ns, "scale", "machinepool", "agents", "--replicas", "3")
+	env.Kubectl(t, "-n", ns, "scale", "machineset", "web", "--replicas", "5")
 
 	pools := &kaironv1.MachinePool{}
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "agents"}, pools); err != nil {
@@ -63,7 +51,7 @@ func TestKubectlScaleUsesTheScaleSubresource(t *testing.T) {
 	}
 
 	// The scale subresource reports the selector the HPA needs.
-	out := kubectl(t, env, "-n", ns, "get", "--raw",
+	out := env.Kubectl(t, "-n", ns, "get", "--raw",
 		fmt.Sprintf("/apis/kairon.zyvor.dev/v1alpha1/namespaces/%s/machinepools/agents/scale", ns))
 	if !strings.Contains(out, `"kind":"Scale"`) || !strings.Contains(out, `"replicas":3`) {
 		t.Errorf("scale subresource of machinepool: %s", out)
@@ -204,8 +192,8 @@ func TestScaleSubresourcePatchAsKEDASendsIt(t *testing.T) {
 		}
 	}
 	for _, c := range []struct{ resource, name string }{{"machinepools", "keda-agents"}, {"machinesets", "keda-web"}} {
-		kubectl(t, env, "-n", ns, "patch", c.resource, c.name, "--subresource=scale", "--type=merge", "-p", `{"spec":{"replicas":7}}`)
-		out := kubectl(t, env, "-n", ns, "get", "--raw",
+		env.Kubectl(t, "-n", ns, "patch", c.resource, c.name, "--subresource=scale", "--type=merge", "-p", `{"spec":{"replicas":7}}`)
+		out := env.Kubectl(t, "-n", ns, "get", "--raw",
 			fmt.Sprintf("/apis/kairon.zyvor.dev/v1alpha1/namespaces/%s/%s/%s/scale", ns, c.resource, c.name))
 		if !strings.Contains(out, `"kind":"Scale"`) || !strings.Contains(out, `"spec":{"replicas":7}`) {
 			t.Errorf("%s %s scale after the patch: %s", c.resource, c.name, out)
@@ -232,7 +220,7 @@ func TestKubectlGetBudgetsShowsTheBudgetColumns(t *testing.T) {
 	if err := env.Client.Create(context.Background(), mdb); err != nil {
 		t.Fatal(err)
 	}
-	out := kubectl(t, env, "-n", ns, "get", "mdb")
+	out := env.Kubectl(t, "-n", ns, "get", "mdb")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) != 2 {
 		t.Fatalf("kubectl get mdb printed %d lines, want header + 1:\n%s", len(lines), out)

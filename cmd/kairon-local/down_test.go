@@ -391,7 +391,7 @@ func TestDownStopsUpAndWhatItLeft(t *testing.T) {
 	dataDir := t.TempDir()
 	kubeconfig := filepath.Join(dataDir, "kubeconfig")
 	up := startUp(t, exe, "--data-dir", dataDir, "--port", "0", "--bin-dir", binDir, "--nodes", "1", "--backend", "sim")
-	kubectl(t, binDir, kubeconfig, "apply", "-f", writeTemp(t, "apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata: {name: hello, namespace: default}\nspec: {}\n"))
+	testenv.Kubectl(t, binDir, kubeconfig, "", "apply", "-f", writeTemp(t, "apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata: {name: hello, namespace: default}\nspec: {}\n"))
 	testenv.Eventually(t, time.Minute, "machine hello Running", func() (bool, string) {
 		phase := jsonpath(t, kubeconfig, "machine", "hello", "{.status.phase}")
 		return phase == "Running", phase

@@ -180,15 +180,6 @@ func (p *upProcess) terminate(t *testing.T, dataDir string) {
 	p.waitExit(t, dataDir, "SIGTERM")
 }
 
-func kubectl(t *testing.T, binDir, kubeconfig string, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(filepath.Join(binDir, "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
 // jsonpath reads a field of one object of the kubeconfig's namespace, as
 // kubectl get -o jsonpath prints it, without a kubectl process: the tests
 // poll with it.
@@ -216,7 +207,7 @@ func TestUpServesKaironAndKeepsStateAcrossRestarts(t *testing.T) {
 			t.Errorf("how-to text lacks %q:\n%s", want, out)
 		}
 	}
-	if crds := kubectl(t, binDir, kubeconfig, "get", "crd", "-o", "name"); !strings.Contains(crds, "/machinepools.kairon.zyvor.dev\n") {
+	if crds := testenv.Kubectl(t, binDir, kubeconfig, "", "get", "crd", "-o", "name"); !strings.Contains(crds, "/machinepools.kairon.zyvor.dev\n") {
 		t.Fatalf("machinepools.kairon.zyvor.dev not installed; CRDs:\n%s", crds)
 	}
 	pool := filepath.Join(t.TempDir(), "pool.yaml")
@@ -234,11 +225,11 @@ spec:
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	kubectl(t, binDir, kubeconfig, "create", "-f", pool)
+	testenv.Kubectl(t, binDir, kubeconfig, "", "create", "-f", pool)
 	up.terminate(t, dataDir)
 
 	up = startUp(t, exe, args...)
-	if got := kubectl(t, binDir, kubeconfig, "get", "machinepool", "builders", "-o", "jsonpath={.spec.replicas}"); got != "2" {
+	if got := testenv.Kubectl(t, binDir, kubeconfig, "", "get", "machinepool", "builders", "-o", "jsonpath={.spec.replicas}"); got != "2" {
 		t.Errorf("MachinePool after restart: spec.replicas = %q, want 2", got)
 	}
 	up.terminate(t, dataDir)
@@ -289,7 +280,7 @@ func TestUpRunsControllerAndNodeAgents(t *testing.T) {
 	if err := os.WriteFile(machine, []byte("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata: {name: hello, namespace: default}\nspec: {}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	kubectl(t, binDir, kubeconfig, "apply", "-f", machine)
+	testenv.Kubectl(t, binDir, kubeconfig, "", "apply", "-f", machine)
 	testenv.Eventually(t, time.Minute, "machine hello Running on a node", func() (bool, string) {
 		phase := jsonpath(t, kubeconfig, "machine", "hello", "{.status.phase} {.spec.nodeName}")
 		return strings.HasPrefix(phase, "Running node-"), phase
@@ -297,10 +288,10 @@ func TestUpRunsControllerAndNodeAgents(t *testing.T) {
 	// Each component is itself, not the admin: the controller has its own
 	// user, and the agent of the node hello is not on may not touch the
 	// node hello is on, or hello.
-	if who := kubectl(t, binDir, filepath.Join(dataDir, "kairon-controller.kubeconfig"), "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"); who != "kairon:controller" {
+	if who := testenv.Kubectl(t, binDir, filepath.Join(dataDir, "kairon-controller.kubeconfig"), "", "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"); who != "kairon:controller" {
 		t.Errorf("kairon-controller's kubeconfig is user %q, want kairon:controller", who)
 	}
-	other := kubectl(t, binDir, kubeconfig, "get", "machine", "hello", "-o", "jsonpath={.spec.nodeName}")
+	other := testenv.Kubectl(t, binDir, kubeconfig, "", "get", "machine", "hello", "-o", "jsonpath={.spec.nodeName}")
 	actor := map[string]string{"node-1": "node-2", "node-2": "node-1"}[other]
 	node1 := filepath.Join(dataDir, "node-"+actor+".kubeconfig")
 	for _, args := range [][]string{
@@ -313,7 +304,7 @@ func TestUpRunsControllerAndNodeAgents(t *testing.T) {
 			t.Errorf("kubectl %s as the other node's agent: %v, want forbidden\n%s", strings.Join(args, " "), err, out)
 		}
 	}
-	kubectl(t, binDir, kubeconfig, "delete", "machine", "hello", "--timeout=60s")
+	testenv.Kubectl(t, binDir, kubeconfig, "", "delete", "machine", "hello", "--timeout=60s")
 	up.terminate(t, dataDir)
 }
 

@@ -223,16 +223,16 @@ func TestMachinePoolKeepsWarmMembers(t *testing.T) {
 		t.Errorf("Ready condition %+v", c)
 	}
 	// Zero counts are written too, so kubectl prints 0, not a blank.
-	if out := kubectl(t, env, "-n", ns, "get", "machinepool", "agents", "-o", "jsonpath={.status.claimed}"); out != "0" {
+	if out := env.Kubectl(t, "-n", ns, "get", "machinepool", "agents", "-o", "jsonpath={.status.claimed}"); out != "0" {
 		t.Errorf("status.claimed printed as %q, want 0", out)
 	}
 	if got := testutil.ToFloat64(poolMembers.WithLabelValues(ns, "agents", memberStateWarm)); got != 2 {
 		t.Errorf("kairon_machinepool_members{state=warm} = %v, want 2", got)
 	}
 
-	kubectl(t, env, "-n", ns, "scale", "machinepool", "agents", "--replicas", "3")
+	env.Kubectl(t, "-n", ns, "scale", "machinepool", "agents", "--replicas", "3")
 	waitWarm(t, env, ns, "agents", 3, 0)
-	kubectl(t, env, "-n", ns, "scale", "machinepool", "agents", "--replicas", "1")
+	env.Kubectl(t, "-n", ns, "scale", "machinepool", "agents", "--replicas", "1")
 	waitWarm(t, env, ns, "agents", 1, 0)
 	if got := testutil.ToFloat64(poolMembers.WithLabelValues(ns, "agents", memberStateWarm)); got != 1 {
 		t.Errorf("kairon_machinepool_members{state=warm} = %v after scaling to 1, want 1", got)
@@ -448,7 +448,7 @@ func TestMachinePoolSelectorSelectsWhatReplicasCounts(t *testing.T) {
 			fmt.Sprintf("selector %q selects %v; status.replicas %d, claimed %d", p.Status.Selector, got, p.Status.Replicas, p.Status.Claimed)
 	})
 	// The scale subresource hands the same selector to an autoscaler.
-	out := kubectl(t, env, "-n", ns, "get", "--raw", fmt.Sprintf("/apis/kairon.zyvor.dev/v1alpha1/namespaces/%s/machinepools/agents/scale", ns))
+	out := env.Kubectl(t, "-n", ns, "get", "--raw", fmt.Sprintf("/apis/kairon.zyvor.dev/v1alpha1/namespaces/%s/machinepools/agents/scale", ns))
 	if !strings.Contains(out, `"selector":"kairon.zyvor.dev/machinepool=agents,kairon.zyvor.dev/pool-state=warm"`) || !strings.Contains(out, `"replicas":2`) {
 		t.Errorf("scale subresource: %s", out)
 	}

@@ -2,8 +2,6 @@ package controller
 
 import (
 	"context"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -39,16 +37,6 @@ func createMachineSet(t *testing.T, env *testenv.Env, ns, name string, replicas 
 		t.Fatalf("creating machine set: %v", err)
 	}
 	return set
-}
-
-func kubectl(t *testing.T, env *testenv.Env, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(filepath.Join(env.BinDir, "kubectl"), append([]string{"--kubeconfig", env.Kubeconfig}, args...)...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
 }
 
 // liveMachineNames are the set's Machines that are not being deleted, sorted.
@@ -87,7 +75,7 @@ func TestMachineSetScale(t *testing.T) {
 	set := createMachineSet(t, env, ns, "web", 3)
 	waitMachineSet(t, env, ns, "web", 3, 0)
 	// Zero counts are written too, so kubectl prints 0, not a blank.
-	if out := kubectl(t, env, "-n", ns, "get", "machineset", "web", "-o", "jsonpath={.status.readyReplicas}"); out != "0" {
+	if out := env.Kubectl(t, "-n", ns, "get", "machineset", "web", "-o", "jsonpath={.status.readyReplicas}"); out != "0" {
 		t.Errorf("status.readyReplicas printed as %q, want 0", out)
 	}
 
@@ -101,7 +89,7 @@ func TestMachineSetScale(t *testing.T) {
 		}
 	}
 
-	kubectl(t, env, "-n", ns, "scale", "machineset", "web", "--replicas", "5")
+	env.Kubectl(t, "-n", ns, "scale", "machineset", "web", "--replicas", "5")
 	waitMachineSet(t, env, ns, "web", 5, 0)
 
 	// There are no nodes, so everything is Pending; play the node agent for
@@ -127,19 +115,19 @@ func TestMachineSetScale(t *testing.T) {
 	setMachinePhase(t, env, m, kaironv1.MachineBooting)
 	waitMachineSet(t, env, ns, "web", 5, 2)
 
-	kubectl(t, env, "-n", ns, "scale", "machineset", "web", "--replicas", "3")
+	env.Kubectl(t, "-n", ns, "scale", "machineset", "web", "--replicas", "3")
 	waitMachineSet(t, env, ns, "web", 3, 2)
 	if got, want := liveMachineNames(t, env, ns, "web"), []string{running[0], running[1], booting}; strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("after scaling to 3 kept %v, want the Running and Booting ones %v", got, want)
 	}
 
-	kubectl(t, env, "-n", ns, "scale", "machineset", "web", "--replicas", "2")
+	env.Kubectl(t, "-n", ns, "scale", "machineset", "web", "--replicas", "2")
 	waitMachineSet(t, env, ns, "web", 2, 2)
 	if got := liveMachineNames(t, env, ns, "web"); strings.Join(got, ",") != strings.Join(running, ",") {
 		t.Errorf("after scaling to 2 kept %v, want the Running ones %v", got, running)
 	}
 
-	out := kubectl(t, env, "-n", ns, "get", "machineset", "web", "-o", "jsonpath={.status.replicas}/{.status.readyReplicas}")
+	out := env.Kubectl(t, "-n", ns, "get", "machineset", "web", "-o", "jsonpath={.status.replicas}/{.status.readyReplicas}")
 	if out != "2/2" {
 		t.Errorf("kubectl get: replicas/ready %q, want 2/2", out)
 	}

@@ -90,7 +90,7 @@ func TestZeroCountsAreWritten(t *testing.T) {
 		})
 	}
 	// The example from the issue, verbatim in the raw JSON.
-	if out := kubectl(t, env, "-n", ns, "get", "mdb", "exhausted", "-o", "json"); !strings.Contains(out, `"disruptionsAllowed": 0`) {
+	if out := env.Kubectl(t, "-n", ns, "get", "mdb", "exhausted", "-o", "json"); !strings.Contains(out, `"disruptionsAllowed": 0`) {
 		t.Errorf(`kubectl get mdb -o json has no "disruptionsAllowed": 0:\n%s`, out)
 	}
 }
@@ -100,7 +100,7 @@ func TestZeroCountsAreWritten(t *testing.T) {
 func zeroesShown(t *testing.T, env *testenv.Env, ns string, k zeroKind) (bool, string) {
 	t.Helper()
 	var obj map[string]any
-	raw := kubectl(t, env, "-n", ns, "get", k.resource, k.name, "-o", "json")
+	raw := env.Kubectl(t, "-n", ns, "get", k.resource, k.name, "-o", "json")
 	if err := json.Unmarshal([]byte(raw), &obj); err != nil {
 		t.Fatalf("kubectl get %s -o json: %v\n%s", k.resource, err, raw)
 	}
@@ -122,7 +122,7 @@ func zeroesShown(t *testing.T, env *testenv.Env, ns string, k zeroKind) (bool, s
 			missing = append(missing, fmt.Sprintf("status.%s=%v", strings.Join(path, "."), v))
 		}
 	}
-	table := kubectl(t, env, "-n", ns, "get", k.resource, k.name)
+	table := env.Kubectl(t, "-n", ns, "get", k.resource, k.name)
 	cells, err := tableRow(table)
 	if err != nil {
 		t.Fatalf("kubectl get %s: %v\n%s", k.resource, err, table)

@@ -66,14 +66,7 @@ const waitTimeout = 30 * time.Second
 
 func waitPhase(t *testing.T, env *testenv.Env, key client.ObjectKey, want kaironv1.MachinePhase) *kaironv1.Machine {
 	t.Helper()
-	m := &kaironv1.Machine{}
-	testenv.Eventually(t, waitTimeout, "machine "+key.String()+" "+string(want), func() (bool, string) {
-		if err := env.Client.Get(context.Background(), key, m); err != nil {
-			return false, err.Error()
-		}
-		return m.Status.Phase == want, string(m.Status.Phase) + ": " + m.Status.Message
-	})
-	return m
+	return env.WaitMachinePhase(t, key, want, waitTimeout)
 }
 
 func TestAgentRegistersItsNode(t *testing.T) {

@@ -66,7 +66,7 @@ func TestCloneBench(t *testing.T) {
 	results["Snapshot"] = cloneBenchMode(t, env, ns, "Snapshot", "snapshot", nil)
 	var b *agent
 	results["Snapshot, other node"] = cloneBenchMode(t, env, ns, "Snapshot", "crossnode", func() {
-		kubectl(t, env, "", "cordon", "bench-clone")
+		env.Kubectl(t, "cordon", "bench-clone")
 		b = startAgentWith(t, env, "bench-clone-b", filepath.Join(state, "b"), netNS, 8, "4Gi", agentFlags(1)...)
 		deleteNodeAtEnd(t, env, "bench-clone-b")
 		waitNodeReady(t, env, "bench-clone-b")
@@ -91,7 +91,7 @@ func cloneBenchMode(t *testing.T, env *testenv.Env, ns, mode, pool string, after
 	ctx := context.Background()
 	var out []string
 	start := time.Now()
-	kubectl(t, env, clonePool(pool, mode, 0), "-n", ns, "apply", "-f", "-")
+	env.KubectlStdin(t, clonePool(pool, mode, 0), "-n", ns, "apply", "-f", "-")
 	if mode == "Snapshot" {
 		snap := waitPoolSnapshot(t, env, ns, pool)
 		out = append(out, fmt.Sprintf("template booted and saved on %s %s after the pool was created (%d MiB state)",
@@ -177,7 +177,7 @@ func cloneBenchMode(t *testing.T, env *testenv.Env, ns, mode, pool string, after
 	out = append(out, fmt.Sprintf("claim against an empty pool, create -> Bound: %s", summary(emptyClaims)))
 	out = append(out, fmt.Sprintf("that member's status.bootMillis (node: VM start -> ready): %s", summary(bootMillis)))
 
-	kubectl(t, env, "", "-n", ns, "delete", "machinepool", pool, "--wait=true", "--timeout=2m")
+	env.Kubectl(t, "-n", ns, "delete", "machinepool", pool, "--wait=true", "--timeout=2m")
 	testenv.Eventually(t, 2*time.Minute, "every Machine of "+pool+" deleted", func() (bool, string) {
 		list := &kaironv1.MachineList{}
 		_ = env.Client.List(ctx, list, client.InNamespace(ns))

@@ -62,7 +62,7 @@ func TestPoolClonesOnANodeWithoutTheTemplate(t *testing.T) {
 		}
 	})
 
-	kubectl(t, env, clonePool("agents", "Snapshot", 0), "-n", ns, "apply", "-f", "-")
+	env.KubectlStdin(t, clonePool("agents", "Snapshot", 0), "-n", ns, "apply", "-f", "-")
 	snap := waitPoolSnapshot(t, env, ns, "agents")
 	if snap.NodeName != nodeA || !strings.HasPrefix(snap.Path, filepath.Join(state, "a")) {
 		t.Fatalf("snapshot %+v, want it on %s", snap, nodeA)
@@ -76,11 +76,11 @@ func TestPoolClonesOnANodeWithoutTheTemplate(t *testing.T) {
 	}
 
 	// A has no room for clones; B, which has no file, joins.
-	kubectl(t, env, "", "cordon", nodeA)
+	env.Kubectl(t, "cordon", nodeA)
 	agents[nodeB] = startAgentWith(t, env, nodeB, filepath.Join(state, "b"), netNS, 4, "3Gi", agentFlags(1)...)
 	deleteNodeAtEnd(t, env, nodeB)
 	waitNodeReady(t, env, nodeB)
-	kubectl(t, env, "", "-n", ns, "scale", "machinepool", "agents", "--replicas", "2")
+	env.Kubectl(t, "-n", ns, "scale", "machinepool", "agents", "--replicas", "2")
 	clones := warmMembers(t, env, ns, "agents", 2, 4*time.Minute)
 	for _, m := range clones {
 		if m.Spec.NodeName != nodeB || len(m.Status.Addresses) == 0 || !strings.HasPrefix(m.Status.Addresses[0].Address, "10.88.72.") {
@@ -98,7 +98,7 @@ func TestPoolClonesOnANodeWithoutTheTemplate(t *testing.T) {
 		t.Errorf("the claim bound %s on %s, want a clone on %s", m.Name, m.Spec.NodeName, nodeB)
 	}
 
-	kubectl(t, env, "", "-n", ns, "delete", "machineclaims,machinepools", "--all", "--wait=true", "--timeout=2m")
+	env.Kubectl(t, "-n", ns, "delete", "machineclaims,machinepools", "--all", "--wait=true", "--timeout=2m")
 	testenv.Eventually(t, 2*time.Minute, "every Machine deleted", func() (bool, string) {
 		list := &kaironv1.MachineList{}
 		_ = env.Client.List(ctx, list, client.InNamespace(ns))

@@ -93,7 +93,7 @@ func TestPoolClonesOfARealGuest(t *testing.T) {
 	ctx := context.Background()
 	node := startPoolNode(t, env, ns, "e2e-clone", 6, "3Gi")
 	netNS, state := node.netNS, node.state
-	kubectl(t, env, clonePool("agents", "Snapshot", 0), "-n", ns, "apply", "-f", "-")
+	env.KubectlStdin(t, clonePool("agents", "Snapshot", 0), "-n", ns, "apply", "-f", "-")
 	snap := waitPoolSnapshot(t, env, ns, "agents")
 	if snap.NodeName != "e2e-clone" || !strings.HasPrefix(snap.Path, state) || snap.SizeBytes <= 0 {
 		t.Errorf("snapshot %+v", snap)
@@ -105,7 +105,7 @@ func TestPoolClonesOfARealGuest(t *testing.T) {
 		t.Errorf("the template's VM runs on after its save: %v", vms)
 	}
 
-	kubectl(t, env, "", "-n", ns, "scale", "machinepool", "agents", "--replicas", "2")
+	env.Kubectl(t, "-n", ns, "scale", "machinepool", "agents", "--replicas", "2")
 	clones := warmMembers(t, env, ns, "agents", 2, 3*time.Minute)
 
 	for _, m := range clones {
@@ -116,7 +116,7 @@ func TestPoolClonesOfARealGuest(t *testing.T) {
 	checkCloneIdentities(t, env, ns, netNS, snap, clones)
 	claimAClone(t, env, ns, snap)
 
-	kubectl(t, env, "", "-n", ns, "delete", "machineclaims,machinepools", "--all", "--wait=true", "--timeout=2m")
+	env.Kubectl(t, "-n", ns, "delete", "machineclaims,machinepools", "--all", "--wait=true", "--timeout=2m")
 	testenv.Eventually(t, 2*time.Minute, "every Machine deleted", func() (bool, string) {
 		list := &kaironv1.MachineList{}
 		_ = env.Client.List(ctx, list, client.InNamespace(ns))

@@ -70,7 +70,7 @@ func TestCordonEvacuationWithRealMigrations(t *testing.T) {
 	})
 	rec := recordDisruptions(t, env, ns, web)
 
-	kubectl(t, env, "", "cordon", source)
+	env.Kubectl(t, "cordon", source)
 	waitAllRunning(t, env, ns, target, 3)
 
 	// A Machine runs on the target a moment before its migration records
@@ -132,7 +132,7 @@ func TestCordonEvacuationWithRealMigrations(t *testing.T) {
 	if most != 1 {
 		t.Errorf("at most %d migrations were in flight, want exactly 1 (the budget allows one at a time)", most)
 	}
-	if got := strings.TrimSpace(kubectl(t, env, "", "get", "node", source, "-o", "jsonpath={.spec.unschedulable}")); got != "true" {
+	if got := strings.TrimSpace(env.Kubectl(t, "get", "node", source, "-o", "jsonpath={.spec.unschedulable}")); got != "true" {
 		t.Errorf("source node unschedulable=%q after evacuation, want it still cordoned", got)
 	}
 }
@@ -175,7 +175,7 @@ func TestCordonEvacuationAutoFallsBackToCold(t *testing.T) {
 		return strings.Contains(src, ":") && dst == "", "source " + src + ", target " + dst
 	})
 
-	kubectl(t, env, "", "cordon", source)
+	env.Kubectl(t, "cordon", source)
 	waitAllRunning(t, env, ns, target, 1)
 
 	// The Machine runs on the target a moment before its migration
@@ -194,7 +194,7 @@ func TestCordonEvacuationAutoFallsBackToCold(t *testing.T) {
 	checkStrategyChosen(t, &mig, kaironv1.StrategyReasonTargetCannotReceiveLive,
 		"strategy auto chose cold: no node that can take machine worker can receive it live from node "+source+": "+target+" has no migration endpoint")
 	// kubectl shows the choice as a condition.
-	out := kubectl(t, env, "", "-n", ns, "get", "machinemigration", mig.Name, "-o",
+	out := env.Kubectl(t, "-n", ns, "get", "machinemigration", mig.Name, "-o",
 		`jsonpath={.status.conditions[?(@.type=="StrategyChosen")].reason}`)
 	if out != kaironv1.StrategyReasonTargetCannotReceiveLive {
 		t.Errorf("kubectl: StrategyChosen reason %q", out)

@@ -135,7 +135,7 @@ func TestCrossNodeEgress(t *testing.T) {
 	}
 	h.mustNotFetch(teamA, confined, other)
 
-	kubectl(t, env, fmt.Sprintf(`apiVersion: kairon.zyvor.dev/v1alpha1
+	env.KubectlStdin(t, fmt.Sprintf(`apiVersion: kairon.zyvor.dev/v1alpha1
 kind: MachineNetworkPolicy
 metadata: {name: pkg}
 spec:
@@ -159,7 +159,7 @@ spec:
 	}
 	checkConfined(a, false)
 
-	kubectl(t, env, fmt.Sprintf(`apiVersion: kairon.zyvor.dev/v1alpha1
+	env.KubectlStdin(t, fmt.Sprintf(`apiVersion: kairon.zyvor.dev/v1alpha1
 kind: MachineNetworkPolicy
 metadata: {name: guests}
 spec:
@@ -173,7 +173,7 @@ spec:
 	waitPolicyEnforced(t, env, teamA, "pkg", b, confined)
 	waitPolicyEnforced(t, env, teamA, "guests", b, confined)
 	checkConfined(b, true)
-	kubectl(t, env, "", "-n", teamA, "delete", "machinenetworkpolicy", "guests")
+	env.Kubectl(t, "-n", teamA, "delete", "machinenetworkpolicy", "guests")
 	testenv.Eventually(t, time.Minute, "the policy guests to be lifted on "+b, func() (bool, string) {
 		out := nftIn(h.netns[1], "list", "table", "inet", "kairon_egress")
 		return !strings.Contains(out, peer), out

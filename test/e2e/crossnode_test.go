@@ -122,7 +122,7 @@ func ipIn(netns string, args ...string) string {
 // other boot side by side.
 func (h *crossNodeHosts) createOn(namespace, name, node string) {
 	h.t.Helper()
-	kubectl(h.t, h.env, fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata:\n  name: %s\nspec: {nodeName: %s, cpu: 1, memory: 256Mi}\n", name, node),
+	h.env.KubectlStdin(h.t, fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata:\n  name: %s\nspec: {nodeName: %s, cpu: 1, memory: 256Mi}\n", name, node),
 		"-n", namespace, "apply", "-f", "-")
 }
 
@@ -175,7 +175,7 @@ func (h *crossNodeHosts) mustNotFetch(namespace, machine, address string) {
 // waits until it Succeeded; a Failed one fails the test.
 func migrateTo(t *testing.T, env *testenv.Env, ns, name, machine, strategy, node string) {
 	t.Helper()
-	kubectl(t, env, fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: MachineMigration\nmetadata: {name: %s}\nspec: {machineName: %s, strategy: %s, targetNode: %s}\n",
+	env.KubectlStdin(t, fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: MachineMigration\nmetadata: {name: %s}\nspec: {machineName: %s, strategy: %s, targetNode: %s}\n",
 		name, machine, strategy, node), "-n", ns, "apply", "-f", "-")
 	testenv.Eventually(t, 3*time.Minute, "the "+strategy+" migration to end", func() (bool, string) {
 		out := jsonpathQuiet(env, testenv.Query{Namespace: ns, Resource: "machinemigration", Name: name}, "{.status.phase} {.status.reason} {.status.message}")
@@ -290,7 +290,7 @@ func TestCrossNodeHostRouting(t *testing.T) {
 	}
 
 	for _, key := range []client.ObjectKey{{Namespace: teamA, Name: "one"}, {Namespace: teamA, Name: "mover"}, {Namespace: teamA, Name: "third"}, {Namespace: teamB, Name: "other"}} {
-		kubectl(t, env, "", "-n", key.Namespace, "delete", "machine", key.Name, "--wait=true", "--timeout=2m")
+		env.Kubectl(t, "-n", key.Namespace, "delete", "machine", key.Name, "--wait=true", "--timeout=2m")
 	}
 	testenv.Eventually(t, time.Minute, "no host route for the deleted moved guest", func() (bool, string) {
 		out := ipIn(h.netns[0], "-4", "route", "show", "proto", crossNodeProto) + ipIn(h.netns[1], "-4", "route", "show", "proto", crossNodeProto)
@@ -379,7 +379,7 @@ func TestCrossNodeVXLAN(t *testing.T) {
 	h.mustNotFetch(teamB, "other", two)
 
 	for _, key := range []client.ObjectKey{{Namespace: teamA, Name: "one"}, {Namespace: teamA, Name: "two"}, {Namespace: teamB, Name: "other"}} {
-		kubectl(t, env, "", "-n", key.Namespace, "delete", "machine", key.Name, "--wait=true", "--timeout=2m")
+		env.Kubectl(t, "-n", key.Namespace, "delete", "machine", key.Name, "--wait=true", "--timeout=2m")
 	}
 	h.expectCleanExit(subnetA, subnetB)
 }

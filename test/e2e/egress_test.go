@@ -93,7 +93,7 @@ func TestEgressOnARealGuest(t *testing.T) {
 		}
 	})
 
-	kubectl(t, env, `apiVersion: kairon.zyvor.dev/v1alpha1
+	env.KubectlStdin(t, `apiVersion: kairon.zyvor.dev/v1alpha1
 kind: MachinePool
 metadata: {name: sandboxes}
 spec:
@@ -105,7 +105,7 @@ spec:
 		out := jsonpathQuiet(env, testenv.Query{Namespace: ns, Resource: "machines", LabelSelector: kaironv1.LabelPoolState + "=" + kaironv1.PoolStateWarm}, "{.items[*].status.phase}")
 		return strings.Contains(out, "Running"), out
 	})
-	kubectl(t, env, `apiVersion: kairon.zyvor.dev/v1alpha1
+	env.KubectlStdin(t, `apiVersion: kairon.zyvor.dev/v1alpha1
 kind: MachineClaim
 metadata: {name: job}
 spec:
@@ -128,7 +128,7 @@ spec:
 	machine := claim.Status.MachineName
 	// A second policy of the Machine, plain TCP to pkg.test on 8050: the
 	// Machine may do what either allows.
-	kubectl(t, env, fmt.Sprintf(`apiVersion: kairon.zyvor.dev/v1alpha1
+	env.KubectlStdin(t, fmt.Sprintf(`apiVersion: kairon.zyvor.dev/v1alpha1
 kind: MachineNetworkPolicy
 metadata: {name: plain-8050}
 spec:
@@ -233,7 +233,7 @@ spec:
 	// The restarted agent adopts the guest and applies an edit.
 	agents[first] = restartEgressAgent(t, env, first, filepath.Join(state, "a"), netNS, 1)
 	waitNodeReady(t, env, first)
-	kubectl(t, env, "", "-n", ns, "patch", "machinenetworkpolicy", "plain-8050", "--type=merge", "-p",
+	env.Kubectl(t, "-n", ns, "patch", "machinenetworkpolicy", "plain-8050", "--type=merge", "-p",
 		`{"spec":{"egress":{"allowCidrs":["`+otherHost+`/32"]}}}`)
 	waitPolicyEnforced(t, env, ns, "plain-8050", first, machine)
 	expectTogether(
@@ -269,7 +269,7 @@ spec:
 	// Live to the other node: confined there before it runs there.
 	agents[second] = restartEgressAgent(t, env, second, filepath.Join(state, "b"), netNS, 2)
 	waitNodeReady(t, env, second)
-	kubectl(t, env, fmt.Sprintf(`apiVersion: kairon.zyvor.dev/v1alpha1
+	env.KubectlStdin(t, fmt.Sprintf(`apiVersion: kairon.zyvor.dev/v1alpha1
 kind: MachineMigration
 metadata: {name: follow}
 spec: {machineName: %s, strategy: live, targetNode: %s}
@@ -299,8 +299,8 @@ spec: {machineName: %s, strategy: live, targetNode: %s}
 
 	// Releasing the claim deletes its policy, then its Machine; with the
 	// other policy gone too, nothing of the guest's enforcement is left.
-	kubectl(t, env, "", "-n", ns, "delete", "machinenetworkpolicy", "plain-8050")
-	kubectl(t, env, "", "-n", ns, "delete", "machineclaim", "job", "--wait=true", "--timeout=2m")
+	env.Kubectl(t, "-n", ns, "delete", "machinenetworkpolicy", "plain-8050")
+	env.Kubectl(t, "-n", ns, "delete", "machineclaim", "job", "--wait=true", "--timeout=2m")
 	testenv.Eventually(t, 2*time.Minute, "machine "+machine+" gone", func() (bool, string) {
 		err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: machine}, &kaironv1.Machine{})
 		return err != nil, fmt.Sprint(err)

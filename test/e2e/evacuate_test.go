@@ -497,7 +497,7 @@ func TestEvacuateWithRealMigrations(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitAllRunning(t, env, ns, source, 3)
-	kubectl(t, env, "", "cordon", source)
+	env.Kubectl(t, "cordon", source)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("objects:\n%s", kubectlQuiet(env, "-n", ns, "get", "machines,machinemigrations,machinedisruptionbudgets", "-o", "wide"))

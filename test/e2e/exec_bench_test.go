@@ -39,7 +39,7 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 	startController(b, env)
 	startAgent(b, env, "bench-exec", state, netns(b))
 	deleteNodeAtEnd(b, env, "bench-exec")
-	kubectl(b, env, "apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata:\n  name: box\nspec: {}\n", "-n", ns, "apply", "-f", "-")
+	env.KubectlStdin(b, "apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata:\n  name: box\nspec: {}\n", "-n", ns, "apply", "-f", "-")
 	m := waitPhase(b, env, client.ObjectKey{Namespace: ns, Name: "box"}, kaironv1.MachineRunning)
 
 	var n corev1.Node

@@ -36,7 +36,7 @@ func TestKaironctlExecInARealGuest(t *testing.T) {
 			t.Logf("kairon-node log:\n%s", tail(string(out), 40))
 		}
 	})
-	kubectl(t, env, "apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata:\n  name: box\nspec: {}\n", "-n", ns, "apply", "-f", "-")
+	env.KubectlStdin(t, "apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata:\n  name: box\nspec: {}\n", "-n", ns, "apply", "-f", "-")
 	waitPhase(t, env, client.ObjectKey{Namespace: ns, Name: "box"}, kaironv1.MachineRunning)
 
 	kaironctl := func(stdin []byte, args ...string) (string, string, int) {
@@ -222,7 +222,7 @@ func TestKaironctlExecAfterLiveMigration(t *testing.T) {
 			}
 		}
 	})
-	kubectl(t, env, fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata:\n  name: mover\nspec: {nodeName: %s}\n", first), "-n", ns, "apply", "-f", "-")
+	env.KubectlStdin(t, fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: Machine\nmetadata:\n  name: mover\nspec: {nodeName: %s}\n", first), "-n", ns, "apply", "-f", "-")
 	waitPhase(t, env, client.ObjectKey{Namespace: ns, Name: "mover"}, kaironv1.MachineRunning)
 
 	kaironctl := func(args ...string) (string, string, int) {
@@ -241,7 +241,7 @@ func TestKaironctlExecAfterLiveMigration(t *testing.T) {
 	if out, stderr, code := kaironctl("exec", "mover", "--", "sh", "-c", "echo remembered >/tmp/before; cat /tmp/before"); out != "remembered\n" || code != 0 {
 		t.Fatalf("exec before the migration: %q %q exit %d", out, stderr, code)
 	}
-	kubectl(t, env, fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: MachineMigration\nmetadata: {name: move}\nspec: {machineName: mover, strategy: live, targetNode: %s}\n", second), "-n", ns, "apply", "-f", "-")
+	env.KubectlStdin(t, fmt.Sprintf("apiVersion: kairon.zyvor.dev/v1alpha1\nkind: MachineMigration\nmetadata: {name: move}\nspec: {machineName: mover, strategy: live, targetNode: %s}\n", second), "-n", ns, "apply", "-f", "-")
 	testenv.Eventually(t, 3*time.Minute, "the live migration to end", func() (bool, string) {
 		out := jsonpathQuiet(env, testenv.Query{Namespace: ns, Resource: "machinemigration", Name: "move"}, "{.status.phase} {.status.reason} {.status.message}")
 		if strings.HasPrefix(out, "Failed") {

@@ -5,7 +5,6 @@ package e2e
 
 import (
 	"bufio"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -226,27 +225,10 @@ func killVMs(t testing.TB, dir string) {
 	})
 }
 
+// waitPhase waits for a real guest's Machine: booting one takes minutes.
 func waitPhase(t testing.TB, env *testenv.Env, key client.ObjectKey, want kaironv1.MachinePhase) *kaironv1.Machine {
 	t.Helper()
-	m := &kaironv1.Machine{}
-	testenv.Eventually(t, 3*time.Minute, key.String()+" "+string(want), func() (bool, string) {
-		if err := env.Client.Get(context.Background(), key, m); err != nil {
-			return false, err.Error()
-		}
-		return m.Status.Phase == want, fmt.Sprintf("%s: %s", m.Status.Phase, m.Status.Message)
-	})
-	return m
-}
-
-func kubectl(t testing.TB, env *testenv.Env, stdin string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(filepath.Join(env.BinDir, "kubectl"), append([]string{"--kubeconfig", env.Kubeconfig}, args...)...)
-	cmd.Stdin = strings.NewReader(stdin)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
+	return env.WaitMachinePhase(t, key, want, 3*time.Minute)
 }
 
 func tail(s string, n int) string {

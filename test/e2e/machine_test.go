@@ -45,7 +45,7 @@ func TestMachineBootsAnswersAndLeavesNothingBehind(t *testing.T) {
 		}
 	})
 
-	kubectl(t, env, `apiVersion: kairon.zyvor.dev/v1alpha1
+	env.KubectlStdin(t, `apiVersion: kairon.zyvor.dev/v1alpha1
 kind: Machine
 metadata:
   name: hello
@@ -73,7 +73,7 @@ spec: {}
 		t.Errorf("kaironctl logs: %v\n%s", err, logs)
 	}
 
-	kubectl(t, env, "", "-n", ns, "delete", "machine", "hello", "--wait=true", "--timeout=60s")
+	env.Kubectl(t, "-n", ns, "delete", "machine", "hello", "--wait=true", "--timeout=60s")
 	if err := env.Client.Get(context.Background(), key, m); !apierrors.IsNotFound(err) {
 		t.Fatalf("Machine still there after delete: %v", err)
 	}

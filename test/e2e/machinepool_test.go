@@ -41,7 +41,7 @@ func TestPoolClaimGetsARunningVM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kubectl(t, env, "", "-n", ns, "apply", "-f", example)
+	env.Kubectl(t, "-n", ns, "apply", "-f", example)
 
 	warm := func() (bool, string) {
 		list := &kaironv1.MachineList{}
@@ -139,7 +139,7 @@ func TestPoolClaimGetsARunningVM(t *testing.T) {
 
 	// Tidy up so no VM outlives the test: job-42's Machine goes with its
 	// claim, the warm members with the pool.
-	kubectl(t, env, "", "-n", ns, "delete", "-f", example, "--wait=true", "--timeout=2m")
+	env.Kubectl(t, "-n", ns, "delete", "-f", example, "--wait=true", "--timeout=2m")
 	testenv.Eventually(t, 2*time.Minute, "every Machine deleted", func() (bool, string) {
 		list := &kaironv1.MachineList{}
 		_ = env.Client.List(ctx, list, client.InNamespace(ns))

@@ -29,7 +29,7 @@ func TestMCPAgentSessionOnARealGuest(t *testing.T) {
 	ctx := context.Background()
 	// The warm member and the replacement the pool boots once it is claimed.
 	startPoolNode(t, env, ns, "e2e-mcp", 4, "2Gi")
-	kubectl(t, env, "apiVersion: kairon.zyvor.dev/v1alpha1\nkind: MachinePool\nmetadata: {name: agents}\nspec:\n  replicas: 1\n  template:\n    spec: {cpu: 1, memory: 256Mi}\n", "-n", ns, "apply", "-f", "-")
+	env.KubectlStdin(t, "apiVersion: kairon.zyvor.dev/v1alpha1\nkind: MachinePool\nmetadata: {name: agents}\nspec:\n  replicas: 1\n  template:\n    spec: {cpu: 1, memory: 256Mi}\n", "-n", ns, "apply", "-f", "-")
 	testenv.Eventually(t, 4*time.Minute, "a Running warm member", func() (bool, string) {
 		out := jsonpathQuiet(env, testenv.Query{Namespace: ns, Resource: "machines", LabelSelector: kaironv1.LabelPoolState + "=" + kaironv1.PoolStateWarm}, "{.items[*].status.phase}")
 		return strings.Contains(out, "Running"), out

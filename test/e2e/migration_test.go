@@ -170,13 +170,7 @@ func (c *localCluster) stop() string {
 // kubectl runs kubectl against the cluster and fails the test on an error.
 func (c *localCluster) kubectl(stdin string, args ...string) string {
 	c.t.Helper()
-	cmd := exec.Command(filepath.Join(c.binDir, "kubectl"), append([]string{"--kubeconfig", c.kubeconfig}, args...)...)
-	cmd.Stdin = strings.NewReader(stdin)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		c.t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
+	return testenv.Kubectl(c.t, c.binDir, c.kubeconfig, stdin, args...)
 }
 
 // jsonpath reads one field of an object, as kubectl get -o jsonpath does
