@@ -163,10 +163,10 @@ func TestCreateBudgetAllMachines(t *testing.T) {
 func TestEditBudget(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
-	create(t, env, &kaironv1.MachineDisruptionBudget{ObjectMeta: meta(ns, "web-tier"), Spec: kaironv1.MachineDisruptionBudgetSpec{
+	env.Create(t, &kaironv1.MachineDisruptionBudget{ObjectMeta: meta(ns, "web-tier"), Spec: kaironv1.MachineDisruptionBudgetSpec{
 		Selector: map[string]string{"tier": "web", "zone": "a"}, MinAvailable: ptr.To(intstr.FromString("2")),
 	}})
-	create(t, env, &kaironv1.MachineDisruptionBudget{ObjectMeta: meta(ns, "db"), Spec: kaironv1.MachineDisruptionBudgetSpec{
+	env.Create(t, &kaironv1.MachineDisruptionBudget{ObjectMeta: meta(ns, "db"), Spec: kaironv1.MachineDisruptionBudgetSpec{
 		Selector: map[string]string{"app": "db"}, MaxUnavailable: ptr.To(intstr.FromString("50%")),
 	}})
 
@@ -238,25 +238,25 @@ func TestDescribeBudget(t *testing.T) {
 			t.Fatal(err)
 		}
 		m.Status.Phase = kaironv1.MachineRunning
-		setStatus(t, env, m)
+		env.SetStatus(t, m)
 	}
 	mig := &kaironv1.MachineMigration{ObjectMeta: meta(ns, "move-web-3"), Spec: kaironv1.MachineMigrationSpec{MachineName: "web-3"}}
-	create(t, env, mig)
+	env.Create(t, mig)
 	mig.Status.Phase = kaironv1.MigrationRunning
-	setStatus(t, env, mig)
+	env.SetStatus(t, mig)
 	// Terminal migrations do not count.
 	done := &kaironv1.MachineMigration{ObjectMeta: meta(ns, "moved-web-1"), Spec: kaironv1.MachineMigrationSpec{MachineName: "web-1"}}
-	create(t, env, done)
+	env.Create(t, done)
 	done.Status.Phase = kaironv1.MigrationSucceeded
-	setStatus(t, env, done)
+	env.SetStatus(t, done)
 
 	b := &kaironv1.MachineDisruptionBudget{ObjectMeta: meta(ns, "web-tier"), Spec: kaironv1.MachineDisruptionBudgetSpec{
 		Selector: sel, MinAvailable: ptr.To(intstr.FromString("2")),
 	}}
-	create(t, env, b)
+	env.Create(t, b)
 	// A stale status, which describe must not believe.
 	b.Status = kaironv1.MachineDisruptionBudgetStatus{ExpectedMachines: 9, CurrentHealthy: 9, DesiredHealthy: 2, DisruptionsAllowed: 7}
-	setStatus(t, env, b)
+	env.SetStatus(t, b)
 
 	describe := func() (kaironv1.MachineDisruptionBudget, string) {
 		t.Helper()
@@ -296,7 +296,7 @@ func TestDescribeBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.Status.Phase = kaironv1.MachineBooting
-	setStatus(t, env, m)
+	env.SetStatus(t, m)
 	shown := other + "/web-4"
 	pad := func(s string) string { return fmt.Sprintf("  %-*s ", max(24, len(shown)), s) }
 	_, text = describe()
@@ -312,7 +312,7 @@ func TestDescribeBudget(t *testing.T) {
 	}
 
 	// A selector that matches nothing gets a hint, not an empty list.
-	create(t, env, &kaironv1.MachineDisruptionBudget{ObjectMeta: meta(ns, "nothing"), Spec: kaironv1.MachineDisruptionBudgetSpec{
+	env.Create(t, &kaironv1.MachineDisruptionBudget{ObjectMeta: meta(ns, "nothing"), Spec: kaironv1.MachineDisruptionBudgetSpec{
 		Selector: map[string]string{"app": "none-" + ns}, MaxUnavailable: ptr.To(intstr.FromInt32(1)),
 	}})
 	r := kctl(t, env, "describe", "mdb", "nothing", "-n", ns).ok(t)

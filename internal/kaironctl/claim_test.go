@@ -32,7 +32,7 @@ const pendingMessage = `no Running warm machine in pool "agents" (2 warming)`
 // claimPool creates the pool "agents" in ns.
 func claimPool(t *testing.T, env *testenv.Env, ns string) {
 	t.Helper()
-	create(t, env, &kaironv1.MachinePool{ObjectMeta: meta(ns, "agents"), Spec: kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](2), Template: template(nil)}})
+	env.Create(t, &kaironv1.MachinePool{ObjectMeta: meta(ns, "agents"), Spec: kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](2), Template: template(nil)}})
 }
 
 // listClaims returns the claims in ns.
@@ -356,7 +356,7 @@ func TestClaimNameFitsALabel(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	pool := strings.Repeat("p", 70)
-	create(t, env, &kaironv1.MachinePool{ObjectMeta: meta(ns, pool), Spec: kaironv1.MachinePoolSpec{Template: template(nil)}})
+	env.Create(t, &kaironv1.MachinePool{ObjectMeta: meta(ns, pool), Spec: kaironv1.MachinePoolSpec{Template: template(nil)}})
 	r := kctl(t, env, "claim", pool, "--wait=0", "-n", ns).ok(t)
 	m := regexp.MustCompile(`^machineclaim/(p+-claim-[0-9a-f]{6}) created\n$`).FindStringSubmatch(r.stdout)
 	if m == nil || len(m[1]) > 63 {
@@ -374,12 +374,12 @@ func claimHolding(t *testing.T, env *testenv.Env, ns, name, machine string, poli
 		kaironv1.LabelMachinePool: "agents", kaironv1.LabelMachinePoolTemplateHash: "abc123",
 		kaironv1.LabelPoolState: kaironv1.PoolStateClaimed, kaironv1.LabelMachineClaim: name, "team": "ml",
 	}
-	create(t, env, m)
+	env.Create(t, m)
 	c := &kaironv1.MachineClaim{ObjectMeta: meta(ns, name), Spec: kaironv1.MachineClaimSpec{PoolName: "agents", ReclaimPolicy: policy}}
 	c.Finalizers = []string{"test.kairon.zyvor.dev/release"}
-	create(t, env, c)
+	env.Create(t, c)
 	c.Status = kaironv1.MachineClaimStatus{Phase: kaironv1.ClaimBound, MachineName: machine, BindMillis: 5}
-	setStatus(t, env, c)
+	env.SetStatus(t, c)
 }
 
 // fakeReleaser plays kairon-controller for a claim being deleted: once the
@@ -482,7 +482,7 @@ func TestRelease(t *testing.T) {
 	})
 
 	t.Run("pending claim", func(t *testing.T) {
-		create(t, env, &kaironv1.MachineClaim{ObjectMeta: meta(ns, "waiting"), Spec: kaironv1.MachineClaimSpec{PoolName: "agents"}})
+		env.Create(t, &kaironv1.MachineClaim{ObjectMeta: meta(ns, "waiting"), Spec: kaironv1.MachineClaimSpec{PoolName: "agents"}})
 		r := kctl(t, env, "release", "waiting", "-n", ns).ok(t)
 		if r.stdout != "machineclaim/waiting released\n" {
 			t.Errorf("stdout %q", r.stdout)

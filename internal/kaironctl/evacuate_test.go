@@ -32,7 +32,7 @@ import (
 func evacNode(t *testing.T, env *testenv.Env, ns, name string) string {
 	t.Helper()
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: ns + "-" + name, Labels: map[string]string{kaironv1.LabelNode: "true"}}}
-	create(t, env, n)
+	env.Create(t, n)
 	t.Cleanup(func() {
 		if err := env.Client.Delete(context.Background(), n); err != nil && !apierrors.IsNotFound(err) {
 			t.Errorf("deleting node %s: %v", n.Name, err)
@@ -47,14 +47,14 @@ func runningOn(t *testing.T, env *testenv.Env, ns, name, node string, labels map
 	m := &kaironv1.Machine{ObjectMeta: meta(ns, name), Spec: vmSpec()}
 	m.Labels = labels
 	m.Spec.NodeName = node
-	create(t, env, m)
+	env.Create(t, m)
 	m.Status.Phase = kaironv1.MachineRunning
-	setStatus(t, env, m)
+	env.SetStatus(t, m)
 }
 
 func minAvailableBudget(t *testing.T, env *testenv.Env, ns, name string, selector map[string]string, n int32) {
 	t.Helper()
-	create(t, env, &kaironv1.MachineDisruptionBudget{ObjectMeta: meta(ns, name), Spec: kaironv1.MachineDisruptionBudgetSpec{
+	env.Create(t, &kaironv1.MachineDisruptionBudget{ObjectMeta: meta(ns, name), Spec: kaironv1.MachineDisruptionBudgetSpec{
 		Selector: selector, MinAvailable: ptr.To(intstr.FromInt32(n)),
 	}})
 }

@@ -66,7 +66,7 @@ func TestFenceAndRecover(t *testing.T) {
 
 	kctl(t, env, "fence", ns+"-nowhere").failed(t, `node "`+ns+`-nowhere" not found`, "kaironctl get nodes")
 	plain := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: ns + "-plain"}}
-	create(t, env, plain)
+	env.Create(t, plain)
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), plain) })
 	kctl(t, env, "fence", plain.Name).failed(t, "is not a Kairon node", kaironv1.LabelNode)
 	kctl(t, env, "fence").failed(t, "fence needs a NODE")

@@ -124,20 +124,6 @@ func watchEvents(ctx context.Context, env *testenv.Env, list client.ObjectList, 
 	}
 }
 
-func create(t *testing.T, env *testenv.Env, obj client.Object) {
-	t.Helper()
-	if err := env.Client.Create(context.Background(), obj); err != nil {
-		t.Fatalf("creating %T %s: %v", obj, obj.GetName(), err)
-	}
-}
-
-func setStatus(t *testing.T, env *testenv.Env, obj client.Object) {
-	t.Helper()
-	if err := env.Client.Status().Update(context.Background(), obj); err != nil {
-		t.Fatalf("updating status of %T %s: %v", obj, obj.GetName(), err)
-	}
-}
-
 func meta(ns, name string) metav1.ObjectMeta { return metav1.ObjectMeta{Namespace: ns, Name: name} }
 
 // vmSpec is a small valid Machine spec. Typed objects always send
@@ -158,10 +144,10 @@ func template(labels map[string]string) kaironv1.MachineTemplateSpec {
 func machine(t *testing.T, env *testenv.Env, ns, name, node string, cpu int32, memory string, phase kaironv1.MachinePhase) *kaironv1.Machine {
 	t.Helper()
 	m := &kaironv1.Machine{ObjectMeta: meta(ns, name), Spec: kaironv1.MachineSpec{NodeName: node, CPU: cpu, Memory: resource.MustParse(memory)}}
-	create(t, env, m)
+	env.Create(t, m)
 	if phase != "" {
 		m.Status.Phase = phase
-		setStatus(t, env, m)
+		env.SetStatus(t, m)
 	}
 	return m
 }
@@ -202,54 +188,54 @@ type kindCase struct {
 func objectsOfEveryKind(t *testing.T, env *testenv.Env, ns string) []kindCase {
 	m := &kaironv1.Machine{ObjectMeta: meta(ns, "web-1"), Spec: kaironv1.MachineSpec{NodeName: "node-1", CPU: 2, Memory: resource.MustParse("512Mi")}}
 	m.Labels = map[string]string{kaironv1.LabelMachinePool: "agents", "tier": "web"}
-	create(t, env, m)
+	env.Create(t, m)
 	m.Status = kaironv1.MachineStatus{Phase: kaironv1.MachineRunning, Addresses: []kaironv1.MachineAddress{{Type: "InternalIP", Address: "10.77.0.5"}}}
-	setStatus(t, env, m)
+	env.SetStatus(t, m)
 
 	ms := &kaironv1.MachineSet{ObjectMeta: meta(ns, "web"), Spec: kaironv1.MachineSetSpec{
 		Replicas: ptr.To[int32](3),
 		Selector: kaironv1.MachineSelector{MatchLabels: map[string]string{"app": "web"}},
 		Template: template(map[string]string{"app": "web"}),
 	}}
-	create(t, env, ms)
+	env.Create(t, ms)
 	ms.Status = kaironv1.MachineSetStatus{Replicas: 3, ReadyReplicas: 2}
-	setStatus(t, env, ms)
+	env.SetStatus(t, ms)
 
 	mp := &kaironv1.MachinePool{ObjectMeta: meta(ns, "agents"), Spec: kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](4), Template: template(nil)}}
-	create(t, env, mp)
+	env.Create(t, mp)
 	mp.Status = kaironv1.MachinePoolStatus{Replicas: 4, Warm: 4, ReadyWarm: 3, Claimed: 1}
-	setStatus(t, env, mp)
+	env.SetStatus(t, mp)
 
 	mc := &kaironv1.MachineClaim{ObjectMeta: meta(ns, "job-42"), Spec: kaironv1.MachineClaimSpec{PoolName: "agents"}}
-	create(t, env, mc)
+	env.Create(t, mc)
 	mc.Status = kaironv1.MachineClaimStatus{Phase: kaironv1.ClaimBound, MachineName: "agents-8c21d0e4", BindMillis: 412}
-	setStatus(t, env, mc)
+	env.SetStatus(t, mc)
 
 	mdb := &kaironv1.MachineDisruptionBudget{ObjectMeta: meta(ns, "web-tier"), Spec: kaironv1.MachineDisruptionBudgetSpec{
 		Selector: map[string]string{"tier": "web"}, MinAvailable: ptr.To(intstr.FromString("2")),
 	}}
-	create(t, env, mdb)
+	env.Create(t, mdb)
 	mdb.Status = kaironv1.MachineDisruptionBudgetStatus{ExpectedMachines: 3, CurrentHealthy: 3, DesiredHealthy: 2, DisruptionsAllowed: 1}
-	setStatus(t, env, mdb)
+	env.SetStatus(t, mdb)
 
 	mmig := &kaironv1.MachineMigration{ObjectMeta: meta(ns, "move-web-1"), Spec: kaironv1.MachineMigrationSpec{MachineName: "web-1", Strategy: kaironv1.MigrationLive}}
-	create(t, env, mmig)
+	env.Create(t, mmig)
 	mmig.Status = kaironv1.MachineMigrationStatus{Phase: kaironv1.MigrationRunning, SourceNode: "node-1", TargetNode: "node-2"}
-	setStatus(t, env, mmig)
+	env.SetStatus(t, mmig)
 
 	mnp := &kaironv1.MachineNetworkPolicy{ObjectMeta: meta(ns, "web-egress"), Spec: kaironv1.MachineNetworkPolicySpec{
 		MachineName: "web-1", Egress: kaironv1.EgressRules{AllowPorts: []kaironv1.PortRange{"443"}},
 	}}
-	create(t, env, mnp)
+	env.Create(t, mnp)
 	mnp.Status = kaironv1.MachineNetworkPolicyStatus{Machines: 1}
-	setStatus(t, env, mnp)
+	env.SetStatus(t, mnp)
 
 	mq := &kaironv1.MachineQuota{ObjectMeta: meta(ns, "team"), Spec: kaironv1.MachineQuotaSpec{Hard: kaironv1.MachineResources{
 		Machines: ptr.To[int32](10), CPU: ptr.To[int32](16), Memory: ptr.To(resource.MustParse("8Gi")),
 	}}}
-	create(t, env, mq)
+	env.Create(t, mq)
 	mq.Status = kaironv1.MachineQuotaStatus{Used: kaironv1.MachineResources{Machines: ptr.To[int32](1), CPU: ptr.To[int32](2), Memory: ptr.To(resource.MustParse("512Mi"))}}
-	setStatus(t, env, mq)
+	env.SetStatus(t, mq)
 
 	return []kindCase{
 		{"machines", "machine", "Machine", "web-1",
@@ -390,8 +376,8 @@ func TestGetEveryKind(t *testing.T) {
 func TestGetSeveralKinds(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
-	create(t, env, plainMachine(ns, "web-1"))
-	create(t, env, &kaironv1.MachinePool{ObjectMeta: meta(ns, "agents"), Spec: kaironv1.MachinePoolSpec{Template: template(nil)}})
+	env.Create(t, plainMachine(ns, "web-1"))
+	env.Create(t, &kaironv1.MachinePool{ObjectMeta: meta(ns, "agents"), Spec: kaironv1.MachinePoolSpec{Template: template(nil)}})
 
 	// One table per kind, a blank line apart, each NAME with its kind.
 	r := kctl(t, env, "get", "machines,mp", "-n", ns).ok(t)
@@ -466,7 +452,7 @@ func TestGetWatch(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	bg := context.Background()
-	create(t, env, plainMachine(ns, "a"))
+	env.Create(t, plainMachine(ns, "a"))
 
 	// watching runs get -w with args until stop is called, which
 	// interrupts it as Ctrl-C does and returns how it ended.
@@ -498,14 +484,14 @@ func TestGetWatch(t *testing.T) {
 
 	out, stop := watching("get", "machines", "-w")
 	printed(out, "the table of what is there", func(s string) bool { return rowsOf(s, "a") == 1 })
-	create(t, env, plainMachine(ns, "b"))
+	env.Create(t, plainMachine(ns, "b"))
 	printed(out, "a row for the new machine b", func(s string) bool { return rowsOf(s, "b") == 1 })
 	a := &kaironv1.Machine{}
 	if err := env.Client.Get(bg, client.ObjectKey{Namespace: ns, Name: "a"}, a); err != nil {
 		t.Fatal(err)
 	}
 	a.Status.Phase = kaironv1.MachineRunning
-	setStatus(t, env, a)
+	env.SetStatus(t, a)
 	printed(out, "a row for a Running", func(s string) bool {
 		f := lineStarting(s[strings.LastIndex(s, "\na ")+1:], "a")
 		return len(f) > 1 && f[1] == "Running"
@@ -530,8 +516,8 @@ func TestGetWatch(t *testing.T) {
 	// d, touched as often, does not match.
 	c := plainMachine(ns, "c")
 	c.Labels = map[string]string{"tier": "web"}
-	create(t, env, c)
-	create(t, env, plainMachine(ns, "d"))
+	env.Create(t, c)
+	env.Create(t, plainMachine(ns, "d"))
 	touches := 0
 	testenv.Eventually(t, time.Minute, "machine/c printed", func() (bool, string) {
 		if strings.Contains(out.String(), "machine/c\n") {
@@ -554,7 +540,7 @@ func TestGetWatch(t *testing.T) {
 	out, stop = watching("get", "machine", "a", "-w", "-o", "json")
 	printed(out, "machine a as JSON", func(s string) bool { return strings.HasSuffix(s, "}\n") })
 	a.Status.Phase = kaironv1.MachineStopped
-	setStatus(t, env, a)
+	env.SetStatus(t, a)
 	printed(out, "machine a Stopped as JSON", func(s string) bool { return strings.Count(s, `"phase": "Stopped"`) == 1 })
 	r = stop()
 	dec := json.NewDecoder(strings.NewReader(r.stdout))
@@ -611,7 +597,7 @@ func TestGetNodes(t *testing.T) {
 			Capacity:    corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8"), corev1.ResourceMemory: resource.MustParse("16Gi")},
 			Conditions:  []corev1.NodeCondition{{Type: corev1.NodeReady, Status: ready, LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}},
 		}
-		create(t, env, n)
+		env.Create(t, n)
 		t.Cleanup(func() { _ = env.Client.Delete(ctx, n) })
 	}
 	kairon := func(backend, accel string) map[string]string {
@@ -707,7 +693,7 @@ func TestDescribeQuota(t *testing.T) {
 	q := &kaironv1.MachineQuota{ObjectMeta: meta(ns, "team"), Spec: kaironv1.MachineQuotaSpec{Hard: kaironv1.MachineResources{
 		Machines: ptr.To[int32](10), CPU: ptr.To[int32](16), Memory: ptr.To(resource.MustParse("8Gi")),
 	}}}
-	create(t, env, q)
+	env.Create(t, q)
 	machine(t, env, ns, "web-1", "node-1", 1, "256Mi", kaironv1.MachineRunning)
 	machine(t, env, ns, "web-2", "node-2", 2, "512Mi", kaironv1.MachineBooting)
 	machine(t, env, ns, "queued", "", 4, "1Gi", kaironv1.MachinePending)
@@ -736,9 +722,9 @@ func TestDescribeQuota(t *testing.T) {
 	}
 
 	// A quota in a namespace without Machines says so.
-	create(t, env, &kaironv1.MachineQuota{ObjectMeta: meta(other, "empty-ns-quota"), Spec: kaironv1.MachineQuotaSpec{Hard: kaironv1.MachineResources{Machines: ptr.To[int32](1)}}})
+	env.Create(t, &kaironv1.MachineQuota{ObjectMeta: meta(other, "empty-ns-quota"), Spec: kaironv1.MachineQuotaSpec{Hard: kaironv1.MachineResources{Machines: ptr.To[int32](1)}}})
 	empty := env.Namespace(t)
-	create(t, env, &kaironv1.MachineQuota{ObjectMeta: meta(empty, "q"), Spec: kaironv1.MachineQuotaSpec{Hard: kaironv1.MachineResources{Machines: ptr.To[int32](1)}}})
+	env.Create(t, &kaironv1.MachineQuota{ObjectMeta: meta(empty, "q"), Spec: kaironv1.MachineQuotaSpec{Hard: kaironv1.MachineResources{Machines: ptr.To[int32](1)}}})
 	r = kctl(t, env, "describe", "mq", "q", "-n", empty).ok(t)
 	if _, text, _ := strings.Cut(r.stdout, "}\n\n"); text != "Usage (recomputed now from Machines): machines 0/1, cpu 0/unlimited, memory 0/unlimited\n"+
 		"No Machines match quota q (every Machine, in namespace "+empty+"); check with: kaironctl get machines -n "+empty+"\n" {
@@ -750,11 +736,11 @@ func TestScale(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	ctx := context.Background()
-	create(t, env, &kaironv1.MachineSet{ObjectMeta: meta(ns, "web"), Spec: kaironv1.MachineSetSpec{
+	env.Create(t, &kaironv1.MachineSet{ObjectMeta: meta(ns, "web"), Spec: kaironv1.MachineSetSpec{
 		Selector: kaironv1.MachineSelector{MatchLabels: map[string]string{"app": "web"}},
 		Template: template(map[string]string{"app": "web"}),
 	}})
-	create(t, env, &kaironv1.MachinePool{ObjectMeta: meta(ns, "agents"), Spec: kaironv1.MachinePoolSpec{Template: template(nil)}})
+	env.Create(t, &kaironv1.MachinePool{ObjectMeta: meta(ns, "agents"), Spec: kaironv1.MachinePoolSpec{Template: template(nil)}})
 
 	for _, tc := range []struct {
 		args []string
@@ -823,7 +809,7 @@ func TestDelete(t *testing.T) {
 	held := func(t *testing.T, name string) *kaironv1.Machine {
 		m := plainMachine(ns, name)
 		m.Finalizers = []string{hold}
-		create(t, env, m)
+		env.Create(t, m)
 		return m
 	}
 	release := func(name string) {
@@ -846,8 +832,8 @@ func TestDelete(t *testing.T) {
 	}
 
 	t.Run("plain", func(t *testing.T) {
-		create(t, env, plainMachine(ns, "a"))
-		create(t, env, plainMachine(ns, "b"))
+		env.Create(t, plainMachine(ns, "a"))
+		env.Create(t, plainMachine(ns, "b"))
 		r := kctl(t, env, "delete", "machine", "a", "b", "-n", ns).ok(t)
 		if r.stdout != "machine/a deleted\nmachine/b deleted\n" {
 			t.Errorf("stdout %q", r.stdout)
@@ -907,19 +893,19 @@ func TestDelete(t *testing.T) {
 	})
 
 	t.Run("other kinds and errors", func(t *testing.T) {
-		create(t, env, &kaironv1.MachinePool{ObjectMeta: meta(ns, "pool"), Spec: kaironv1.MachinePoolSpec{Template: template(nil)}})
+		env.Create(t, &kaironv1.MachinePool{ObjectMeta: meta(ns, "pool"), Spec: kaironv1.MachinePoolSpec{Template: template(nil)}})
 		r := kctl(t, env, "delete", "mp", "pool", "-n", ns).ok(t)
 		if r.stdout != "machinepool/pool deleted\n" {
 			t.Errorf("stdout %q", r.stdout)
 		}
-		create(t, env, plainMachine(ns, "real"))
+		env.Create(t, plainMachine(ns, "real"))
 		r = kctl(t, env, "delete", "machine", "ghost", "real", "-n", ns)
 		r.failed(t, `machine "ghost" not found in namespace "`+ns+`"`)
 		if r.stdout != "machine/real deleted\n" || !gone("real") {
 			t.Errorf("a missing name stopped the others: %q", r.stdout)
 		}
-		create(t, env, &kaironv1.MachinePool{ObjectMeta: meta(ns, "pool2"), Spec: kaironv1.MachinePoolSpec{Template: template(nil)}})
-		create(t, env, plainMachine(ns, "m2"))
+		env.Create(t, &kaironv1.MachinePool{ObjectMeta: meta(ns, "pool2"), Spec: kaironv1.MachinePoolSpec{Template: template(nil)}})
+		env.Create(t, plainMachine(ns, "m2"))
 		r = kctl(t, env, "delete", "machinepool/pool2", "machine/m2", "-n", ns).ok(t)
 		if r.stdout != "machinepool/pool2 deleted\nmachine/m2 deleted\n" || !gone("m2") {
 			t.Errorf("delete of two kinds by KIND/NAME: %q", r.stdout)
@@ -942,9 +928,9 @@ func TestDelete(t *testing.T) {
 			if name != "keep" {
 				m.Labels = map[string]string{"tier": "tmp"}
 			}
-			create(t, env, m)
+			env.Create(t, m)
 		}
-		create(t, env, &kaironv1.MachinePool{ObjectMeta: meta(ns, "pool"), Spec: kaironv1.MachinePoolSpec{Template: template(nil)}})
+		env.Create(t, &kaironv1.MachinePool{ObjectMeta: meta(ns, "pool"), Spec: kaironv1.MachinePoolSpec{Template: template(nil)}})
 		exists := func(obj client.Object, name string) bool {
 			return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, obj) == nil
 		}
@@ -980,7 +966,7 @@ func TestVersion(t *testing.T) {
 func TestKubeconfigLikeKubectl(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
-	create(t, env, plainMachine(ns, "via-env"))
+	env.Create(t, plainMachine(ns, "via-env"))
 
 	// $KUBECONFIG is used without --kubeconfig; -n and --namespace pick the namespace.
 	t.Setenv("KUBECONFIG", env.Kubeconfig)

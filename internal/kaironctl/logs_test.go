@@ -107,14 +107,14 @@ func startAgent(t *testing.T, env *testenv.Env, nodeName string) *fakeAgent {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{
 		kaironv1.LabelNode: "", kaironv1.LabelNodeBackend: "qemu", kaironv1.LabelNodeAcceleration: "tcg",
 	}}}
-	create(t, env, node)
+	env.Create(t, node)
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), node) })
 	node.Status = corev1.NodeStatus{
 		Addresses:       []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip.String()}},
 		DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(ln.Addr().(*net.TCPAddr).Port)}},
 		Conditions:      []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}},
 	}
-	setStatus(t, env, node)
+	env.SetStatus(t, node)
 	return agent
 }
 
@@ -143,9 +143,9 @@ func TestLogs(t *testing.T) {
 
 	t.Run("a claim's Machine", func(t *testing.T) {
 		c := &kaironv1.MachineClaim{ObjectMeta: meta(ns, "job"), Spec: kaironv1.MachineClaimSpec{PoolName: "agents"}}
-		create(t, env, c)
+		env.Create(t, c)
 		c.Status = kaironv1.MachineClaimStatus{Phase: kaironv1.ClaimBound, MachineName: "vm"}
-		setStatus(t, env, c)
+		env.SetStatus(t, c)
 		for _, args := range [][]string{{"mc/job"}, {"machineclaim", "job"}} {
 			r := kctl(t, env, append(append([]string{"logs"}, args...), "-n", ns, "--tail", "1")...).ok(t)
 			if r.stdout != "line 3\n" {

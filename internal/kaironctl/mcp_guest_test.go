@@ -45,9 +45,9 @@ func TestMCPGuestTools(t *testing.T) {
 	// A claim of the session bound to "ours".
 	claim := &kaironv1.MachineClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "job", Labels: map[string]string{kaironctl.LabelMCPSession: "test-session"}},
 		Spec: kaironv1.MachineClaimSpec{PoolName: "agents"}}
-	create(t, env, claim)
+	env.Create(t, claim)
 	claim.Status = kaironv1.MachineClaimStatus{Phase: kaironv1.ClaimBound, MachineName: "ours"}
-	setStatus(t, env, claim)
+	env.SetStatus(t, claim)
 
 	cs := mcpSession(t, env, ns, writable)
 	// guestsim's guest agent works on this host's files.

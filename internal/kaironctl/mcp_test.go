@@ -137,9 +137,9 @@ func TestMCPListMachinePools(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	p := &kaironv1.MachinePool{ObjectMeta: meta(ns, "agents"), Spec: kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](3), Template: template(nil)}}
-	create(t, env, p)
+	env.Create(t, p)
 	p.Status = kaironv1.MachinePoolStatus{Replicas: 3, Warm: 3, ReadyWarm: 2, Claimed: 1}
-	setStatus(t, env, p)
+	env.SetStatus(t, p)
 
 	var out kaironctl.ListMachinePoolsOutput
 	if msg := callTool(t, mcpSession(t, env, ns, readOnly), "list_machine_pools", map[string]any{}, &out); msg != "" {
@@ -169,10 +169,10 @@ func TestMCPClaimReleaseDelete(t *testing.T) {
 
 	// The Machine the fake controller binds, with an address.
 	m := plainMachine(ns, "agents-8c21d0e4")
-	create(t, env, m)
+	env.Create(t, m)
 	m.Status.Phase = kaironv1.MachineRunning
 	m.Status.Addresses = []kaironv1.MachineAddress{{Type: "InternalIP", Address: "10.88.0.7"}}
-	setStatus(t, env, m)
+	env.SetStatus(t, m)
 
 	done := fakeBinder(t, env, ns, bindAfterPending(env, "agents-8c21d0e4", 412))
 	var claimed kaironctl.ClaimMachineOutput
@@ -225,8 +225,8 @@ func TestMCPClaimReleaseDelete(t *testing.T) {
 	// by Retain carries the label), and nothing else.
 	scratch := plainMachine(ns, "scratch")
 	scratch.Labels = map[string]string{kaironctl.LabelMCPSession: "test-session"}
-	create(t, env, scratch)
-	create(t, env, plainMachine(ns, "someone-elses"))
+	env.Create(t, scratch)
+	env.Create(t, plainMachine(ns, "someone-elses"))
 	if msg := callTool(t, cs, "delete_machine", map[string]any{"machine": "someone-elses"}, nil); !strings.Contains(msg, "machine/someone-elses was not created by this MCP session") {
 		t.Errorf("delete_machine of another's Machine: %q", msg)
 	}
@@ -319,7 +319,7 @@ func TestMCPLimits(t *testing.T) {
 	}
 	// Another session, or a claim made with kubectl, is not this one's.
 	other := &kaironv1.MachineClaim{ObjectMeta: meta(ns, "by-kubectl"), Spec: kaironv1.MachineClaimSpec{PoolName: "agents"}}
-	create(t, env, other)
+	env.Create(t, other)
 	if msg := callTool(t, cs, "release_claim", map[string]any{"claim": "by-kubectl"}, nil); !strings.Contains(msg, `machineclaim/by-kubectl was not created by this MCP session (its `+kaironctl.LabelMCPSession+` label is "", this session is "s1")`) {
 		t.Errorf("release_claim of a kubectl claim: %q", msg)
 	}

@@ -22,7 +22,7 @@ import (
 func migrationPolicy(t *testing.T, env *testenv.Env, name string, spec kaironv1.MigrationPolicySpec) *kaironv1.MigrationPolicy {
 	t.Helper()
 	p := &kaironv1.MigrationPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec}
-	create(t, env, p)
+	env.Create(t, p)
 	t.Cleanup(func() {
 		if err := env.Client.Delete(context.Background(), p); err != nil && !apierrors.IsNotFound(err) {
 			t.Errorf("deleting migration policy %s: %v", name, err)
@@ -60,7 +60,7 @@ func TestDescribeMigrationPolicy(t *testing.T) {
 		if m.tier != "" {
 			mach.Labels["tier"] = m.tier
 		}
-		create(t, env, mach)
+		env.Create(t, mach)
 	}
 	web := migrationPolicy(t, env, ns+"-web", kaironv1.MigrationPolicySpec{
 		Selectors:             kaironv1.MigrationPolicySelectors{MachineSelector: map[string]string{"app": "web"}, NamespaceSelector: team},

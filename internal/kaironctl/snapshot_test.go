@@ -25,14 +25,14 @@ func readySnapshot(t *testing.T, env *testenv.Env, ns, name, machine, schedule s
 	if schedule != "" {
 		s.Labels = map[string]string{kaironv1.LabelSnapshotSchedule: schedule}
 	}
-	create(t, env, s)
+	env.Create(t, s)
 	taken := metav1.NewTime(time.Now().Add(-ago))
 	memory := resource.MustParse("512Mi")
 	s.Status = kaironv1.MachineSnapshotStatus{
 		Phase: kaironv1.SnapshotReady, Node: "node-1", Store: "kairon-local", File: name + ".state",
 		SizeBytes: 64 << 20, PauseMillis: 250, TakenAt: &taken, CPU: 2, Memory: &memory, Image: "default",
 	}
-	setStatus(t, env, s)
+	env.SetStatus(t, s)
 	return s
 }
 
@@ -53,7 +53,7 @@ func TestDescribeSnapshotSchedule(t *testing.T) {
 			t.Fatal(err)
 		}
 		mach.Status.Phase = m.phase
-		setStatus(t, env, mach)
+		env.SetStatus(t, mach)
 	}
 	machine(t, env, ns, "db", "node-1", 1, "256Mi", kaironv1.MachineRunning)
 	readySnapshot(t, env, ns, "nightly-web-1-a", "web-1", "nightly", 26*time.Hour)
@@ -61,11 +61,11 @@ func TestDescribeSnapshotSchedule(t *testing.T) {
 	readySnapshot(t, env, ns, "by-hand-web-2", "web-2", "", time.Hour) // not the schedule's
 	failed := &kaironv1.MachineSnapshot{ObjectMeta: meta(ns, "nightly-web-2-a"), Spec: kaironv1.MachineSnapshotSpec{MachineName: "web-2"}}
 	failed.Labels = map[string]string{kaironv1.LabelSnapshotSchedule: "nightly"}
-	create(t, env, failed)
+	env.Create(t, failed)
 	failed.Status = kaironv1.MachineSnapshotStatus{Phase: kaironv1.SnapshotFailed, Message: "saving the guest on node node-1: disk full (it was resumed)"}
-	setStatus(t, env, failed)
+	env.SetStatus(t, failed)
 	s := &kaironv1.SnapshotSchedule{ObjectMeta: meta(ns, "nightly"), Spec: kaironv1.SnapshotScheduleSpec{Selector: web, Schedule: "0 3 * * *", Retention: 7}}
-	create(t, env, s)
+	env.Create(t, s)
 
 	r := kctl(t, env, "describe", "snapshotschedule", "nightly", "-n", ns).ok(t)
 	jsonPart, text, found := strings.Cut(r.stdout, "}\n\n")
@@ -103,7 +103,7 @@ func TestDescribeSnapshotSchedule(t *testing.T) {
 	}
 
 	// A selector that matches nothing: the shared hint instead of a list.
-	create(t, env, &kaironv1.SnapshotSchedule{ObjectMeta: meta(ns, "nothing"), Spec: kaironv1.SnapshotScheduleSpec{Selector: map[string]string{"app": "none"}, Schedule: "@daily"}})
+	env.Create(t, &kaironv1.SnapshotSchedule{ObjectMeta: meta(ns, "nothing"), Spec: kaironv1.SnapshotScheduleSpec{Selector: map[string]string{"app": "none"}, Schedule: "@daily"}})
 	r = kctl(t, env, "describe", "snapshotschedule", "nothing", "-n", ns).ok(t)
 	_, text, _ = strings.Cut(r.stdout, "}\n\n")
 	wantHint := "No Machines match snapshotschedule nothing (selector app=none, in namespace " + ns + "); check with: kaironctl get machines -n " + ns + " -l app=none\n"
@@ -150,7 +150,7 @@ func TestRestoreCommand(t *testing.T) {
 	}
 
 	pending := &kaironv1.MachineSnapshot{ObjectMeta: meta(ns, "pending"), Spec: kaironv1.MachineSnapshotSpec{MachineName: "web-1"}}
-	create(t, env, pending)
+	env.Create(t, pending)
 	kctl(t, env, "restore", "pending", "-n", ns).failed(t, "machinesnapshot pending is Pending, not Ready")
 	kctl(t, env, "restore", "nothing", "-n", ns).failed(t, `machinesnapshot "nothing" not found in namespace "`+ns+`"`)
 	kctl(t, env, "restore", "snap", "--name", "web-1-back", "-n", ns).failed(t, `machine "web-1-back" already exists`, "--name")

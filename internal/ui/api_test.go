@@ -42,11 +42,11 @@ func TestAPI(t *testing.T) {
 	web1 := machine(t, env, ns, "web-1", node, kaironv1.MachineRunning, sel)
 	web1.Status.Addresses = []kaironv1.MachineAddress{{Type: "InternalIP", Address: "10.88.0.17"}}
 	web1.Status.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionTrue, Reason: "Booted", Message: "guest agent answered", LastTransitionTime: metav1.Now()}}
-	setStatus(t, env, web1)
+	env.SetStatus(t, web1)
 	machine(t, env, ns, "web-2", node, kaironv1.MachineBooting, sel)
 	machine(t, env, ns, "web-3", node, kaironv1.MachineRunning, sel)
 	machine(t, env, ns2, "other-1", "", kaironv1.MachineRunning, sel)
-	create(t, env, &kaironv1.MachineMigration{
+	env.Create(t, &kaironv1.MachineMigration{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "move-web-3"},
 		Spec:       kaironv1.MachineMigrationSpec{MachineName: "web-3", Strategy: kaironv1.MigrationCold},
 	})
@@ -55,18 +55,18 @@ func TestAPI(t *testing.T) {
 
 	pool := &kaironv1.MachinePool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "warm"},
 		Spec: kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](3), Template: kaironv1.MachineTemplateSpec{Spec: kaironv1.MachineSpec{CPU: 1, Memory: web1.Spec.Memory}}}}
-	create(t, env, pool)
+	env.Create(t, pool)
 	pool.Status = kaironv1.MachinePoolStatus{Replicas: 4, Warm: 3, ReadyWarm: 2, Claimed: 1}
-	setStatus(t, env, pool)
+	env.SetStatus(t, pool)
 	claim := &kaironv1.MachineClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "job-1"}, Spec: kaironv1.MachineClaimSpec{PoolName: "warm"}}
-	create(t, env, claim)
+	env.Create(t, claim)
 	claim.Status = kaironv1.MachineClaimStatus{Phase: kaironv1.ClaimBound, MachineName: "web-1", BindMillis: 42}
-	setStatus(t, env, claim)
+	env.SetStatus(t, claim)
 	pol := &kaironv1.MachineNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "web-egress"},
 		Spec: kaironv1.MachineNetworkPolicySpec{MachineSelector: &metav1.LabelSelector{MatchLabels: sel}}}
-	create(t, env, pol)
+	env.Create(t, pol)
 	pol.Status = kaironv1.MachineNetworkPolicyStatus{Machines: 3, Nodes: []kaironv1.PolicyEnforcement{{Node: node, Machines: []string{"web-1"}, ObservedGeneration: pol.Generation}}}
-	setStatus(t, env, pol)
+	env.SetStatus(t, pol)
 
 	// The budgets, once the watches delivered every Machine and migration.
 	var budgets ui.List[ui.Budget]
@@ -121,7 +121,7 @@ func TestAPI(t *testing.T) {
 	// The status the controller writes is shown beside, as reported.
 	b := getBudget(t, env, ns, "web")
 	b.Status = kaironv1.MachineDisruptionBudgetStatus{ExpectedMachines: 3, CurrentHealthy: 3, DesiredHealthy: 1, DisruptionsAllowed: 2, ObservedGeneration: b.Generation}
-	setStatus(t, env, b)
+	env.SetStatus(t, b)
 	testenv.Eventually(t, 30*time.Second, "the reported status", func() (bool, string) {
 		getJSON(t, url+"/api/v1/disruption-budgets?namespace="+ns, http.StatusOK, &budgets)
 		r := budgets.Items[0].ReportedStatus
@@ -348,9 +348,9 @@ func TestPages(t *testing.T) {
 	m.Status.Addresses = []kaironv1.MachineAddress{{Type: "InternalIP", Address: "10.88.3.4"}}
 	m.Status.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionFalse, Reason: "BootFailed", Message: "kernel panic", LastTransitionTime: metav1.Now()}}
 	m.Status.ConsoleTail = "Kernel panic - not syncing"
-	setStatus(t, env, m)
+	env.SetStatus(t, m)
 	now := metav1.NowMicro()
-	create(t, env, &eventsv1.Event{
+	env.Create(t, &eventsv1.Event{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm-1.boot"},
 		EventTime:  now, ReportingController: "kairon.zyvor.dev/node", ReportingInstance: "test",
 		Action: "Boot", Reason: "BootFailed", Note: "the guest did not come up", Type: corev1.EventTypeWarning,

@@ -48,7 +48,7 @@ var operatorRules = append([]rbacv1.PolicyRule{
 func serviceAccount(t *testing.T, env *testenv.Env, ns, name string) string {
 	t.Helper()
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
-	create(t, env, sa)
+	env.Create(t, sa)
 	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}
 	if err := env.Client.SubResource("token").Create(context.Background(), sa, tr); err != nil {
 		t.Fatalf("token of %s/%s: %v", ns, name, err)
@@ -73,8 +73,8 @@ func grantClusterAs(t *testing.T, env *testenv.Env, name, ns, sa string, rules [
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
 		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: ns, Name: sa}},
 	}
-	create(t, env, role)
-	create(t, env, binding)
+	env.Create(t, role)
+	env.Create(t, binding)
 	t.Cleanup(func() {
 		_ = env.Client.Delete(context.Background(), binding)
 		_ = env.Client.Delete(context.Background(), role)
@@ -85,8 +85,8 @@ func grantClusterAs(t *testing.T, env *testenv.Env, name, ns, sa string, rules [
 // grantNamespace gives ServiceAccount ns/sa rules in namespace ns only.
 func grantNamespace(t *testing.T, env *testenv.Env, ns, sa string, rules []rbacv1.PolicyRule) {
 	t.Helper()
-	create(t, env, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa}, Rules: rules})
-	create(t, env, &rbacv1.RoleBinding{
+	env.Create(t, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa}, Rules: rules})
+	env.Create(t, &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: sa},
 		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: ns, Name: sa}},
@@ -200,7 +200,7 @@ func TestAuthToken(t *testing.T) {
 	budget(t, env, ns, "web", sel, ptr.To(intstr.FromInt32(0)), nil)
 	pool := &kaironv1.MachinePool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "warm"},
 		Spec: kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](1), Template: kaironv1.MachineTemplateSpec{Spec: kaironv1.MachineSpec{CPU: 1, Memory: resource.MustParse("256Mi")}}}}
-	create(t, env, pool)
+	env.Create(t, pool)
 
 	nobody := serviceAccount(t, env, ns, "nobody")
 	nsReader := serviceAccount(t, env, ns, "ns-reader")

@@ -514,7 +514,7 @@ func TestBrowserShowsRefusal(t *testing.T) {
 	ns := env.Namespace(t)
 	pool := &kaironv1.MachinePool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "warm"},
 		Spec: kaironv1.MachinePoolSpec{Replicas: ptr.To[int32](1), Template: kaironv1.MachineTemplateSpec{Spec: kaironv1.MachineSpec{CPU: 1, Memory: resource.MustParse("256Mi")}}}}
-	create(t, env, pool)
+	env.Create(t, pool)
 	scaler := serviceAccount(t, env, ns, "scaler")
 	grantCluster(t, env, ns, "scaler", readRules)
 	binding := grantClusterAs(t, env, ns+"-scaler-scale", ns, "scaler", []rbacv1.PolicyRule{{APIGroups: []string{kaironGroup}, Resources: []string{"machinepools/scale"}, Verbs: []string{"patch"}}})

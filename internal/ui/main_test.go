@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/rules"
@@ -54,20 +53,6 @@ func startUIWith(t *testing.T, cfg *rest.Config, opts ui.Options) string {
 	return hs.URL
 }
 
-func create(t *testing.T, env *testenv.Env, obj client.Object) {
-	t.Helper()
-	if err := env.Client.Create(context.Background(), obj); err != nil {
-		t.Fatalf("creating %T %s: %v", obj, obj.GetName(), err)
-	}
-}
-
-func setStatus(t *testing.T, env *testenv.Env, obj client.Object) {
-	t.Helper()
-	if err := env.Client.Status().Update(context.Background(), obj); err != nil {
-		t.Fatalf("updating status of %T %s: %v", obj, obj.GetName(), err)
-	}
-}
-
 // machine creates a Machine with labels and then sets its phase and node.
 func machine(t *testing.T, env *testenv.Env, ns, name, node string, phase kaironv1.MachinePhase, labels map[string]string) *kaironv1.Machine {
 	t.Helper()
@@ -75,17 +60,17 @@ func machine(t *testing.T, env *testenv.Env, ns, name, node string, phase kairon
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
 		Spec:       kaironv1.MachineSpec{NodeName: node, CPU: 2, Memory: resource.MustParse("512Mi"), Image: "debian"},
 	}
-	create(t, env, m)
+	env.Create(t, m)
 	if phase != "" {
 		m.Status.Phase = phase
-		setStatus(t, env, m)
+		env.SetStatus(t, m)
 	}
 	return m
 }
 
 func budget(t *testing.T, env *testenv.Env, ns, name string, selector map[string]string, minAvailable, maxUnavailable *intstr.IntOrString) {
 	t.Helper()
-	create(t, env, &kaironv1.MachineDisruptionBudget{
+	env.Create(t, &kaironv1.MachineDisruptionBudget{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec:       kaironv1.MachineDisruptionBudgetSpec{Selector: selector, MinAvailable: minAvailable, MaxUnavailable: maxUnavailable},
 	})
@@ -100,14 +85,14 @@ func kaironNode(t *testing.T, env *testenv.Env, name string, unschedulable bool)
 		}},
 		Spec: corev1.NodeSpec{Unschedulable: unschedulable},
 	}
-	create(t, env, n)
+	env.Create(t, n)
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), n) })
 	n.Status = corev1.NodeStatus{
 		Allocatable: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8"), corev1.ResourceMemory: resource.MustParse("16Gi")},
 		Conditions:  []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(), Reason: "KaironNodeReady"}},
 		Addresses:   []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.88.0.1"}},
 	}
-	setStatus(t, env, n)
+	env.SetStatus(t, n)
 }
 
 // getJSON fetches url and decodes its JSON into v, failing t unless the

@@ -138,7 +138,7 @@ func TestAPIPaging(t *testing.T) {
 
 	// The Migrations page pages too.
 	for _, name := range []string{"mig-a", "mig-b"} {
-		create(t, env, &kaironv1.MachineMigration{ObjectMeta: metaOf(ns, name), Spec: kaironv1.MachineMigrationSpec{MachineName: "vm-01", Strategy: kaironv1.MigrationCold}})
+		env.Create(t, &kaironv1.MachineMigration{ObjectMeta: metaOf(ns, name), Spec: kaironv1.MachineMigrationSpec{MachineName: "vm-01", Strategy: kaironv1.MigrationCold}})
 	}
 	testenv.Eventually(t, 30*time.Second, "the Migrations page to show 1 of the 2 migrations and a next page", func() (bool, string) {
 		code, body := (call{path: "/migrations?namespace=" + ns + "&limit=1"}).do(t, base)
