@@ -35,7 +35,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/yaml"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
@@ -569,25 +568,13 @@ const leaderElectionID = "kairon-controller.kairon.zyvor.dev"
 // does with -leader-elect, cluster-wide, until the test ends.
 func startControllers(t *testing.T, env *testenv.Env, cfg *rest.Config, ns string, opts controller.Options) {
 	t.Helper()
-	logs := testenv.NewLogWriter(t) // stops after the manager stopped
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                        env.Scheme,
-		Logger:                        zap.New(zap.WriteTo(logs), zap.ConsoleEncoder()),
-		Metrics:                       metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress:        "0",
+	env.StartManager(t, cfg, ctrl.Options{
 		LeaderElection:                true,
 		LeaderElectionID:              leaderElectionID,
 		LeaderElectionNamespace:       ns,
 		LeaderElectionReleaseOnCancel: true,
 		Controller:                    config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		t.Fatalf("creating the controller manager: %v", err)
-	}
-	if err := controller.SetupWithManager(mgr, opts); err != nil {
-		t.Fatalf("setting up controllers: %v", err)
-	}
-	testenv.RunInBackground(t, "controller manager", mgr.Start)
+	}, func(mgr ctrl.Manager) error { return controller.SetupWithManager(mgr, opts) })
 }
 
 // startNodeAgent runs a sim-backed kairon-node for nodeName, as the chart

@@ -19,8 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/requeue"
@@ -55,13 +53,8 @@ func startControllers(t testing.TB, env *testenv.Env, ns string, opts Options, c
 	if opts.Interval == 0 {
 		opts.Interval = testInterval
 	}
-	logs := testenv.NewLogWriter(t)
 	mgrOpts := ctrl.Options{
-		Scheme:                 env.Scheme,
-		Logger:                 zap.New(zap.WriteTo(logs), zap.ConsoleEncoder()),
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
+		Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
 		// Every test starts its own manager in this process, with the
 		// same controller names.
 		Controller: testControllerConfig(),
@@ -69,25 +62,7 @@ func startControllers(t testing.TB, env *testenv.Env, ns string, opts Options, c
 	for _, f := range customize {
 		f(&mgrOpts)
 	}
-	mgr, err := ctrl.NewManager(env.Config, mgrOpts)
-	if err != nil {
-		t.Fatalf("creating manager: %v", err)
-	}
-	if err := SetupWithManager(mgr, opts); err != nil {
-		t.Fatalf("setting up controllers: %v", err)
-	}
-	stopManager := testenv.RunInBackground(t, "manager", mgr.Start)
-	stop = func() {
-		stopManager()
-		logs.Stop()
-	}
-	t.Cleanup(stop)
-	syncCtx, cancelSync := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancelSync()
-	if !mgr.GetCache().WaitForCacheSync(syncCtx) {
-		t.Fatal("manager cache did not sync")
-	}
-	return stop
+	return env.StartManager(t, env.Config, mgrOpts, func(mgr ctrl.Manager) error { return SetupWithManager(mgr, opts) })
 }
 
 // createNode creates a ready Kairon node, named after the test's namespace
