@@ -13,7 +13,13 @@
 //   - jsonpath.go, apirequests.go: reading objects as kubectl would, and the
 //     API server's request metrics;
 //   - console.go, logwriter.go, digest.go: a VM's serial console, logs to
-//     the test log, and file digests.
+//     the test log, and file digests;
+//   - kubectl.go: Kubectl and Env.Kubectl, the pinned kubectl against a
+//     cluster, failing the test on an error;
+//   - machine_phase.go: Env.WaitMachinePhase, a Machine reaching a phase;
+//   - objects.go: Env.Create and Env.SetStatus, objects a test sets up;
+//   - manager.go: Env.StartManager, a controller-runtime manager with the
+//     test's options, returned once its cache has synced.
 //
 // One control plane serves a whole test package. It starts on the first Get,
 // so a package whose selected tests never ask for it pays nothing, and Run

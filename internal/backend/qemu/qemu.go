@@ -1,13 +1,3 @@
-// Package qemu is Kairon's default Backend: one qemu-system-x86_64 process
-// per Machine, a microvm booting the guest's uncompressed kernel directly.
-//
-// Everything about a VM lives in its state directory, StateDir/<id>/ (the
-// files are listed in statedir.go), so that a new Backend (a restarted node
-// agent) re-adopts what still runs.
-//
-// QEMU runs in its own session (setsid) with its working directory in
-// StateDir/<id>, so it survives the agent and its unix socket paths stay
-// short whatever StateDir is.
 package qemu
 
 import (
