@@ -680,12 +680,12 @@ func (e *Enforcer) Repair() (bool, error) {
 			continue
 		}
 		var f fix
-		key := string(a.m.key())
-		if chain, ok := held.egress4[key]; ok && chain != "e_"+tap {
+		key := a.m.key()
+		if chain, ok := held.egress4[string(key)]; ok && chain != "e_"+tap {
 			f.yielded = e.peerHolds(s, a.m, chain)
 			f.egress4 = !f.yielded
 		}
-		if chain, ok := held.sni[key]; ok && chain != "s_"+tap {
+		if chain, ok := held.sni[string(key)]; ok && chain != "s_"+tap {
 			f.sni = true
 		}
 		fixes[tap] = f
@@ -839,14 +839,14 @@ func (e *Enforcer) intact(s *session) bool {
 		if !slices.ContainsFunc(vmap, func(el element) bool { return bytes.Equal(el.key, tapKey) && el.chain == chain }) {
 			return false
 		}
-		key := string(a.m.key())
-		if got := h.egress4[key]; got != chain && !e.peerHolds(s, a.m, got) {
+		key := a.m.key()
+		if got := h.egress4[string(key)]; got != chain && !e.peerHolds(s, a.m, got) {
 			return false
 		}
-		if e.DNSPort != 0 && !h.dns[key] {
+		if e.DNSPort != 0 && !h.dns[string(key)] {
 			return false
 		}
-		if e.SNIPort != 0 && hasSNI(a.policy) && h.sni[key] != "s_"+a.m.Tap {
+		if e.SNIPort != 0 && hasSNI(a.policy) && h.sni[string(key)] != "s_"+a.m.Tap {
 			return false
 		}
 	}
