@@ -415,3 +415,38 @@ const (
 	CapacityBookingReasonBooked   = "Booked"
 	CapacityBookingReasonRejected = "CapacityBookingRejected"
 )
+
+// Reasons of a Machine's Ready condition while its OCI image (spec.image)
+// is fetched, and when it cannot be.
+const (
+	// MachineReasonPullingImage: the node is pulling and converting
+	// spec.image; the Machine stays Pending meanwhile.
+	MachineReasonPullingImage = "PullingImage"
+	// MachineReasonImagePullFailed: the image cannot be pulled or used;
+	// the message names the reference and the cause (not found,
+	// unauthorized, too large, wrong platform, …). The Machine is Failed.
+	MachineReasonImagePullFailed = "ImagePullFailed"
+)
+
+// Reasons of the events a node records while fetching a Machine's image,
+// the words kubelet uses for a Pod's.
+const (
+	EventReasonImagePulling = "Pulling"
+	EventReasonImagePulled  = "Pulled"
+	EventReasonImageFailed  = "Failed"
+)
+
+// ConditionMainProcess is the Machine condition for an OCI image with an
+// entrypoint (its config's Entrypoint and Cmd): true while that process
+// runs in the guest, false once it exited, with the exit in the message.
+const ConditionMainProcess ConditionType = "MainProcess"
+
+// Reasons of a Machine's MainProcess condition, and of the events recorded
+// when the main process ends.
+const (
+	MainProcessReasonRunning        = "Running"
+	MainProcessReasonCompleted      = "Completed" // exit status 0
+	MainProcessReasonFailed         = "Failed"    // another status, or a signal
+	EventReasonMainProcessCompleted = "MainProcessCompleted"
+	EventReasonMainProcessFailed    = "MainProcessFailed"
+)

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -63,13 +64,26 @@ type MachineSpec struct {
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('64Mi')) >= 0",message="must be at least 64Mi"
 	Memory resource.Quantity `json:"memory,omitempty,omitzero"`
 
-	// Image names the guest image (kernel and initramfs) the node agent boots.
-	// "default" is the guest built by `make guest`.
+	// Image is what the guest runs: either the name of a built-in guest
+	// image on the node ("default", the guest `make guest` builds), or a
+	// full OCI image reference, registry[:port]/repository[:tag][@sha256:…]
+	// (a missing tag is latest). An OCI image is pulled by the node, turned
+	// into a read-only filesystem and booted by Kairon's kernel with a
+	// writable layer in guest memory (docs/guides/images.md).
 	// +optional
 	// +kubebuilder:default=default
-	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:XValidation:rule="self.contains('/') ? self.matches('^(localhost(:[0-9]+)?|[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?([.][a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)+(:[0-9]+)?|[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?:[0-9]+)(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)+(:[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$') : self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')",message="must be a built-in guest image name such as default (lowercase letters, digits, '-' and '.') or a full OCI image reference registry[:port]/repository[:tag][@sha256:<64 lowercase hex digits>], e.g. 127.0.0.1:5000/kairon/python:3.11"
 	Image string `json:"image,omitempty"`
+
+	// ImagePullSecrets name Secrets of type kubernetes.io/dockerconfigjson
+	// (or kubernetes.io/dockercfg) in the Machine's namespace that hold
+	// credentials for spec.image's registry, as a Pod's do. Only the node
+	// running the Machine may read them, and they never reach the guest.
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=atomic
+	ImagePullSecrets []corev1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
 
 	// KernelArgs are appended to the guest kernel command line.
 	// +optional
@@ -130,6 +144,11 @@ type MachineStatus struct {
 	// +optional
 	ConsoleTail string `json:"consoleTail,omitempty"`
 
+	// ImageDigest is the digest (sha256:…) of the OCI image the VM runs,
+	// set by the node once it pulled spec.image; empty for a built-in image.
+	// +optional
+	ImageDigest string `json:"imageDigest,omitempty"`
+
 	// Snapshot is set by the node agent on a pool's template Machine
 	// (annotation kairon.zyvor.dev/snapshot-save) once it saved the VM
 	// for the pool's clones and stopped it.
@@ -140,7 +159,8 @@ type MachineStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// Conditions: Scheduled and Ready.
+	// Conditions: Scheduled, Ready, GuestAgentReady, and MainProcess for an
+	// OCI image with an entrypoint.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -170,6 +190,7 @@ type MachineStatus struct {
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.metadata.labels.kairon\.zyvor\.dev/machinepool`
 // +kubebuilder:printcolumn:name="Claim",type=string,JSONPath=`.metadata.labels.kairon\.zyvor\.dev/machineclaim`,priority=1
 // +kubebuilder:printcolumn:name="Accel",type=string,JSONPath=`.status.acceleration`,priority=1
+// +kubebuilder:printcolumn:name="Image",type=string,JSONPath=`.spec.image`,priority=1
 // +kubebuilder:printcolumn:name="RestoredFrom",type=string,JSONPath=`.spec.restoreFrom.snapshotName`,priority=1
 // +kubebuilder:printcolumn:name="NodeReachable",type=string,JSONPath=`.status.conditions[?(@.type=="NodeReachable")].status`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

@@ -70,6 +70,20 @@ type MachinePoolSnapshot struct {
 	SizeBytes int64 `json:"sizeBytes,omitempty"`
 }
 
+// MachinePoolImage is spec.template's image reference as the pool
+// resolved it.
+type MachinePoolImage struct {
+	// Reference is spec.template.spec.image as written.
+	Reference string `json:"reference"`
+	// Digest is what Reference resolved to (sha256:…).
+	Digest string `json:"digest"`
+	// TemplateHash is the hash of spec.template it was resolved for.
+	TemplateHash string `json:"templateHash"`
+	// ResolvedAt is when the pool asked the registry.
+	// +optional
+	ResolvedAt *metav1.Time `json:"resolvedAt,omitempty"`
+}
+
 // MachinePoolReadiness is when a pool's warm member counts as ready.
 // +kubebuilder:validation:Enum=Running;GuestAgent
 type MachinePoolReadiness string
@@ -112,6 +126,14 @@ type MachinePoolStatus struct {
 	// condition says where it is on its way.
 	// +optional
 	Snapshot *MachinePoolSnapshot `json:"snapshot,omitempty"`
+	// Image is the OCI image the pool's current template pins its members
+	// to: spec.template's image reference resolved to one digest. Members
+	// are created with that digest, so a tag that moves later does not
+	// mix images in one pool; `kaironctl rollout restart machinepool`
+	// resolves it again and rolls the warm members. Unset for a built-in
+	// image.
+	// +optional
+	Image *MachinePoolImage `json:"image,omitempty"`
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// +optional
@@ -131,6 +153,8 @@ type MachinePoolStatus struct {
 // +kubebuilder:printcolumn:name="Warm",type=integer,JSONPath=`.status.warm`
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyWarm`
 // +kubebuilder:printcolumn:name="Claimed",type=integer,JSONPath=`.status.claimed`
+// +kubebuilder:printcolumn:name="Image",type=string,JSONPath=`.spec.template.spec.image`,priority=1
+// +kubebuilder:printcolumn:name="Digest",type=string,JSONPath=`.status.image.digest`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type MachinePool struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -68,6 +68,11 @@ type MachineSnapshotStatus struct {
 	Memory *resource.Quantity `json:"memory,omitempty"`
 	// +optional
 	Image string `json:"image,omitempty"`
+	// ImageDigest is the digest of the OCI image the saved Machine ran
+	// (its status.imageDigest); a node restoring the snapshot pulls
+	// exactly that image first. Empty for a built-in image.
+	// +optional
+	ImageDigest string `json:"imageDigest,omitempty"`
 	// Conditions: Ready.
 	// +optional
 	// +listType=map

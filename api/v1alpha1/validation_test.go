@@ -98,6 +98,26 @@ kind: MachineDisruptionBudget
 metadata: {name: negative}
 spec: {minAvailable: -1}`,
 			[]string{"spec.minAvailable", "non-negative integer"}},
+		{"image without a registry", `
+kind: Machine
+metadata: {name: no-registry}
+spec: {image: "kairon/python:3.11"}`,
+			[]string{"spec.image", "full OCI image reference registry[:port]/repository[:tag]"}},
+		{"image with a short digest", `
+kind: Machine
+metadata: {name: short-digest}
+spec: {image: "127.0.0.1:5000/kairon/python@sha256:abc"}`,
+			[]string{"spec.image", "@sha256:<64 lowercase hex digits>"}},
+		{"image with an uppercase repository", `
+kind: Machine
+metadata: {name: upper}
+spec: {image: "ghcr.io/Team/app"}`,
+			[]string{"spec.image", "built-in guest image name"}},
+		{"pool template with a bad image", `
+kind: MachinePool
+metadata: {name: bad-image}
+spec: {template: {spec: {image: "ghcr.io/team/app:"}}}`,
+			[]string{"spec.template.spec.image", "OCI image reference"}},
 		{"port zero", `
 kind: MachineClaim
 metadata: {name: port-zero}
@@ -294,6 +314,14 @@ spec:
     allowSNI: ["*.example.com", "api.example.com"]
     allowDNS: ["*.pythonhosted.org"]
     allowFqdns: ["pypi.org", "localhost", "*.pythonhosted.org"]`, `
+kind: Machine
+metadata: {name: oci-image}
+spec:
+  image: "127.0.0.1:5000/kairon/python:3.11@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+  imagePullSecrets: [{name: registry-credentials}]`, `
+kind: Machine
+metadata: {name: localhost-image}
+spec: {image: "localhost:5000/app"}`, `
 kind: MachineDisruptionBudget
 metadata: {name: percent}
 spec: {maxUnavailable: "100%"}`, `
