@@ -25,6 +25,9 @@ type Spec struct {
 	Initrd string
 	// KernelArgs are appended to the backend's own kernel command line.
 	KernelArgs []string
+	// RootImage is the path of an OCI image converted for the guest
+	// (internal/imagefs); empty for a built-in guest image.
+	RootImage string
 	// Network attaches the VM to the node's bridge; nil runs it without a NIC.
 	Network *Network
 }
