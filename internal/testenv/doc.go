@@ -20,6 +20,9 @@
 //   - objects.go: Env.Create and Env.SetStatus, objects a test sets up;
 //   - manager.go: Env.StartManager, a controller-runtime manager with the
 //     test's options, returned once its cache has synced;
+//   - registry.go: StartRegistry, a real OCI registry (Debian's
+//     docker-registry) on loopback for one test, optionally with basic
+//     authentication, and Registry.Push to put images in it;
 //   - ociimage.go: BusyboxImage, a small OCI image for guests.
 //
 // One control plane serves a whole test package. It starts on the first Get,
