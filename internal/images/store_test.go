@@ -85,18 +85,18 @@ func TestEnsureConvertsLayers(t *testing.T) {
 		t.Fatalf("the squashfs root holds %v, want config.json and rootfs", top2)
 	}
 	for p, want := range map[string]listing{
-		"":                             {mode: "drwxr-xr-x", owner: "0/0"},
-		"rootfs":                       {mode: "drwxr-xr-x", owner: "0/0"},
-		"rootfs/usr/bin/su":            {mode: "-rwsr-xr-x", owner: "0/0", size: "2"},
-		"rootfs/usr/bin/sg":            {mode: "-rwxr-sr-x", owner: "0/42", size: "2"},
-		"rootfs/tmp":                   {mode: "drwxrwxrwt", owner: "0/0"},
-		"rootfs/home/user":             {mode: "drwx------", owner: "1000/1000"},
-		"rootfs/home/user/file":        {mode: "-rw-------", owner: "1000/1000", size: "4"},
-		"rootfs/bin":                   {mode: "lrwxrwxrwx", owner: "0/0", target: "usr/bin"},
-		"rootfs/usr/bin/added":         {mode: "-rwxr-xr-x", owner: "0/0", size: "19"},
-		"rootfs/var/cache/new":         {mode: "-rw-r--r--", owner: "0/0", size: "3"},
-		"rootfs/run/fifo":              {mode: "prw-r--r--", owner: "0/0"},
-		"rootfs/usr/lib/c":             {mode: "-rw-r--r--", owner: "0/0", size: "9"},
+		"":                            {mode: "drwxr-xr-x", owner: "0/0"},
+		"rootfs":                      {mode: "drwxr-xr-x", owner: "0/0"},
+		"rootfs/usr/bin/su":           {mode: "-rwsr-xr-x", owner: "0/0", size: "2"},
+		"rootfs/usr/bin/sg":           {mode: "-rwxr-sr-x", owner: "0/42", size: "2"},
+		"rootfs/tmp":                  {mode: "drwxrwxrwt", owner: "0/0"},
+		"rootfs/home/user":            {mode: "drwx------", owner: "1000/1000"},
+		"rootfs/home/user/file":       {mode: "-rw-------", owner: "1000/1000", size: "4"},
+		"rootfs/bin":                  {mode: "lrwxrwxrwx", owner: "0/0", target: "usr/bin"},
+		"rootfs/usr/bin/added":        {mode: "-rwxr-xr-x", owner: "0/0", size: "19"},
+		"rootfs/var/cache/new":        {mode: "-rw-r--r--", owner: "0/0", size: "3"},
+		"rootfs/run/fifo":             {mode: "prw-r--r--", owner: "0/0"},
+		"rootfs/usr/lib/c":            {mode: "-rw-r--r--", owner: "0/0", size: "9"},
 		imagefs.RootDir + "/etc/motd": {mode: "-rw-r--r--", owner: "0/0", size: "8"},
 	} {
 		got, ok := l[p]
