@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -65,7 +66,15 @@ func (a *Agent) imageStatus(ctx context.Context, machine *kaironv1.Machine) (str
 		return ref, imagepull.Status{State: imagepull.Failed, Err: fmt.Errorf("node %s has no image store, so it cannot run OCI images (kairon-node --image-dir)", a.opts.NodeName)}
 	}
 	key := types.NamespacedName{Namespace: machine.Namespace, Name: machine.Name}
-	return ref, a.imagePuller.Get(ref, key, a.pullCredentials(machine))
+	pull := imagepull.Pull{Reference: ref, Credentials: a.pullCredentials(machine)}
+	if len(machine.Spec.ImagePullSecrets) > 0 {
+		names := make([]string, 0, len(machine.Spec.ImagePullSecrets))
+		for _, s := range machine.Spec.ImagePullSecrets {
+			names = append(names, s.Name)
+		}
+		pull.CredentialsKey = machine.Namespace + "/" + strings.Join(names, ",")
+	}
+	return ref, a.imagePuller.Get(pull, key)
 }
 
 // ensureImage is the step before a VM starts: true once machine's image
@@ -256,4 +265,3 @@ func (a *Agent) imagesInUse(ctx context.Context) (map[string]bool, error) {
 	}
 	return inUse, nil
 }
-

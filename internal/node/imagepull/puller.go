@@ -110,13 +110,31 @@ func (p *Puller) Stop() {
 	p.wg.Wait()
 }
 
-// Get says, without waiting, whether ref is on the node for the Machine
-// waiter, starting a pull (with creds' secrets) when none runs and none
-// ended recently.
-func (p *Puller) Get(ref string, waiter types.NamespacedName, creds Credentials) Status {
+// Pull is what a Machine asks for: an image reference and the
+// credentials it may be pulled with.
+type Pull struct {
+	Reference string
+	// Credentials reads the docker configs of the Machine's pull secrets;
+	// nil pulls anonymously.
+	Credentials Credentials
+	// CredentialsKey names those credentials (the namespace and the
+	// secrets' names): pulls of one reference with other credentials are
+	// separate, so that one Machine's lack of access is not another's.
+	CredentialsKey string
+}
+
+// Get says, without waiting, whether the image of pull is on the node for
+// the Machine waiter, starting a pull when none runs and none ended
+// recently.
+func (p *Puller) Get(want Pull, waiter types.NamespacedName) Status {
+	ref, creds := want.Reference, want.Credentials
+	key := ref
+	if want.CredentialsKey != "" {
+		key += " " + want.CredentialsKey
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	pl := p.pulls[ref]
+	pl := p.pulls[key]
 	now := p.now()
 	if pl != nil && !pl.running {
 		switch {
@@ -134,7 +152,7 @@ func (p *Puller) Get(ref string, waiter types.NamespacedName, creds Credentials)
 	}
 	if pl == nil {
 		pl = &pull{waiters: map[types.NamespacedName]struct{}{}}
-		p.pulls[ref] = pl
+		p.pulls[key] = pl
 	}
 	pl.waiters[waiter] = struct{}{}
 	if pl.running {

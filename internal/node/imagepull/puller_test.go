@@ -38,7 +38,6 @@ func (s *fakeStore) count(ref string) int {
 	return s.calls[ref]
 }
 
-
 func newHarness(t *testing.T, result func(string) (Image, error)) (*Puller, *fakeStore, chan types.NamespacedName, *time.Time) {
 	store := &fakeStore{calls: map[string]int{}, gate: make(chan struct{}), result: result}
 	wake := make(chan types.NamespacedName, 100)
@@ -65,7 +64,7 @@ func TestOnePullServesEveryMachine(t *testing.T) {
 	ref := "r.io/a:1"
 	var started int
 	for i := range 10 {
-		st := p.Get(ref, types.NamespacedName{Namespace: "ns", Name: string(rune('a' + i))}, nil)
+		st := p.Get(Pull{Reference: ref}, types.NamespacedName{Namespace: "ns", Name: string(rune('a' + i))})
 		if st.State != Pulling {
 			t.Fatalf("Get %d: state %v, want Pulling", i, st.State)
 		}
@@ -80,7 +79,7 @@ func TestOnePullServesEveryMachine(t *testing.T) {
 	for range 10 {
 		<-wake // every waiting Machine is woken, once
 	}
-	st := p.Get(ref, types.NamespacedName{Namespace: "ns", Name: "a"}, nil)
+	st := p.Get(Pull{Reference: ref}, types.NamespacedName{Namespace: "ns", Name: "a"})
 	if st.State != Ready || st.Image.Path != path {
 		t.Fatalf("after the pull: %+v", st)
 	}
@@ -89,7 +88,7 @@ func TestOnePullServesEveryMachine(t *testing.T) {
 	}
 	// The file collected by the store's GC: pulled again.
 	os.Remove(path)
-	if st := p.Get(ref, types.NamespacedName{Namespace: "ns", Name: "a"}, nil); st.State != Pulling || !st.Started {
+	if st := p.Get(Pull{Reference: ref}, types.NamespacedName{Namespace: "ns", Name: "a"}); st.State != Pulling || !st.Started {
 		t.Fatalf("after the file went: %+v, want a new pull", st)
 	}
 }
@@ -99,13 +98,13 @@ func TestFailuresForGoodAreRememberedAWhile(t *testing.T) {
 	p, store, wake, now := newHarness(t, func(string) (Image, error) { return Image{}, notFound })
 	close(store.gate)
 	m := types.NamespacedName{Namespace: "ns", Name: "m"}
-	p.Get("r.io/a:1", m, nil)
+	p.Get(Pull{Reference: "r.io/a:1"}, m)
 	<-wake
-	if st := p.Get("r.io/a:1", m, nil); st.State != Failed || !errors.Is(st.Err, notFound) {
+	if st := p.Get(Pull{Reference: "r.io/a:1"}, m); st.State != Failed || !errors.Is(st.Err, notFound) {
 		t.Fatalf("after a failed pull: %+v", st)
 	}
 	*now = now.Add(rememberFailure + time.Second)
-	if st := p.Get("r.io/a:1", m, nil); st.State != Pulling || !st.Started {
+	if st := p.Get(Pull{Reference: "r.io/a:1"}, m); st.State != Pulling || !st.Started {
 		t.Fatalf("after %s: %+v, want a new pull", rememberFailure, st)
 	}
 	<-wake
@@ -128,28 +127,28 @@ func TestTransientFailuresAreRetriedWithBackoff(t *testing.T) {
 	})
 	close(store.gate)
 	m := types.NamespacedName{Namespace: "ns", Name: "m"}
-	p.Get("r.io/a:1", m, nil)
+	p.Get(Pull{Reference: "r.io/a:1"}, m)
 	<-wake
-	st := p.Get("r.io/a:1", m, nil)
+	st := p.Get(Pull{Reference: "r.io/a:1"}, m)
 	if st.State != Pulling || st.Started || st.Err == nil {
 		t.Fatalf("right after a transient failure: %+v, want Pulling with the error and no new pull", st)
 	}
 	*now = now.Add(firstRetry)
-	if st := p.Get("r.io/a:1", m, nil); !st.Started {
+	if st := p.Get(Pull{Reference: "r.io/a:1"}, m); !st.Started {
 		t.Fatalf("after the backoff: %+v, want a new pull", st)
 	}
 	<-wake
 	*now = now.Add(firstRetry) // the second failure doubles the wait
-	if st := p.Get("r.io/a:1", m, nil); st.Started {
+	if st := p.Get(Pull{Reference: "r.io/a:1"}, m); st.Started {
 		t.Fatalf("%s after a second failure: a new pull started, want a backoff of %s", firstRetry, retryAfter(2))
 	}
 	mu.Lock()
 	down = false
 	mu.Unlock()
 	*now = now.Add(retryAfter(2))
-	p.Get("r.io/a:1", m, nil)
+	p.Get(Pull{Reference: "r.io/a:1"}, m)
 	<-wake
-	if st := p.Get("r.io/a:1", m, nil); st.State != Ready {
+	if st := p.Get(Pull{Reference: "r.io/a:1"}, m); st.State != Ready {
 		t.Fatalf("once the registry is back: %+v", st)
 	}
 }
@@ -159,5 +158,30 @@ func TestRetryAfter(t *testing.T) {
 		if got := retryAfter(n); got != want {
 			t.Errorf("retryAfter(%d) = %s, want %s", n, got, want)
 		}
+	}
+}
+
+// A Machine refused for want of credentials does not make one with
+// credentials wait out that refusal: each set of credentials pulls on its
+// own.
+func TestPullsWithOtherCredentialsAreSeparate(t *testing.T) {
+	unauthorized := errors.New("unauthorized")
+	path := imageFile(t)
+	p, store, wake, _ := newHarness(t, func(string) (Image, error) { return Image{}, unauthorized })
+	close(store.gate)
+	m := types.NamespacedName{Namespace: "ns", Name: "m"}
+	p.Get(Pull{Reference: "r.io/a:1"}, m)
+	<-wake
+	if st := p.Get(Pull{Reference: "r.io/a:1"}, m); st.State != Failed {
+		t.Fatalf("anonymous: %+v, want the refusal", st)
+	}
+	store.result = func(ref string) (Image, error) { return Image{Reference: ref, Path: path}, nil }
+	st := p.Get(Pull{Reference: "r.io/a:1", CredentialsKey: "ns/creds"}, m)
+	if st.State != Pulling || !st.Started {
+		t.Fatalf("with credentials: %+v, want a pull of its own", st)
+	}
+	<-wake
+	if st := p.Get(Pull{Reference: "r.io/a:1", CredentialsKey: "ns/creds"}, m); st.State != Ready {
+		t.Fatalf("with credentials, after its pull: %+v", st)
 	}
 }
