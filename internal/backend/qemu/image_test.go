@@ -299,8 +299,9 @@ func TestImageGuestWithoutShell(t *testing.T) {
 
 // TestImageGuestSaveRestoreAndMigrate: an image guest's file written to
 // its overlay (guest memory) survives a save and restore onto another
-// Backend, then a live migration to a third. A restore without the root
-// image, or with another one, is refused.
+// Backend, then a live migration to a third, and a clone of it there
+// takes its own hostname in the image's identity files. A restore without
+// the root image, or with another one, is refused.
 func TestImageGuestSaveRestoreAndMigrate(t *testing.T) {
 	guestDir, _ := vmPrereqs(t)
 	img := busyboxImage(t, guestDir, imagefs.Config{})
@@ -365,6 +366,23 @@ func TestImageGuestSaveRestoreAndMigrate(t *testing.T) {
 		t.Fatal(err)
 	}
 	readToken(p.target, "migrated")
+
+	// A clone of it takes its own name in the image too.
+	template := filepath.Join(shortTempDir(t), "template.state")
+	if err := p.target.Save(ctx, spec.ID, template); err != nil {
+		t.Fatal(err)
+	}
+	clones := newTestBackend(t, Options{Log: testLogger(t)})
+	clone := backend.Spec{ID: "img_clone", Name: "img/clone-a", CPU: 1, MemoryMiB: 256, RootImage: img}
+	if _, err := clones.RestoreClone(ctx, clone, template); err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, clones, clone.ID, backend.Running, bootTimeout)
+	cc := dialAgent(t, clones, clone.ID)
+	_, out, _ := agentRun(t, cc, &wire.Exec{Args: []string{"sh", "-c", "hostname; cat /etc/hostname /root/token; echo; grep clone-a /etc/hosts"}})
+	if out != "clone-a\nclone-a\n"+token+"\n127.0.1.1\tclone-a\n" {
+		t.Errorf("the clone's image: %q", out)
+	}
 }
 
 // The root image's disk comes after every other device (their transports
