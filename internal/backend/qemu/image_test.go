@@ -76,7 +76,8 @@ func TestImageGuestBusybox(t *testing.T) {
 	if _, err := b.Start(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
-	waitPhase(t, b, spec.ID, backend.Running, bootTimeout)
+	inst := waitPhase(t, b, spec.ID, backend.Running, bootTimeout)
+	t.Logf("the image guest was ready %s after it started (%s)", inst.ReadyAfter, b.Acceleration())
 	c := dialAgent(t, b, spec.ID)
 
 	t.Run("defaults", func(t *testing.T) {
@@ -140,6 +141,13 @@ func TestImageGuestBusybox(t *testing.T) {
 			if !strings.Contains(out, want) {
 				t.Errorf("the image lacks %q", want)
 			}
+		}
+	})
+	t.Run("tty", func(t *testing.T) {
+		var out bytes.Buffer
+		res, err := c.Exec(ctx, &wire.Exec{Args: []string{"sh", "-c", "tty; test -c \"$(tty)\" && echo $TERM; stat -c %U \"$(tty)\""}, TTY: true}, nil, &out, nil)
+		if err != nil || res.Code != 0 || !regexp.MustCompile(`^/dev/pts/\d+\r\nxterm\r\napp\r\n$`).MatchString(out.String()) {
+			t.Errorf("a TTY in the image: %+v %v %q", res, err, out.String())
 		}
 	})
 	t.Run("cp", func(t *testing.T) {
@@ -471,4 +479,41 @@ func TestSaveHeaderRootImage(t *testing.T) {
 	if !h.RootImage || h.RootImageSHA256 != sum {
 		t.Errorf("read back: %+v", h)
 	}
+}
+
+// BenchmarkColdBootImage boots the default guest and an image guest (the
+// busybox image, no main process) in turn, b.N of each, and reports each
+// one's mean Start → Running (the backend's ReadyAfter), the image
+// guest's as a percentage of the default's, and QEMU's RSS once ready.
+// Interleaved, so that a loaded host slows both alike.
+func BenchmarkColdBootImage(b *testing.B) {
+	guestDir, _ := vmPrereqs(b)
+	img := busyboxImage(b, guestDir, imagefs.Config{})
+	be := newTestBackend(b, Options{})
+	ctx := context.Background()
+	var ready [2]time.Duration
+	var rss [2]int64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for k, root := range []string{"", img} {
+			id := fmt.Sprintf("bench_boot%d_%d", i, k)
+			if _, err := be.Start(ctx, backend.Spec{ID: id, Name: "bench/boot", CPU: 1, MemoryMiB: 256, RootImage: root}); err != nil {
+				b.Fatal(err)
+			}
+			inst := waitPhase(b, be, id, backend.Running, bootTimeout)
+			b.StopTimer()
+			ready[k] += inst.ReadyAfter
+			rss[k] += vmRSSkB(inst.PID)
+			b.Logf("boot %d, root image %v: ready after %s, RSS %d MiB", i, root != "", inst.ReadyAfter.Round(time.Millisecond), vmRSSkB(inst.PID)/1024)
+			if err := be.Stop(ctx, id); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+	}
+	b.ReportMetric(float64(ready[0].Milliseconds())/float64(b.N), "ms/boot-default")
+	b.ReportMetric(float64(ready[1].Milliseconds())/float64(b.N), "ms/boot-image")
+	b.ReportMetric(100*float64(ready[1])/float64(ready[0]), "image-%-of-default")
+	b.ReportMetric(float64(rss[0])/1024/float64(b.N), "MiB-RSS-default")
+	b.ReportMetric(float64(rss[1])/1024/float64(b.N), "MiB-RSS-image")
 }

@@ -18,6 +18,8 @@
 //     /etc/group;
 //   - inroot.go: paths resolved inside the root (openat2 RESOLVE_IN_ROOT),
 //     files replaced whole;
+//   - imagemount.go: the image's disk mounted at boot, under an overlay
+//     whose writable layer is in guest memory;
 //   - rootsetup.go, identity.go: the root prepared at boot (proc, sys, dev,
 //     run, /tmp) and its /etc/hostname, /etc/hosts and /etc/resolv.conf;
 //   - mainproc.go: the image's main process, run once per boot, and its

@@ -306,6 +306,26 @@ func TestImageExecInRoot(t *testing.T) {
 	}
 }
 
+// In the default guest (no image) exec.user runs the program as that
+// user too, resolved with the guest's own /etc/passwd.
+func TestDefaultGuestExecUser(t *testing.T) {
+	host.SkipIfShort(t, "root, to run as another user")
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root, to run as another user")
+	}
+	c := imageClient(t, nil)
+	var out bytes.Buffer
+	res, err := c.Exec(context.Background(), &wire.Exec{Args: []string{"sh", "-c", "id -u; id -g"}, User: "65534:65533"}, nil, &out, io.Discard)
+	if err != nil || res.Code != 0 || out.String() != "65534\n65533\n" {
+		t.Errorf("as 65534:65533: %+v %v %q", res, err, out.String())
+	}
+	out.Reset()
+	res, err = c.Exec(context.Background(), &wire.Exec{Args: []string{"id", "-u"}}, nil, &out, io.Discard)
+	if err != nil || res.Code != 0 || out.String() != "0\n" {
+		t.Errorf("without a user: %+v %v %q", res, err, out.String())
+	}
+}
+
 // RunMain runs the image's main process once, records it running and
 // then how it ended; an image without one records nothing, one whose
 // program is missing records 127.

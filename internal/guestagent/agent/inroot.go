@@ -1,10 +1,9 @@
 package agent
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path"
 	"strings"
@@ -123,11 +122,13 @@ func replaceAt(dirfd int, p, base string, mode uint32, fill func(*os.File) error
 	var tmp string
 	var fd int
 	for range 8 {
-		var rnd [6]byte
-		_, _ = rand.Read(rnd[:])
-		tmp = "." + base + ".kairon-" + hex.EncodeToString(rnd[:])
+		// Unique, not secret (O_EXCL refuses a name taken meanwhile), and
+		// math/rand's: crypto/rand waits for the kernel's entropy pool,
+		// which early in a boot under TCG takes seconds to fill.
+		rnd := fmt.Sprintf("%012x", rand.Uint64()&(1<<48-1))
+		tmp = "." + base + ".kairon-" + rnd
 		if len(tmp) > 255 {
-			tmp = ".kairon-" + hex.EncodeToString(rnd[:])
+			tmp = ".kairon-" + rnd
 		}
 		var err error
 		fd, err = unix.Openat(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
