@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"unicode"
 
@@ -31,7 +32,8 @@ const registryBodyLimit = 4 << 20
 // RegistryResolver is the ImageResolver that asks the registry, with
 // go-containerregistry: a HEAD of the manifest, which answers with its
 // digest, and a GET for a registry that leaves the digest out of its HEAD
-// answer. A registry on a loopback or private address is spoken to in
+// answer or refuses it for a reason other than not found or unauthorized
+// (a HEAD's answer has no body to say which). A registry on a loopback or private address is spoken to in
 // plain HTTP, as go-containerregistry does by itself.
 type RegistryResolver struct {
 	// Transport is what the requests go through; nil means
@@ -61,10 +63,12 @@ func (r RegistryResolver) Resolve(ctx context.Context, ref string, keychain auth
 	}
 	var answered *transport.Error
 	var netErr net.Error
-	if errors.As(err, &answered) || errors.As(err, &netErr) || ctx.Err() != nil {
+	refused := errors.As(err, &answered) && slices.Contains([]int{http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound}, answered.StatusCode)
+	if refused || errors.As(err, &netErr) || ctx.Err() != nil {
 		return "", registryError(err)
 	}
-	// The registry answered the HEAD without a digest or a length.
+	// The registry answered the HEAD without a digest or a length, or
+	// with an error whose reason, in a HEAD, it could not say.
 	got, err := remote.Get(parsed, opts...)
 	if err != nil {
 		return "", registryError(err)
@@ -100,6 +104,12 @@ func registryError(err error) error {
 		cause = "timed out"
 	}
 	text := registryText(err.Error())
+	if answered != nil && len(answered.Errors) == 0 && answered.Request != nil {
+		// go-containerregistry's words for a HEAD's status would send the
+		// reader to a GET they cannot make.
+		text = registryText(fmt.Sprintf("%s %s: %d %s", answered.Request.Method, answered.Request.URL.Redacted(),
+			answered.StatusCode, http.StatusText(answered.StatusCode)))
+	}
 	if cause == "" {
 		return errors.New(text)
 	}
