@@ -106,6 +106,10 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 			Recorder:  mgr.GetEventRecorder("kairon-machinepool-controller"),
 			Interval:  opts.Interval,
 		}).SetupWithManager(mgr),
+		(&NodePullSecretsReconciler{
+			Client:    mgr.GetClient(),
+			APIReader: mgr.GetAPIReader(),
+		}).SetupWithManager(mgr),
 		(&MachineClaimBinder{
 			Client:    mgr.GetClient(),
 			APIReader: mgr.GetAPIReader(),
