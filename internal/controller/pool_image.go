@@ -231,7 +231,7 @@ func (p *poolImages) resolve(pool *kaironv1.MachinePool, key types.NamespacedNam
 			retryIn = max(res.retryAt.Sub(p.now()), time.Millisecond)
 		}
 		return poolImageState{unknown: true, retryIn: retryIn, cond: imageCondition(pool, metav1.ConditionFalse, ImageReasonResolveFailed,
-			fmt.Sprintf("%v; no member is created until it resolves (%d attempts, retried with backoff)", res.err, res.attempts))}
+			fmt.Sprintf("%v; no member is created until it resolves (%s so far, retried with backoff)", res.err, attempts(res.attempts)))}
 	}
 	// The wake ends the wait; the timeout is in case a wake is lost.
 	return poolImageState{unknown: true, retryIn: imageResolveTimeout + time.Second, cond: imageCondition(pool, metav1.ConditionFalse, ImageReasonResolving,
@@ -293,6 +293,13 @@ func (p *poolImages) resolveOnce(ctx context.Context, pool *kaironv1.MachinePool
 		return nil, fmt.Errorf("resolving image %s: the registry's answer: %w", ref, err)
 	}
 	return &kaironv1.MachinePoolImage{Reference: ref, Digest: digest, TemplateHash: hash, ResolvedAt: ptrTime(metav1.NewTime(p.now()).Rfc3339Copy())}, nil
+}
+
+func attempts(n int) string {
+	if n == 1 {
+		return "1 attempt"
+	}
+	return fmt.Sprintf("%d attempts", n)
 }
 
 // imageRetryDelay is the wait after the attempts-th failure in a row.
