@@ -183,10 +183,13 @@ func (p *poolImages) pin(pool *kaironv1.MachinePool, hash string, members []*kai
 // show. It is never asked again while the template stays the same.
 func (p *poolImages) known(pool *kaironv1.MachinePool, key types.NamespacedName, hash, ref string, members []*kaironv1.Machine) *kaironv1.MachinePoolImage {
 	p.mu.Lock()
-	res := p.byPool[key]
+	var result *kaironv1.MachinePoolImage
+	if res := p.byPool[key]; res != nil && res.uid == pool.UID && res.hash == hash && res.ref == ref {
+		result = res.result
+	}
 	p.mu.Unlock()
-	if res != nil && res.uid == pool.UID && res.hash == hash && res.ref == ref && res.result != nil {
-		return res.result
+	if result != nil {
+		return result.DeepCopy()
 	}
 	if s := pool.Status.Image; s != nil && s.TemplateHash == hash && s.Reference == ref && sha256Digest.MatchString(s.Digest) {
 		return s.DeepCopy()
