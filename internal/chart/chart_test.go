@@ -249,6 +249,12 @@ func TestControllerRBAC(t *testing.T) {
 		// (on by default) are created and deleted.
 		{"", "pods", []string{"get", "list", "watch", "create", "delete"}},
 		{kaironGroup, "machines", []string{"place"}},
+		// Image pull secrets: a pool reads its template's by name; the
+		// controller grants each node agent its Machines' ones, which
+		// RBAC allows only to an identity holding get on them.
+		{"", "secrets", []string{"get"}},
+		{"rbac.authorization.k8s.io", "roles", []string{"get", "list", "watch", "create", "update", "delete"}},
+		{"rbac.authorization.k8s.io", "rolebindings", []string{"get", "list", "watch", "create", "update", "delete"}},
 		{"", "events", []string{"create", "patch"}},
 		{"events.k8s.io", "events", []string{"create", "patch"}},
 	}
@@ -274,7 +280,13 @@ func TestControllerRBAC(t *testing.T) {
 		{"", "namespaces", "update"},
 		{"", "nodes", "update"},
 		{"", "nodes", "delete"},
-		{"", "secrets", "get"},
+		// Secrets by name only: it cannot find one no Machine names.
+		{"", "secrets", "list"},
+		{"", "secrets", "watch"},
+		{"rbac.authorization.k8s.io", "roles", "escalate"},
+		{"rbac.authorization.k8s.io", "roles", "bind"},
+		{"rbac.authorization.k8s.io", "clusterroles", "create"},
+		{"rbac.authorization.k8s.io", "clusterrolebindings", "create"},
 		{"", "pods", "update"},
 		{"", "pods/exec", "create"},
 		{"coordination.k8s.io", "leases", "create"},

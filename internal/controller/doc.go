@@ -1,6 +1,6 @@
 // Package controller holds kairon-controller's control loops and webhooks.
 // SetupWithManager (setup.go) registers all of them, so kairon-controller,
-// kairon-local and the tests run the same set: 17 reconcilers, three of
+// kairon-local and the tests run the same set: 18 reconcilers, three of
 // them optional (the MachineMigration controller, capacity booking and
 // cordon evacuation). The decisions they share with kaironctl and the
 // webhooks are in package rules; the user verbs they share (cordon's
@@ -18,7 +18,14 @@
 //     machinepool_snapshot.go (snapshot-clone pools), expectations.go,
 //     replica_status.go, replica_health.go, pool_member_events.go,
 //     pool_refill_hold.go, pool_status_pacing.go, uid_stamps.go,
-//     pool_metrics.go;
+//     pool_metrics.go; a pool's OCI image pinned to one digest per
+//     template: pool_image.go (resolutions off the reconcile, status.image
+//     and the ImageResolved condition), pool_image_pin.go,
+//     pool_image_registry.go (RegistryResolver, go-containerregistry),
+//     pool_image_auth.go (docker-config pull secrets);
+//   - image pull secrets: node_pull_secrets.go (NodePullSecretsReconciler:
+//     the RBAC letting a node agent read its Machines' pull secrets and no
+//     other Secret);
 //   - claims: machineclaim_binder.go (MachineClaimBinder binds claims to
 //     warm members), machineclaim_controller.go (MachineClaimReconciler),
 //     assume.go, bind_tracker.go, bind_events.go, claim_node_health.go,

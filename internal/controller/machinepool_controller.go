@@ -25,10 +25,12 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/patch"
@@ -44,15 +46,22 @@ var machinePoolKind = kaironv1.GroupVersion.WithKind("MachinePool")
 // warm, so the next reconcile, which the member's label change triggers,
 // creates its replacement.
 type MachinePoolReconciler struct {
-	Client   client.Client
-	Recorder events.EventRecorder
-	Interval time.Duration
+	Client client.Client
+	// APIReader reads the pull secrets of a template's OCI image
+	// (pool_image.go): by name, never through the cache.
+	APIReader client.Reader
+	Recorder  events.EventRecorder
+	Interval  time.Duration
+	// Resolver finds the digest of a template's OCI image; nil means
+	// RegistryResolver.
+	Resolver ImageResolver
 
 	expectations *replicaExpectations
 	failures     *failureBackoff
 	refills      *refillHolds
 	statusWrites *statusPacing
 	held         *heldPools
+	images       *poolImages
 }
 
 // SetupWithManager registers the reconciler with mgr.
@@ -72,9 +81,14 @@ func (r *MachinePoolReconciler) SetupWithManager(mgr manager.Manager) error {
 	if r.held == nil {
 		r.held = newHeldPools()
 	}
+	images := r.poolImages()
+	if err := mgr.Add(images); err != nil {
+		return err
+	}
 	return builder.ControllerManagedBy(mgr).
 		For(&kaironv1.MachinePool{}).
 		Watches(&kaironv1.Machine{}, r.held.memberEvents(poolMemberChanged().Update)).
+		WatchesRawSource(source.Channel(images.wake, &handler.TypedEnqueueRequestForObject[*kaironv1.MachinePool]{})).
 		Complete(requeue.UntilStopped(r))
 }
 
@@ -121,6 +135,7 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 		if apierrors.IsNotFound(err) {
 			forgetPoolMembers(req.Namespace, req.Name)
 			r.heldPools().set(req.NamespacedName, false)
+			r.poolImages().forget(req.NamespacedName)
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, err
@@ -132,6 +147,7 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 		r.refillHolds().forget(pool.UID)
 		r.statusPacing().settled(pool.UID)
 		r.heldPools().set(req.NamespacedName, false)
+		r.poolImages().forget(req.NamespacedName)
 		forgetPoolMembers(pool.Namespace, pool.Name)
 		return reconcile.Result{}, nil
 	}
@@ -148,8 +164,11 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	counted, _, failed := splitByHealth(members.warm)
 	failed, held, retryIn := r.failures.heldFailed(pool.UID, failed)
 	current, stale := splitByTemplate(counted, hash)
+	// An OCI image is pinned by digest; while the digest is unknown no
+	// member is created (pool_image.go).
+	img := r.poolImages().pin(&pool, hash, live)
 
-	snap, snapCond, snapErr := r.reconcileSnapshot(ctx, &pool, hash)
+	snap, snapCond, snapErr := r.reconcileSnapshot(ctx, &pool, hash, img)
 	// Claims first: a refill that the waiting claims do not need waits
 	// for their binds (pool_refill_hold.go), counted as on its way.
 	waiting, binding := claimsAhead(ctx, r.Client, &pool, members.claimed)
@@ -159,15 +178,18 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	if refillHeld {
 		onTheirWay = max(onTheirWay, int(ptr.Deref(pool.Spec.Replicas, 1))-len(current))
 	}
-	warm, syncErr := r.syncMembers(ctx, &pool, hash, snap, current, stale, onTheirWay)
+	warm, syncErr := r.syncMembers(ctx, &pool, hash, img, snap, current, stale, onTheirWay)
 	syncErr = errors.Join(syncErr, deleteFailed(ctx, r.Client, r.Recorder, r.failures, r.expectations, &pool, failed))
 	desired := pool.DeepCopy()
 	desired.Status = *computePoolStatus(&pool, warm, members.claimed, syncErr)
 	setSnapshotStatus(&desired.Status, snap, snapCond)
+	setImageStatus(&desired.Status, img)
 	// The pool's status is this controller's alone: all of it is written,
-	// a moment after it changed (pool_status_pacing.go).
+	// a moment after it changed (pool_status_pacing.go); a newly pinned
+	// digest at once, since members run it from now on.
 	changed := !equality.Semantic.DeepEqual(pool.Status, desired.Status)
-	statusIn := r.statusPacing().wait(pool.UID, changed, syncErr != nil || snapErr != nil)
+	imageChanged := !equality.Semantic.DeepEqual(pool.Status.Image, desired.Status.Image)
+	statusIn := r.statusPacing().wait(pool.UID, changed, syncErr != nil || snapErr != nil || imageChanged)
 	if changed && statusIn == 0 {
 		if err := patch.Status(ctx, r.Client, &pool, desired, patch.WholeStatus(), patch.IgnoreNotFound()); err != nil {
 			return reconcile.Result{}, errors.Join(syncErr, err)
@@ -185,6 +207,9 @@ func (r *MachinePoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	}
 	if statusIn > 0 && (retryIn <= 0 || statusIn < retryIn) {
 		retryIn = statusIn
+	}
+	if img.retryIn > 0 && (retryIn <= 0 || img.retryIn < retryIn) {
+		retryIn = img.retryIn
 	}
 	if retryIn > 0 && retryIn < r.Interval {
 		return reconcile.Result{RequeueAfter: retryIn}, nil
@@ -208,6 +233,24 @@ func (r *MachinePoolReconciler) refillHolds() *refillHolds {
 		r.refills = newRefillHolds()
 	}
 	return r.refills
+}
+
+// poolImages is r.images, made on first use for reconcilers built without
+// SetupWithManager (tests): without a manager, nothing wakes a pool when
+// its resolution ends but its retry timer.
+func (r *MachinePoolReconciler) poolImages() *poolImages {
+	if r.images == nil {
+		resolver := r.Resolver
+		if resolver == nil {
+			resolver = RegistryResolver{}
+		}
+		reader := r.APIReader
+		if reader == nil {
+			reader = r.Client
+		}
+		r.images = newPoolImages(resolver, reader, r.Recorder)
+	}
+	return r.images
 }
 
 // heldPools is r.held, made on first use for reconcilers built without
@@ -290,9 +333,9 @@ func splitByTemplate(warm []*kaironv1.Machine, hash string) (current, stale []*k
 }
 
 // syncMembers deletes stale and surplus warm members and creates missing
-// ones. It returns the warm members left afterwards (creations not
+// ones running img.image, none while img's digest is unknown. It returns the warm members left afterwards (creations not
 // included: they are counted once the cache shows them).
-func (r *MachinePoolReconciler) syncMembers(ctx context.Context, pool *kaironv1.MachinePool, hash string, snap *kaironv1.MachinePoolSnapshot,
+func (r *MachinePoolReconciler) syncMembers(ctx context.Context, pool *kaironv1.MachinePool, hash string, img poolImageState, snap *kaironv1.MachinePoolSnapshot,
 	current, stale []*kaironv1.Machine, createsInFlight int) ([]*kaironv1.Machine, error) {
 	var errs []error
 	// Nobody uses a warm member, so one built from an older template is
@@ -305,8 +348,8 @@ func (r *MachinePoolReconciler) syncMembers(ctx context.Context, pool *kaironv1.
 	warm := current
 	diff := int(ptr.Deref(pool.Spec.Replicas, 1)) - len(current) - createsInFlight
 	switch {
-	case diff > 0:
-		errs = append(errs, r.createMembers(ctx, pool, hash, snap, diff))
+	case diff > 0 && !img.unknown:
+		errs = append(errs, r.createMembers(ctx, pool, hash, img.image, snap, diff))
 	case diff < 0 && createsInFlight == 0:
 		// Deleting while creations are unconfirmed could leave one too few
 		// once they show up.
@@ -334,9 +377,9 @@ func (r *MachinePoolReconciler) syncMembers(ctx context.Context, pool *kaironv1.
 // a failure, since whatever refused one (a quota, the webhook) refuses the
 // rest, and the next reconcile tries again.
 // With snap, they are its clones (machinepool_snapshot.go).
-func (r *MachinePoolReconciler) createMembers(ctx context.Context, pool *kaironv1.MachinePool, hash string, snap *kaironv1.MachinePoolSnapshot, n int) error {
+func (r *MachinePoolReconciler) createMembers(ctx context.Context, pool *kaironv1.MachinePool, hash, image string, snap *kaironv1.MachinePoolSnapshot, n int) error {
 	_, err := slowStartBatch(min(n, maxCreatesPerSync), slowStartInitialBatch, func() error {
-		m, err := r.createMember(ctx, pool, hash, snap)
+		m, err := r.createMember(ctx, pool, hash, image, snap)
 		if err != nil {
 			r.Recorder.Eventf(pool, nil, corev1.EventTypeWarning, kaironv1.ReplicaReasonFailedCreate, "Create", "Creating a warm machine: %v", err)
 			return fmt.Errorf("creating a warm machine: %w", err)
@@ -351,10 +394,11 @@ func (r *MachinePoolReconciler) createMembers(ctx context.Context, pool *kaironv
 
 // createMember names members <pool>-<8 hex digits>, as users see them in
 // kaironctl claim's output, retrying the rare name collision.
-func (r *MachinePoolReconciler) createMember(ctx context.Context, pool *kaironv1.MachinePool, hash string, snap *kaironv1.MachinePoolSnapshot) (*kaironv1.Machine, error) {
+func (r *MachinePoolReconciler) createMember(ctx context.Context, pool *kaironv1.MachinePool, hash, image string, snap *kaironv1.MachinePoolSnapshot) (*kaironv1.Machine, error) {
 	var err error
 	for range 3 {
 		m := newPoolMember(pool, hash)
+		m.Spec.Image = image
 		cloneFrom(m, snap)
 		if err = r.Client.Create(ctx, m); err == nil {
 			return m, nil

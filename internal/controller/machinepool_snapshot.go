@@ -47,8 +47,10 @@ func templateMachineName(pool, hash string) string {
 // reconcileSnapshot keeps the pool's template Machine for hash (or none,
 // with warmFrom Boot) and returns the snapshot new members are cloned from,
 // nil while there is none, and the SnapshotReady condition (nil with
-// warmFrom Boot).
-func (r *MachinePoolReconciler) reconcileSnapshot(ctx context.Context, pool *kaironv1.MachinePool, hash string) (*kaironv1.MachinePoolSnapshot, *metav1.Condition, error) {
+// warmFrom Boot). The template Machine runs img.image, the template's
+// image as members run it (pinned by digest); while its digest is unknown
+// none is created.
+func (r *MachinePoolReconciler) reconcileSnapshot(ctx context.Context, pool *kaironv1.MachinePool, hash string, img poolImageState) (*kaironv1.MachinePoolSnapshot, *metav1.Condition, error) {
 	var list kaironv1.MachineList
 	if err := r.Client.List(ctx, &list, client.InNamespace(pool.Namespace),
 		client.MatchingLabels{kaironv1.LabelMachinePoolTemplate: pool.Name}); err != nil {
@@ -82,8 +84,10 @@ func (r *MachinePoolReconciler) reconcileSnapshot(ctx context.Context, pool *kai
 	switch {
 	case current == nil && failed != "":
 		cond.Reason, cond.Message = kaironv1.SnapshotReasonFailed, failed+"; it is replaced, and members boot meanwhile"
+	case current == nil && img.unknown:
+		cond.Reason, cond.Message = kaironv1.SnapshotReasonTemplateBooting, "waiting for the digest of spec.template.spec.image before creating the template machine"
 	case current == nil:
-		m, err := r.createTemplate(ctx, pool, hash)
+		m, err := r.createTemplate(ctx, pool, hash, img.image)
 		if err != nil {
 			errs = append(errs, err)
 			cond.Reason, cond.Message = kaironv1.SnapshotReasonFailed, fmt.Sprintf("creating the template machine: %v", err)
@@ -113,8 +117,9 @@ func phaseWord(p kaironv1.MachinePhase) string {
 	return string(p)
 }
 
-// createTemplate creates the pool's template Machine for hash.
-func (r *MachinePoolReconciler) createTemplate(ctx context.Context, pool *kaironv1.MachinePool, hash string) (*kaironv1.Machine, error) {
+// createTemplate creates the pool's template Machine for hash, running
+// image.
+func (r *MachinePoolReconciler) createTemplate(ctx context.Context, pool *kaironv1.MachinePool, hash, image string) (*kaironv1.Machine, error) {
 	labels := maps.Clone(pool.Spec.Template.Metadata.Labels)
 	if labels == nil {
 		labels = map[string]string{}
@@ -138,6 +143,7 @@ func (r *MachinePoolReconciler) createTemplate(ctx context.Context, pool *kairon
 		},
 		Spec: *pool.Spec.Template.Spec.DeepCopy(),
 	}
+	m.Spec.Image = image
 	if err := r.Client.Create(ctx, m); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			// Created by an earlier pass the cache does not show yet, or

@@ -101,9 +101,14 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 			Interval: opts.Interval,
 		}).SetupWithManager(mgr),
 		(&MachinePoolReconciler{
-			Client:   mgr.GetClient(),
-			Recorder: mgr.GetEventRecorder("kairon-machinepool-controller"),
-			Interval: opts.Interval,
+			Client:    mgr.GetClient(),
+			APIReader: mgr.GetAPIReader(),
+			Recorder:  mgr.GetEventRecorder("kairon-machinepool-controller"),
+			Interval:  opts.Interval,
+		}).SetupWithManager(mgr),
+		(&NodePullSecretsReconciler{
+			Client:    mgr.GetClient(),
+			APIReader: mgr.GetAPIReader(),
 		}).SetupWithManager(mgr),
 		(&MachineClaimBinder{
 			Client:    mgr.GetClient(),

@@ -24,18 +24,22 @@ func newDescribeCommand(o *Options) *cobra.Command {
 		Long: `Print one object exactly as the API server returns it: indented JSON, with
 apiVersion and kind, and nothing else.
 
-Four exceptions add text after a blank line, recomputed now rather than read
+Five exceptions add text after a blank line: describe machinepool shows the
+image its members run (the template's reference, the digest the pool pinned
+it to and when it asked the registry) and its members grouped by image. The
+four others are recomputed now rather than read
 from the status: describe quota lists the Machines the quota counts and why,
 describe budget the budget's numbers and every Machine it matches, in any
 namespace, as healthy or not and why, describe snapshotschedule every Machine
 the schedule matches with its newest Ready snapshot (or why it has none), and
 describe migrationpolicy every Machine the policy selects and whether it or
 another policy (which) governs its migrations. When no Machine matches, each
-prints the same one-line hint
+of those four prints the same one-line hint
 instead of an empty list: the object, what it selects and where, and the
 kaironctl get command that lists those Machines.`,
 		Example: `  kaironctl describe machine web-1
   kaironctl describe machineclaim/job-42
+  kaironctl describe machinepool agents
   kaironctl describe quota team-a -n team-a
   kaironctl describe budget web-tier
   kaironctl describe snapshotschedule nightly

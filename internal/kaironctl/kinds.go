@@ -149,6 +149,7 @@ var kinds = []*Kind{
 				itoa(int64(p.Status.Claimed)), age(p.CreationTimestamp, rc.Now),
 			}
 		}),
+		Describe: describeMachinePool,
 	},
 	{
 		Resource: "machineclaims", Singular: "machineclaim", Aliases: []string{"mc", "claims", "claim"},

@@ -25,6 +25,7 @@ var verbs = []func(*Options) *cobra.Command{
 	newEditCommand,
 	newDeleteCommand,
 	newScaleCommand,
+	newRolloutCommand,
 	newClaimCommand,
 	newReleaseCommand,
 	newEvacuateCommand,

@@ -64,6 +64,10 @@ func TestAgentCertificateConfinedToItsNode(t *testing.T) {
 		refused(t, "take an unplaced Machine", mergePatch(ctx, agentA, unplaced, map[string]any{"spec": map[string]any{"nodeName": a}}, false), "which is on no node")
 		refused(t, "push its Machine to node B", mergePatch(ctx, agentA, onA, map[string]any{"spec": map[string]any{"nodeName": b}}, false), "only to "+a)
 		refused(t, "change the image of its Machine", mergePatch(ctx, agentA, onA, map[string]any{"spec": map[string]any{"image": "other"}}, false), "may change nothing in the spec")
+		// Naming a Secret there would make kairon-controller grant the
+		// agent read access to it (internal/controller/node_pull_secrets.go).
+		refused(t, "name a pull secret on its Machine", mergePatch(ctx, agentA, onA, map[string]any{"spec": map[string]any{
+			"imagePullSecrets": []map[string]any{{"name": "someone-elses"}}}}, false), "may change nothing in the spec")
 		refused(t, "start its stopped Machine", mergePatch(ctx, agentA, onA, map[string]any{"spec": map[string]any{"powerState": "Stopped"}}, false), "may change nothing in the spec")
 		refused(t, "relabel its Machine", mergePatch(ctx, agentA, onA, map[string]any{"metadata": map[string]any{"labels": map[string]any{kaironv1.LabelMachineClaim: "x"}}}, false), "may change no labels")
 		refused(t, "create a Machine", agentA.Create(ctx, &kaironv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "new"}, Spec: kaironv1.MachineSpec{Image: "default"}}), "cannot create resource")
