@@ -39,11 +39,16 @@ type flattenLimits struct {
 // what the tree says is written, each header rebuilt from the sanitised
 // entry, so nothing of a layer's headers passes through unchecked.
 func flatten(layers []layerFile, config []byte, lim flattenLimits, w io.Writer) error {
-	t := newTree(lim.maxBytes, lim.maxNodes)
+	t := newTree(lim.maxNodes)
 	read := &budget{left: 2 * lim.maxBytes, limit: 2 * lim.maxBytes}
 	for n, l := range layers {
 		var entries []entry
 		var index []int
+		// What the layer's own files hold (the last entry of each path) is
+		// in the tree once the layer is applied: a layer that alone holds
+		// too much is refused at the header that tips it over, before its
+		// content is decompressed.
+		own, ownBytes := map[string]int64{}, int64(0)
 		diffID, err := scanLayer(l.path, read, func(i int, h *tar.Header, _ io.Reader) error {
 			e, err := sanitize(h)
 			if err != nil {
@@ -56,6 +61,13 @@ func flatten(layers []layerFile, config []byte, lim flattenLimits, w io.Writer) 
 				return errLimit{fmt.Sprintf("a layer lists more than %d files", lim.maxNodes)}
 			}
 			entries, index = append(entries, e), append(index, i)
+			if e.kind == kindReg || own[e.path] != 0 {
+				ownBytes += e.size - own[e.path]
+				own[e.path] = e.size
+				if ownBytes > lim.maxBytes {
+					return tooLarge(ownBytes, n+1, len(layers), lim.maxBytes)
+				}
+			}
 			return nil
 		})
 		if err != nil {
@@ -68,8 +80,7 @@ func flatten(layers []layerFile, config []byte, lim flattenLimits, w io.Writer) 
 			return layerError(n+1, err)
 		}
 		if t.bytes > lim.maxBytes {
-			return errLimit{fmt.Sprintf("its files hold at least %s uncompressed (after layer %d of %d), more than the node's limit of %s",
-				humanBytes(t.bytes), n+1, len(layers), humanBytes(lim.maxBytes))}
+			return tooLarge(t.bytes, n+1, len(layers), lim.maxBytes)
 		}
 	}
 
@@ -162,6 +173,11 @@ func flatten(layers []layerFile, config []byte, lim flattenLimits, w io.Writer) 
 		}
 	}
 	return tw.Close()
+}
+
+func tooLarge(size int64, layer, layers int, limit int64) errLimit {
+	return errLimit{fmt.Sprintf("its files hold at least %s uncompressed (by layer %d of %d), more than the node's limit of %s",
+		humanBytes(size), layer, layers, humanBytes(limit))}
 }
 
 // header is a tar header for a node, made from its sanitised metadata

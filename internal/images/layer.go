@@ -82,7 +82,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	c.h.Write(p[:n])
 	c.b.left -= int64(n)
 	if c.b.left < 0 {
-		return n, errLimit{fmt.Sprintf("its layers decompress to more than %s", humanBytes(c.b.limit))}
+		return n, errLimit{fmt.Sprintf("its layers decompress to more than %s, twice the node's limit on its files", humanBytes(c.b.limit))}
 	}
 	return n, err
 }

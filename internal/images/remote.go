@@ -208,7 +208,7 @@ func pickPlatform(idx *v1.IndexManifest) (v1.Descriptor, error) {
 	if len(have) == 0 {
 		return v1.Descriptor{}, errors.New("the image index lists no linux/amd64 image, and Kairon runs linux/amd64 images only")
 	}
-	return v1.Descriptor{}, fmt.Errorf("the image is built for %s, and Kairon runs linux/amd64 images only", strings.Join(have, ", "))
+	return v1.Descriptor{}, fmt.Errorf("it is built for %s, and Kairon runs linux/amd64 images only", strings.Join(have, ", "))
 }
 
 // checkManifest checks an image manifest's descriptors before anything is
