@@ -105,6 +105,11 @@ func TestBadImages(t *testing.T) {
 				reg.Push(t, repoTag, img)
 			},
 			says: []string{"invalid image: layer 1: its content's digest is sha256:", "not the diff ID sha256:0000"}},
+		{name: "not a container image", reason: ReasonInvalidImage,
+			push: func(t *testing.T, repoTag string) {
+				reg.Push(t, repoTag, mutate.ConfigMediaType(imageOf(t, v1.Config{}, ok), "application/vnd.cncf.helm.config.v1+json"))
+			},
+			says: []string{`invalid image: the image manifest: it is not a container image: its config is "application/vnd.cncf.helm.config.v1+json"`}},
 		{name: "not a tar", reason: ReasonInvalidImage,
 			push: func(t *testing.T, repoTag string) {
 				reg.Push(t, repoTag, imageOf(t, v1.Config{}, rawLayer(t, []byte(strings.Repeat("not a tar archive ", 100)))))

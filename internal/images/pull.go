@@ -45,6 +45,9 @@ func (s *Store) pull(ctx context.Context, ref string, p *puller, res *resolved) 
 	if err != nil {
 		return nil, pullErrorf(ref, ReasonInvalidImage, "its config: %v", err)
 	}
+	if cf.OS == "" || cf.Architecture == "" {
+		return nil, pullErrorf(ref, ReasonInvalidImage, "its config names no platform (os %q, architecture %q)", cf.OS, cf.Architecture)
+	}
 	if cf.OS != platformOS || cf.Architecture != platformArch {
 		return nil, pullErrorf(ref, ReasonWrongPlatform, "it is built for %s/%s, and Kairon runs linux/amd64 images only", cf.OS, cf.Architecture)
 	}

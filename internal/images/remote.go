@@ -220,6 +220,11 @@ func checkManifest(m *v1.Manifest) error {
 	if m.Config.Size < 0 || m.Config.Size > maxConfigBytes {
 		return fmt.Errorf("a config of %d bytes (at most %d)", m.Config.Size, maxConfigBytes)
 	}
+	switch m.Config.MediaType {
+	case types.OCIConfigJSON, types.DockerConfigJSON:
+	default:
+		return fmt.Errorf("it is not a container image: its config is %q", m.Config.MediaType)
+	}
 	if m.Config.Digest.Algorithm != "sha256" {
 		return fmt.Errorf("config digest %q is not sha256", m.Config.Digest)
 	}

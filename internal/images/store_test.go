@@ -153,6 +153,30 @@ func TestEnsureConvertsLayers(t *testing.T) {
 	if got, ok := s.Lookup(digest); !ok || got.Path != img.Path || got.Reference != ref {
 		t.Errorf("Lookup(%s) = %+v, %v", digest, got, ok)
 	}
+
+	// The kernel reads it as the guest will: mounted read-only.
+	mnt := t.TempDir()
+	if b, err := exec.Command("mount", "-t", "squashfs", "-o", "loop,ro,nodev,nosuid", img.Path, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mounting the squashfs (loop devices and the squashfs module are needed): %v: %s", err, b)
+	}
+	t.Cleanup(func() {
+		if b, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", mnt, err, b)
+		}
+	})
+	if b, err := os.ReadFile(filepath.Join(mnt, "rootfs/etc/motd")); err != nil || string(b) != "replaced" {
+		t.Errorf("mounted etc/motd: %q, %v", b, err)
+	}
+	if fi, err := os.Stat(filepath.Join(mnt, "rootfs/usr/bin/su")); err != nil || fi.Mode()&os.ModeSetuid == 0 {
+		t.Errorf("mounted usr/bin/su: %v, %v; want setuid", fi, err)
+	}
+	buf := make([]byte, 64)
+	if n, err := unix.Lgetxattr(filepath.Join(mnt, "rootfs/usr/bin/ping"), "security.capability", buf); err != nil || string(buf[:n]) != capability {
+		t.Errorf("mounted usr/bin/ping's capability: %q, %v", buf[:max(n, 0)], err)
+	}
+	if c, err := imagefs.ReadConfig(filepath.Join(mnt, imagefs.ConfigFile)); err != nil || !equalConfig(c, want) {
+		t.Errorf("mounted config.json: %+v, %v", c, err)
+	}
 }
 
 func equalConfig(a, b imagefs.Config) bool {
