@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -412,7 +413,7 @@ func (s *Store) use(digest, ref, alias string, publicOnly bool) *Image {
 	if err := s.saveLocked(); err != nil {
 		s.log.Error(err, "writing the image cache index")
 	}
-	img := &Image{Digest: digest, ManifestDigest: md, Reference: ref, Path: path, Config: r.Config, SizeBytes: r.SizeBytes}
+	img := &Image{Digest: digest, ManifestDigest: md, Reference: ref, Path: path, Config: cloneConfig(r.Config), SizeBytes: r.SizeBytes}
 	if alias != "" {
 		img.Digest = alias
 	}
@@ -420,6 +421,15 @@ func (s *Store) use(digest, ref, alias string, publicOnly bool) *Image {
 		img.Reference = r.References[len(r.References)-1]
 	}
 	return img
+}
+
+// cloneConfig copies c's slices, so that a caller changing its Image does
+// not change the cache's record.
+func cloneConfig(c imagefs.Config) imagefs.Config {
+	c.Env = slices.Clone(c.Env)
+	c.Entrypoint = slices.Clone(c.Entrypoint)
+	c.Cmd = slices.Clone(c.Cmd)
+	return c
 }
 
 // cached reports whether an image known by digest is in the cache.
