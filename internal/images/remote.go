@@ -161,7 +161,7 @@ func manifestKind(body []byte, contentType types.MediaType) (string, error) {
 		return "", fmt.Errorf("the manifest is not JSON: %v", err)
 	}
 	if m.SchemaVersion == 1 {
-		return "", errors.New("Docker schema 1 manifests are not supported; push the image again with a current tool")
+		return "", errors.New("schema 1 manifests (Docker's oldest format) are not supported; push the image again with a current tool")
 	}
 	mt := m.MediaType
 	if mt == "" {
