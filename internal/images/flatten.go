@@ -171,7 +171,6 @@ func writeTree(t *tree, layers []layerFile, config []byte, lim flattenLimits, w 
 		names []string
 	}
 	content := map[[2]int]*pending{}
-	var order []*pending
 	err := t.visit(func(p string, n *node) error {
 		name := path.Join(imagefs.RootDir, p)
 		if len(name) > maxPathBytes {
@@ -192,7 +191,6 @@ func writeTree(t *tree, layers []layerFile, config []byte, lim flattenLimits, w 
 			if pc == nil {
 				pc = &pending{n: n}
 				content[key] = pc
-				order = append(order, pc)
 			}
 			pc.names = append(pc.names, name)
 		}
@@ -203,13 +201,12 @@ func writeTree(t *tree, layers []layerFile, config []byte, lim flattenLimits, w 
 	}
 	reread := &budget{limit: 2 * lim.maxBytes}
 	reread.left.Store(2 * lim.maxBytes)
+	wantedIn := make([]int, len(layers))
+	for k := range content {
+		wantedIn[k[0]]++
+	}
 	for n, l := range layers {
-		wanted := 0
-		for k := range content {
-			if k[0] == n {
-				wanted++
-			}
-		}
+		wanted := wantedIn[n]
 		if wanted == 0 {
 			continue
 		}
