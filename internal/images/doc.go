@@ -22,8 +22,9 @@
 //   - tree.go: the layers applied one over the other, headers only
 //     (whiteouts, opaque directories, hard links, symbolic links followed
 //     inside the image);
-//   - flatten.go: the tree and the layers' content written as one tar
-//     stream;
+//   - flatten.go: the layers' headers read (two layers at a time) and
+//     applied into the tree, then the tree and the layers' content written
+//     as one tar stream;
 //   - squashfs.go: sqfstar, which makes the squashfs from that stream;
 //   - index.go: the cache's index.json and its atomic writes;
 //   - gc.go: GC, least recently used first, under the disk budget;

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"sync"
 
 	"github.com/zyvor/kairon/internal/imagefs"
 )
@@ -39,40 +40,121 @@ type flattenLimits struct {
 // what the tree says is written, each header rebuilt from the sanitised
 // entry, so nothing of a layer's headers passes through unchecked.
 func flatten(layers []layerFile, config []byte, lim flattenLimits, w io.Writer) error {
-	t := newTree(lim.maxBytes, lim.maxNodes)
-	read := &budget{left: 2 * lim.maxBytes, limit: 2 * lim.maxBytes}
-	for n, l := range layers {
-		var entries []entry
-		var index []int
-		diffID, err := scanLayer(l.path, read, func(i int, h *tar.Header, _ io.Reader) error {
-			e, err := sanitize(h)
-			if err != nil {
-				return errInvalid{n + 1, err}
+	t, err := buildTree(layers, lim)
+	if err != nil {
+		return err
+	}
+	return writeTree(t, layers, config, lim, w)
+}
+
+// parallelScans is how many layers buildTree reads at once: reading a
+// layer (decompressing, hashing) is most of its work, and layers are
+// independent until they are applied, in order.
+const parallelScans = 2
+
+// scanned is a layer's entries (headers only), read and checked.
+type scanned struct {
+	entries []entry
+	index   []int
+	err     error
+}
+
+// buildTree reads every layer's headers, checks its diff ID, and applies
+// the layers in order. Layers are read parallelScans at a time, and a
+// layer's entries are kept only until it is applied.
+func buildTree(layers []layerFile, lim flattenLimits) (*tree, error) {
+	t := newTree(lim.maxNodes)
+	read := &budget{limit: 2 * lim.maxBytes}
+	read.left.Store(2 * lim.maxBytes)
+	results := make([]chan scanned, len(layers))
+	for i := range results {
+		results[i] = make(chan scanned, 1)
+	}
+	slots := make(chan struct{}, parallelScans)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		// Slots are taken in layer order and given back once a layer is
+		// applied, so that the layer applied next is always among those
+		// being read.
+		defer wg.Done()
+		for n := range layers {
+			select {
+			case slots <- struct{}{}:
+			case <-done:
+				return
 			}
-			if e.kind == kindSkip {
-				return nil
-			}
-			if int64(len(entries)) >= lim.maxNodes {
-				return errLimit{fmt.Sprintf("a layer lists more than %d files", lim.maxNodes)}
-			}
-			entries, index = append(entries, e), append(index, i)
-			return nil
-		})
-		if err != nil {
-			return layerError(n+1, err)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[n] <- scanHeaders(n, layers, lim, read)
+			}()
 		}
-		if diffID != l.diffID {
-			return errInvalid{n + 1, fmt.Errorf("its content's digest is %s, not the diff ID %s the image's config lists", diffID, l.diffID)}
+	}()
+	defer func() {
+		read.stop()
+		close(done)
+		wg.Wait()
+	}()
+	for n := range layers {
+		r := <-results[n]
+		if r.err != nil {
+			return nil, r.err
 		}
-		if err := t.applyLayer(n, entries, index); err != nil {
-			return layerError(n+1, err)
+		if err := t.applyLayer(n, r.entries, r.index); err != nil {
+			return nil, layerError(n+1, err)
 		}
 		if t.bytes > lim.maxBytes {
-			return errLimit{fmt.Sprintf("its files hold at least %s uncompressed (after layer %d of %d), more than the node's limit of %s",
-				humanBytes(t.bytes), n+1, len(layers), humanBytes(lim.maxBytes))}
+			return nil, tooLarge(t.bytes, n+1, len(layers), lim.maxBytes)
 		}
+		<-slots
 	}
+	return t, nil
+}
 
+// scanHeaders reads layer n's headers and checks its diff ID.
+func scanHeaders(n int, layers []layerFile, lim flattenLimits, read *budget) scanned {
+	var r scanned
+	// What the layer's own files hold (the last entry of each path) is in
+	// the tree once the layer is applied: a layer that alone holds too
+	// much is refused at the header that tips it over, before its content
+	// is decompressed.
+	own, ownBytes := map[string]int64{}, int64(0)
+	diffID, err := scanLayer(layers[n].path, read, func(i int, h *tar.Header, _ io.Reader) error {
+		e, err := sanitize(h)
+		if err != nil {
+			return errInvalid{n + 1, err}
+		}
+		if e.kind == kindSkip {
+			return nil
+		}
+		if int64(len(r.entries)) >= lim.maxNodes {
+			return errLimit{fmt.Sprintf("a layer lists more than %d files", lim.maxNodes)}
+		}
+		r.entries, r.index = append(r.entries, e), append(r.index, i)
+		if e.kind == kindReg || own[e.path] != 0 {
+			ownBytes += e.size - own[e.path]
+			own[e.path] = e.size
+			if ownBytes > lim.maxBytes {
+				return tooLarge(ownBytes, n+1, len(layers), lim.maxBytes)
+			}
+		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		r.err = layerError(n+1, err)
+	case diffID != layers[n].diffID:
+		r.err = errInvalid{n + 1, fmt.Errorf("its content's digest is %s, not the diff ID %s the image's config lists", diffID, layers[n].diffID)}
+	}
+	return r
+}
+
+// writeTree writes the tree as sqfstar's input: config.json, then the
+// tree's directories, links and FIFOs, then the regular files' content,
+// read again from the layers.
+func writeTree(t *tree, layers []layerFile, config []byte, lim flattenLimits, w io.Writer) error {
 	tw := tar.NewWriter(outputWriter{w})
 	if err := tw.WriteHeader(&tar.Header{Name: imagefs.ConfigFile, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(config)), Format: tar.FormatGNU}); err != nil {
 		return err
@@ -89,7 +171,6 @@ func flatten(layers []layerFile, config []byte, lim flattenLimits, w io.Writer) 
 		names []string
 	}
 	content := map[[2]int]*pending{}
-	var order []*pending
 	err := t.visit(func(p string, n *node) error {
 		name := path.Join(imagefs.RootDir, p)
 		if len(name) > maxPathBytes {
@@ -110,7 +191,6 @@ func flatten(layers []layerFile, config []byte, lim flattenLimits, w io.Writer) 
 			if pc == nil {
 				pc = &pending{n: n}
 				content[key] = pc
-				order = append(order, pc)
 			}
 			pc.names = append(pc.names, name)
 		}
@@ -119,14 +199,14 @@ func flatten(layers []layerFile, config []byte, lim flattenLimits, w io.Writer) 
 	if err != nil {
 		return err
 	}
-	reread := &budget{left: 2 * lim.maxBytes, limit: 2 * lim.maxBytes}
+	reread := &budget{limit: 2 * lim.maxBytes}
+	reread.left.Store(2 * lim.maxBytes)
+	wantedIn := make([]int, len(layers))
+	for k := range content {
+		wantedIn[k[0]]++
+	}
 	for n, l := range layers {
-		wanted := 0
-		for k := range content {
-			if k[0] == n {
-				wanted++
-			}
-		}
+		wanted := wantedIn[n]
 		if wanted == 0 {
 			continue
 		}
@@ -162,6 +242,11 @@ func flatten(layers []layerFile, config []byte, lim flattenLimits, w io.Writer) 
 		}
 	}
 	return tw.Close()
+}
+
+func tooLarge(size int64, layer, layers int, limit int64) errLimit {
+	return errLimit{fmt.Sprintf("its files hold at least %s uncompressed (by layer %d of %d), more than the node's limit of %s",
+		humanBytes(size), layer, layers, humanBytes(limit))}
 }
 
 // header is a tar header for a node, made from its sanitised metadata

@@ -2,6 +2,7 @@ package images
 
 import (
 	"context"
+	"errors"
 	"sync"
 )
 
@@ -11,8 +12,10 @@ import (
 // cancelled only once every caller waiting for it gave up, so one
 // impatient caller does not fail the others.
 type flights[T any] struct {
-	mu sync.Mutex
-	m  map[string]*flight[T]
+	mu      sync.Mutex
+	m       map[string]*flight[T]
+	running sync.WaitGroup
+	stopped bool
 }
 
 type flight[T any] struct {
@@ -27,6 +30,11 @@ type flight[T any] struct {
 // already running, and ctx's error if ctx ends first.
 func (f *flights[T]) do(ctx context.Context, key string, fn func(context.Context) (T, error)) (T, error) {
 	f.mu.Lock()
+	if f.stopped {
+		f.mu.Unlock()
+		var zero T
+		return zero, errStopped
+	}
 	if f.m == nil {
 		f.m = map[string]*flight[T]{}
 	}
@@ -35,7 +43,9 @@ func (f *flights[T]) do(ctx context.Context, key string, fn func(context.Context
 		fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		fl = &flight[T]{done: make(chan struct{}), cancel: cancel}
 		f.m[key] = fl
+		f.running.Add(1)
 		go func() {
+			defer f.running.Done()
 			defer close(fl.done)
 			defer cancel()
 			fl.val, fl.err = fn(fctx)
@@ -64,6 +74,20 @@ func (f *flights[T]) do(ctx context.Context, key string, fn func(context.Context
 		return zero, ctx.Err()
 	}
 }
+
+// stop cancels the flights under way, waits for them to end, and refuses
+// new ones.
+func (f *flights[T]) stop() {
+	f.mu.Lock()
+	f.stopped = true
+	for _, fl := range f.m {
+		fl.cancel()
+	}
+	f.mu.Unlock()
+	f.running.Wait()
+}
+
+var errStopped = errors.New("images: the store is closed")
 
 func (f *flights[T]) forget(key string, fl *flight[T]) {
 	f.mu.Lock()

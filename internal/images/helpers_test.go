@@ -31,6 +31,9 @@ import (
 	"github.com/zyvor/kairon/internal/testenv/host"
 )
 
+// waitTimeout bounds a wait for a condition on a loaded machine.
+const waitTimeout = time.Minute
+
 // file is one entry of a test layer.
 type file struct {
 	name     string
@@ -95,6 +98,17 @@ func layerOf(t testing.TB, files ...file) v1.Layer {
 	return l
 }
 
+// rawLayer is a layer whose (uncompressed) content is b, tar or not.
+func rawLayer(t testing.TB, b []byte) v1.Layer {
+	t.Helper()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
+		tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 // imageOf is an OCI linux/amd64 image of layers with config c.
 func imageOf(t testing.TB, c v1.Config, layers ...v1.Layer) v1.Image {
 	t.Helper()
@@ -125,6 +139,10 @@ func imageFor(t testing.TB, os, arch string, c v1.Config, layers ...v1.Layer) v1
 // newStore opens a store in a new temporary directory, closed at cleanup.
 func newStore(t testing.TB, o Options) *Store {
 	t.Helper()
+	if _, err := exec.LookPath(Sqfstar); err != nil && testing.Short() {
+		// make test-unit may run where make deps did not; make test fails.
+		t.Skipf("needs %s (squashfs-tools)", Sqfstar)
+	}
 	if o.Dir == "" {
 		o.Dir = filepath.Join(t.TempDir(), "images")
 	}
@@ -150,6 +168,10 @@ type countingProxy struct {
 	Addr string
 	mu   sync.Mutex
 	reqs []string
+	// hold, when set, keeps blob GETs waiting until it is closed (or the
+	// client gives up); held is closed at the first one held.
+	hold, held chan struct{}
+	heldOnce   sync.Once
 }
 
 func newCountingProxy(t testing.TB, registryAddr string) *countingProxy {
@@ -160,12 +182,31 @@ func newCountingProxy(t testing.TB, registryAddr string) *countingProxy {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.mu.Lock()
 		p.reqs = append(p.reqs, r.Method+" "+r.URL.Path)
+		hold := p.hold
 		p.mu.Unlock()
+		if hold != nil && r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
+			p.heldOnce.Do(func() { close(p.held) })
+			select {
+			case <-hold:
+			case <-r.Context().Done():
+				return
+			}
+		}
 		rp.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
 	p.Addr = strings.TrimPrefix(srv.URL, "http://")
 	return p
+}
+
+// holdBlobs makes blob GETs wait until release is called.
+func (p *countingProxy) holdBlobs() (held <-chan struct{}, release func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hold, p.held = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hold := p.hold
+	return p.held, func() { once.Do(func() { close(hold) }) }
 }
 
 // count is how many requests so far had method and a path containing part.
@@ -265,4 +306,47 @@ func ctxFor(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// fakeMetrics counts what the store reports.
+type fakeMetrics struct {
+	mu              sync.Mutex
+	pulls, converts int
+	hits, misses    int
+	failed          map[Reason]int
+	images          int
+	bytes           int64
+}
+
+func (m *fakeMetrics) PullDuration(time.Duration) { m.mu.Lock(); m.pulls++; m.mu.Unlock() }
+func (m *fakeMetrics) ConvertDuration(time.Duration) {
+	m.mu.Lock()
+	m.converts++
+	m.mu.Unlock()
+}
+func (m *fakeMetrics) CacheHit()  { m.mu.Lock(); m.hits++; m.mu.Unlock() }
+func (m *fakeMetrics) CacheMiss() { m.mu.Lock(); m.misses++; m.mu.Unlock() }
+func (m *fakeMetrics) PullFailed(r Reason) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.failed == nil {
+		m.failed = map[Reason]int{}
+	}
+	m.failed[r]++
+}
+func (m *fakeMetrics) CacheUsage(images int, bytes int64) {
+	m.mu.Lock()
+	m.images, m.bytes = images, bytes
+	m.mu.Unlock()
+}
+
+type metricsSnapshot struct {
+	pulls, converts, hits, misses, images int
+	bytes                                 int64
+}
+
+func (m *fakeMetrics) snapshot() metricsSnapshot {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return metricsSnapshot{pulls: m.pulls, converts: m.converts, hits: m.hits, misses: m.misses, images: m.images, bytes: m.bytes}
 }

@@ -11,6 +11,7 @@ import (
 	"hash"
 	"io"
 	"os"
+	"sync/atomic"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
@@ -64,11 +65,17 @@ func openLayer(p string) (io.Reader, func(), error) {
 
 // budget is how many uncompressed bytes the layers of one image may still
 // produce, shadowed content included: it stops a layer that decompresses
-// without end before the tree's own limit could.
+// without end before the tree's own limit could. Layers read in parallel
+// share it; stop makes their next read fail.
 type budget struct {
-	left  int64
-	limit int64
+	left    atomic.Int64
+	limit   int64
+	stopped atomic.Bool
 }
+
+func (b *budget) stop() { b.stopped.Store(true) }
+
+var errScanStopped = errors.New("reading stopped: another layer failed")
 
 // countingReader hashes what it reads and takes it from a budget.
 type countingReader struct {
@@ -78,11 +85,13 @@ type countingReader struct {
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
+	if c.b.stopped.Load() {
+		return 0, errScanStopped
+	}
 	n, err := c.r.Read(p)
 	c.h.Write(p[:n])
-	c.b.left -= int64(n)
-	if c.b.left < 0 {
-		return n, errLimit{fmt.Sprintf("its layers decompress to more than %s", humanBytes(c.b.limit))}
+	if c.b.left.Add(-int64(n)) < 0 {
+		return n, errLimit{fmt.Sprintf("its layers decompress to more than %s, twice the node's limit on its files", humanBytes(c.b.limit))}
 	}
 	return n, err
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -25,9 +26,11 @@ const parallelLayers = 3
 func (s *Store) pull(ctx context.Context, ref string, p *puller, res *resolved) (*record, error) {
 	log := s.log.WithValues("reference", ref, "digest", res.manifestDigest)
 	m := res.manifest
+	// Sizes are the registry's word, non-negative (checkManifest) but
+	// possibly huge: the sum saturates rather than wraps.
 	compressed := m.Config.Size
 	for _, l := range m.Layers {
-		compressed += l.Size
+		compressed += min(l.Size, math.MaxInt64-compressed)
 	}
 	if compressed > s.opts.MaxCompressedBytes {
 		return nil, pullErrorf(ref, ReasonTooLarge, "its layers are %s compressed, more than the node's limit of %s",
@@ -45,13 +48,16 @@ func (s *Store) pull(ctx context.Context, ref string, p *puller, res *resolved) 
 	if err != nil {
 		return nil, pullErrorf(ref, ReasonInvalidImage, "its config: %v", err)
 	}
+	if cf.OS == "" || cf.Architecture == "" {
+		return nil, pullErrorf(ref, ReasonInvalidImage, "its config names no platform (os %q, architecture %q)", cf.OS, cf.Architecture)
+	}
 	if cf.OS != platformOS || cf.Architecture != platformArch {
 		return nil, pullErrorf(ref, ReasonWrongPlatform, "it is built for %s/%s, and Kairon runs linux/amd64 images only", cf.OS, cf.Architecture)
 	}
 	if len(cf.RootFS.DiffIDs) != len(m.Layers) {
 		return nil, pullErrorf(ref, ReasonInvalidImage, "its config lists %d diff IDs for %d layers", len(cf.RootFS.DiffIDs), len(m.Layers))
 	}
-	config, err := json.Marshal(imagefs.Config{
+	ic := imagefs.Config{
 		Env:        cf.Config.Env,
 		WorkingDir: cf.Config.WorkingDir,
 		User:       cf.Config.User,
@@ -59,7 +65,8 @@ func (s *Store) pull(ctx context.Context, ref string, p *puller, res *resolved) 
 		Cmd:        cf.Config.Cmd,
 		Digest:     res.manifestDigest,
 		Reference:  ref,
-	})
+	}
+	config, err := json.Marshal(ic)
 	if err != nil {
 		return nil, err
 	}
@@ -124,8 +131,6 @@ func (s *Store) pull(ctx context.Context, ref string, p *puller, res *resolved) 
 	}
 	s.metrics.ConvertDuration(time.Since(start))
 
-	var ic imagefs.Config
-	_ = json.Unmarshal(config, &ic)
 	now := time.Now()
 	r := &record{
 		ManifestDigest: res.manifestDigest,

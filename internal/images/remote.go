@@ -161,7 +161,7 @@ func manifestKind(body []byte, contentType types.MediaType) (string, error) {
 		return "", fmt.Errorf("the manifest is not JSON: %v", err)
 	}
 	if m.SchemaVersion == 1 {
-		return "", errors.New("Docker schema 1 manifests are not supported; push the image again with a current tool")
+		return "", errors.New("schema 1 manifests (Docker's oldest format) are not supported; push the image again with a current tool")
 	}
 	mt := m.MediaType
 	if mt == "" {
@@ -208,7 +208,7 @@ func pickPlatform(idx *v1.IndexManifest) (v1.Descriptor, error) {
 	if len(have) == 0 {
 		return v1.Descriptor{}, errors.New("the image index lists no linux/amd64 image, and Kairon runs linux/amd64 images only")
 	}
-	return v1.Descriptor{}, fmt.Errorf("the image is built for %s, and Kairon runs linux/amd64 images only", strings.Join(have, ", "))
+	return v1.Descriptor{}, fmt.Errorf("it is built for %s, and Kairon runs linux/amd64 images only", strings.Join(have, ", "))
 }
 
 // checkManifest checks an image manifest's descriptors before anything is
@@ -219,6 +219,11 @@ func checkManifest(m *v1.Manifest) error {
 	}
 	if m.Config.Size < 0 || m.Config.Size > maxConfigBytes {
 		return fmt.Errorf("a config of %d bytes (at most %d)", m.Config.Size, maxConfigBytes)
+	}
+	switch m.Config.MediaType {
+	case types.OCIConfigJSON, types.DockerConfigJSON:
+	default:
+		return fmt.Errorf("it is not a container image: its config is %q", m.Config.MediaType)
 	}
 	if m.Config.Digest.Algorithm != "sha256" {
 		return fmt.Errorf("config digest %q is not sha256", m.Config.Digest)

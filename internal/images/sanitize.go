@@ -111,7 +111,7 @@ func sanitize(h *tar.Header) (entry, error) {
 	switch h.Typeflag {
 	case tar.TypeDir:
 		e.kind = kindDir
-	case tar.TypeReg, tar.TypeRegA, tar.TypeCont, tar.TypeGNUSparse:
+	case tar.TypeReg, tar.TypeCont, tar.TypeGNUSparse: // Go's reader makes the old TypeRegA one of TypeReg and TypeDir
 		if p == "" {
 			return e, fmt.Errorf("%q: the image's root is not a directory", h.Name)
 		}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -91,7 +92,7 @@ type Store struct {
 	images  map[string]*record // by manifest digest
 	aliases map[string]string  // every digest an image is known by → its manifest digest
 
-	refFlights    flights[*Image]
+	refFlights    flights[ensured]
 	digestFlights flights[*record]
 }
 
@@ -159,16 +160,21 @@ func NewStore(o Options) (*Store, error) {
 	return s, nil
 }
 
-// Close releases the cache directory for another store. Calls in flight
-// must have returned.
-func (s *Store) Close() error { return s.lock.Close() }
+// Close stops the pulls under way (their callers get an error), waits for
+// them to clean up, and releases the cache directory for another store.
+func (s *Store) Close() error {
+	s.refFlights.stop()
+	s.digestFlights.stop()
+	return s.lock.Close()
+}
 
 // recover makes the directory and the index agree after a crash.
 func (s *Store) recover() error {
 	recs, err := loadIndex(s.opts.Dir)
+	changed := false
 	if err != nil {
 		s.log.Error(err, "image cache index unreadable; starting with an empty cache", "dir", s.opts.Dir)
-		recs = nil
+		recs, changed = nil, true
 	}
 	entries, err := os.ReadDir(s.opts.Dir)
 	if err != nil {
@@ -188,7 +194,6 @@ func (s *Store) recover() error {
 			}
 		}
 	}
-	changed := false
 	for _, r := range recs {
 		size, ok := files[r.File]
 		if !ok || r.File != imageFileName(r.ManifestDigest) || size != r.SizeBytes || s.images[r.ManifestDigest] != nil {
@@ -289,47 +294,64 @@ func (s *Store) Ensure(ctx context.Context, ref string, kc authn.Keychain) (*Ima
 	return img, nil
 }
 
+// ensured is one Ensure's result, shared by the callers of one flight;
+// pulled says whether it was pulled rather than found in the cache.
+type ensured struct {
+	img    *Image
+	pulled bool
+}
+
 func (s *Store) ensure(ctx context.Context, ref string, kc authn.Keychain) (*Image, error) {
-	r, err := s.parseReference(ref)
+	e, err := s.ensureShared(ctx, ref, kc)
 	if err != nil {
 		return nil, err
 	}
+	if e.pulled {
+		s.metrics.CacheMiss()
+	} else {
+		s.metrics.CacheHit()
+	}
+	img := *e.img
+	return &img, nil
+}
+
+func (s *Store) ensureShared(ctx context.Context, ref string, kc authn.Keychain) (ensured, error) {
+	r, err := s.parseReference(ref)
+	if err != nil {
+		return ensured{}, err
+	}
 	if d, ok := r.(name.Digest); ok {
 		if img := s.use(d.DigestStr(), ref, "", true); img != nil {
-			s.metrics.CacheHit()
-			return img, nil
+			return ensured{img: img}, nil
 		}
 	}
 	p, err := s.newPuller(r, kc)
 	if err != nil {
-		return nil, err
+		return ensured{}, err
 	}
 	key := ref + "\x00" + credentialsKey(kc, r.Context())
-	return s.refFlights.do(ctx, key, func(ctx context.Context) (*Image, error) {
+	return s.refFlights.do(ctx, key, func(ctx context.Context) (ensured, error) {
 		if d, ok := r.(name.Digest); ok && s.cached(d.DigestStr()) {
 			// A private image: the caller may have it if the registry lets
 			// its credentials read the manifest.
 			if _, err := p.headDigest(ctx, ref); err != nil {
-				return nil, err
+				return ensured{}, err
 			}
 			s.markPublic(d.DigestStr(), p.anonymous)
 			if img := s.use(d.DigestStr(), ref, "", false); img != nil {
-				s.metrics.CacheHit()
-				return img, nil
+				return ensured{img: img}, nil
 			}
 		}
 		res, err := p.resolve(ctx, ref)
 		if err != nil {
-			return nil, err
+			return ensured{}, err
 		}
 		// The registry gave the caller the manifest: the cached image is
 		// the caller's to use, public or not.
 		if img := s.use(res.manifestDigest, ref, res.digest, false); img != nil {
-			s.metrics.CacheHit()
 			s.markPublic(res.manifestDigest, p.anonymous)
-			return img, nil
+			return ensured{img: img}, nil
 		}
-		s.metrics.CacheMiss()
 		_, err = s.digestFlights.do(ctx, res.manifestDigest, func(ctx context.Context) (*record, error) {
 			return s.pull(ctx, ref, p, res)
 		})
@@ -337,16 +359,16 @@ func (s *Store) ensure(ctx context.Context, ref string, kc authn.Keychain) (*Ima
 			var pe *PullError
 			if errors.As(err, &pe) && pe.Reference != ref {
 				// Another reference's pull of the same image failed.
-				return nil, &PullError{Reference: ref, Reason: pe.Reason, Err: pe.Err}
+				return ensured{}, &PullError{Reference: ref, Reason: pe.Reason, Err: pe.Err}
 			}
-			return nil, err
+			return ensured{}, err
 		}
 		s.markPublic(res.manifestDigest, p.anonymous)
 		img := s.use(res.manifestDigest, ref, res.digest, false)
 		if img == nil {
-			return nil, fmt.Errorf("images: %s was removed from the cache as soon as it was pulled", ref)
+			return ensured{}, fmt.Errorf("images: %s was removed from the cache as soon as it was pulled", ref)
 		}
-		return img, nil
+		return ensured{img: img, pulled: true}, nil
 	})
 }
 
@@ -391,7 +413,7 @@ func (s *Store) use(digest, ref, alias string, publicOnly bool) *Image {
 	if err := s.saveLocked(); err != nil {
 		s.log.Error(err, "writing the image cache index")
 	}
-	img := &Image{Digest: digest, ManifestDigest: md, Reference: ref, Path: path, Config: r.Config, SizeBytes: r.SizeBytes}
+	img := &Image{Digest: digest, ManifestDigest: md, Reference: ref, Path: path, Config: cloneConfig(r.Config), SizeBytes: r.SizeBytes}
 	if alias != "" {
 		img.Digest = alias
 	}
@@ -399,6 +421,15 @@ func (s *Store) use(digest, ref, alias string, publicOnly bool) *Image {
 		img.Reference = r.References[len(r.References)-1]
 	}
 	return img
+}
+
+// cloneConfig copies c's slices, so that a caller changing its Image does
+// not change the cache's record.
+func cloneConfig(c imagefs.Config) imagefs.Config {
+	c.Env = slices.Clone(c.Env)
+	c.Entrypoint = slices.Clone(c.Entrypoint)
+	c.Cmd = slices.Clone(c.Cmd)
+	return c
 }
 
 // cached reports whether an image known by digest is in the cache.

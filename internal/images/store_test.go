@@ -23,6 +23,10 @@ import (
 // writes it for ping.
 const capability = "\x01\x00\x00\x02\x00\x20\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
 
+// longTarget is an absolute symlink target too long for a tar header's own
+// field: sqfstar 4.5.1 would drop its leading slash from a PAX record.
+var longTarget = "/opt/" + strings.Repeat("long-directory-name/", 8) + "target"
+
 // TestEnsureConvertsLayers pulls a two-layer image and checks the squashfs
 // it becomes: the layers flattened (whiteouts, an opaque directory, a file
 // replaced, hard links within and across layers, a file added through a
@@ -41,6 +45,8 @@ func TestEnsureConvertsLayers(t *testing.T) {
 		file{name: "usr/lib/a", body: "content-a"},
 		file{name: "usr/lib/b", typ: tar.TypeLink, link: "usr/lib/a"},
 		file{name: "bin", typ: tar.TypeSymlink, link: "usr/bin"},
+		file{name: "etc/localtime", typ: tar.TypeSymlink, link: "/usr/share/zoneinfo/UTC"},
+		file{name: "etc/long", typ: tar.TypeSymlink, link: longTarget},
 		file{name: "tmp/", typ: tar.TypeDir, mode: 0o1777},
 		file{name: "home/user/", typ: tar.TypeDir, mode: 0o700, uid: 1000, gid: 1000},
 		file{name: "home/user/file", body: "mine", mode: 0o600, uid: 1000, gid: 1000},
@@ -93,6 +99,8 @@ func TestEnsureConvertsLayers(t *testing.T) {
 		"rootfs/home/user":            {mode: "drwx------", owner: "1000/1000"},
 		"rootfs/home/user/file":       {mode: "-rw-------", owner: "1000/1000", size: "4"},
 		"rootfs/bin":                  {mode: "lrwxrwxrwx", owner: "0/0", target: "usr/bin"},
+		"rootfs/etc/localtime":        {mode: "lrwxrwxrwx", owner: "0/0", target: "/usr/share/zoneinfo/UTC"},
+		"rootfs/etc/long":             {mode: "lrwxrwxrwx", owner: "0/0", target: longTarget},
 		"rootfs/usr/bin/added":        {mode: "-rwxr-xr-x", owner: "0/0", size: "19"},
 		"rootfs/var/cache/new":        {mode: "-rw-r--r--", owner: "0/0", size: "3"},
 		"rootfs/run/fifo":             {mode: "prw-r--r--", owner: "0/0"},
@@ -152,6 +160,33 @@ func TestEnsureConvertsLayers(t *testing.T) {
 
 	if got, ok := s.Lookup(digest); !ok || got.Path != img.Path || got.Reference != ref {
 		t.Errorf("Lookup(%s) = %+v, %v", digest, got, ok)
+	}
+
+	// The kernel reads it as the guest will: mounted read-only.
+	mnt := t.TempDir()
+	if b, err := exec.Command("mount", "-t", "squashfs", "-o", "loop,ro,nodev,nosuid", img.Path, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mounting the squashfs (loop devices and the squashfs module are needed): %v: %s", err, b)
+	}
+	t.Cleanup(func() {
+		if b, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", mnt, err, b)
+		}
+	})
+	if b, err := os.ReadFile(filepath.Join(mnt, "rootfs/etc/motd")); err != nil || string(b) != "replaced" {
+		t.Errorf("mounted etc/motd: %q, %v", b, err)
+	}
+	if fi, err := os.Stat(filepath.Join(mnt, "rootfs/usr/bin/su")); err != nil || fi.Mode()&os.ModeSetuid == 0 {
+		t.Errorf("mounted usr/bin/su: %v, %v; want setuid", fi, err)
+	}
+	buf := make([]byte, 64)
+	if n, err := unix.Lgetxattr(filepath.Join(mnt, "rootfs/usr/bin/ping"), "security.capability", buf); err != nil || string(buf[:n]) != capability {
+		t.Errorf("mounted usr/bin/ping's capability: %q, %v", buf[:max(n, 0)], err)
+	}
+	if got, err := os.Readlink(filepath.Join(mnt, "rootfs/etc/long")); err != nil || got != longTarget {
+		t.Errorf("mounted etc/long points to %q, %v; want %q", got, err, longTarget)
+	}
+	if c, err := imagefs.ReadConfig(filepath.Join(mnt, imagefs.ConfigFile)); err != nil || !equalConfig(c, want) {
+		t.Errorf("mounted config.json: %+v, %v", c, err)
 	}
 }
 

@@ -26,8 +26,8 @@ type tree struct {
 	// bytes is the content of the regular files in the tree now, each
 	// inode counted once; nodes is how many nodes it has.
 	bytes, nodes int64
-	// limits; exceeding one is an errLimit.
-	maxBytes, maxNodes int64
+	// maxNodes is how many nodes it may have; more is an errLimit.
+	maxNodes int64
 }
 
 // node is a file in the tree.
@@ -53,10 +53,9 @@ type errLimit struct{ what string }
 
 func (e errLimit) Error() string { return e.what }
 
-func newTree(maxBytes, maxNodes int64) *tree {
+func newTree(maxNodes int64) *tree {
 	return &tree{
 		root:     &node{kind: kindDir, meta: meta{mode: 0o755}, children: map[string]*node{}},
-		maxBytes: maxBytes,
 		maxNodes: maxNodes,
 	}
 }
@@ -161,10 +160,9 @@ func (t *tree) hold(n *node) error {
 	if n.inode != nil {
 		n.inode.nlink++
 		if n.inode.nlink == 1 {
+			// Checked against the limit once the layer is applied: a layer
+			// may replace a large file with a small one.
 			t.bytes += n.inode.size
-			if t.bytes > t.maxBytes {
-				return errLimit{fmt.Sprintf("its files hold more than %s uncompressed, the node's limit", humanBytes(t.maxBytes))}
-			}
 		}
 	}
 	return nil

@@ -108,7 +108,7 @@ func TestTree(t *testing.T) {
 		{name: "fifo", layers: [][]entry{{{kind: kindFifo, path: "p"}}}, want: "/ dir 755 0:0\np fifo"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tr := newTree(1<<30, 1000)
+			tr := newTree(1000)
 			var err error
 			for i, l := range tc.layers {
 				index := make([]int, len(l))
@@ -138,7 +138,7 @@ func TestTree(t *testing.T) {
 // TestTreeLimits checks that the tree counts each inode's bytes once,
 // uncounts what leaves it, and refuses growing past its node limit.
 func TestTreeLimits(t *testing.T) {
-	tr := newTree(100, 5)
+	tr := newTree(5)
 	if err := tr.applyLayer(0, []entry{reg("a", 60), hard("b", "a")}, []int{0, 1}); err != nil {
 		t.Fatal(err)
 	}

@@ -45,6 +45,7 @@ type Registry struct {
 	Dir string
 
 	users map[string]string
+	stop  func()
 }
 
 // registryStartTimeout bounds how long the registry may take to answer
@@ -133,7 +134,9 @@ func (r *Registry) start(t testing.TB, addr, config string) error {
 			resp.Body.Close()
 			// 401 is an answer too: the registry is up and wants credentials.
 			if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusUnauthorized {
-				t.Cleanup(stop)
+				var once sync.Once
+				r.stop = func() { once.Do(stop) }
+				t.Cleanup(r.stop)
 				return nil
 			}
 		}
@@ -148,6 +151,10 @@ func (r *Registry) start(t testing.TB, addr, config string) error {
 		}
 	}
 }
+
+// Stop stops the registry before the test ends, for a test of a registry
+// that went away: its port then refuses connections.
+func (r *Registry) Stop() { r.stop() }
 
 // Ref is the reference of repoTag ("team/app:1") in r.
 func (r *Registry) Ref(repoTag string) string { return r.Addr + "/" + repoTag }

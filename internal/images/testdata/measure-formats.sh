@@ -28,12 +28,13 @@ t() { # label, output file, command...
 }
 
 for i in $(seq "$runs"); do
-  sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
-  cat "$work/tree.tar" >/dev/null
+  cat "$work/tree.tar" >/dev/null # in the page cache, for every format alike
   for c in gzip lz4 lzo zstd xz; do
     rm -f "$work/o.sqfs"
     t "squashfs-$c(sqfstar)" "$work/o.sqfs" sh -c "sqfstar -quiet -no-progress -comp $c $work/o.sqfs < $work/tree.tar"
   done
+  rm -f "$work/o.sqfs"
+  t "squashfs-lz4hc(sqfstar)" "$work/o.sqfs" sh -c "sqfstar -quiet -no-progress -comp lz4 -Xhc $work/o.sqfs < $work/tree.tar"
   rm -f "$work/o.sqfs"
   t "squashfs-none(sqfstar)" "$work/o.sqfs" sh -c "sqfstar -quiet -no-progress -noI -noD -noF -noX $work/o.sqfs < $work/tree.tar"
   # erofs and ext4 are made from a directory: the tree is extracted first
