@@ -10,9 +10,14 @@ set -euo pipefail
 # tests (internal/ui) drive Debian's headless chromium. The image tests
 # (test/images) run the images of make images in Debian's podman. The
 # console and `kaironctl exec -it` tests (test/e2e) type into a terminal
-# that tmux draws.
+# that tmux draws. The node's image store (internal/images) turns OCI images
+# into squashfs with sqfstar, and its tests check them with unsquashfs
+# (squashfs-tools); they pull from a real registry on loopback
+# (docker-registry, distribution 2.8). erofs-utils and e2fsprogs measure the
+# other formats docs/design/image-format.md compares.
 packages=(ca-certificates git make gcc libc6-dev iproute2 nftables procps
-  cpio gzip xz-utils zstd qemu-system-x86 chromium podman tmux)
+  cpio gzip xz-utils zstd qemu-system-x86 chromium podman tmux
+  squashfs-tools docker-registry erofs-utils e2fsprogs)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -28,6 +33,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # Debian's docker-registry package enables a registry service on :5000,
+  # the port kairon-local's own registry takes; tests run the binary
+  # themselves. Only a registry this script just installed is disabled.
+  if [[ " ${missing[*]} " == *" docker-registry "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
+  fi
 fi
 
 # The guest build downloads the kernel and busybox packages with apt-get

@@ -24,12 +24,29 @@ var version = "dev"
 const exitNoPort = 3
 
 func main() {
+	if len(os.Args) > 1 {
+		if sub, ok := subcommands[os.Args[1]]; ok {
+			os.Exit(sub(os.Args[2:]))
+		}
+	}
 	port := flag.String("port", "kairon.agent", "name of the virtio-serial port, or a device path")
 	iface := flag.String("interface", "eth0", "network interface that configure requests set up")
 	wait := flag.Duration("wait", 30*time.Second, "how long to wait for the port to appear")
 	readyFile := flag.String("ready-file", "/run/kairon/ready", "file the guest's init creates once its services run; a ping reports the guest ready while it exists")
+	root := flag.String("root", "", "an image guest's root (the image's tree under its overlay): commands run and files are read and written there; empty: the default guest")
+	config := flag.String("config", "", "with --root, the image's config (internal/imagefs's config.json)")
+	mainState := flag.String("main-state", "", "with --root, the state file of the image's main process (kairon-guest-agent main --state), which pings report")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+
+	var img *agent.Image
+	if *root != "" {
+		var err error
+		if img, err = agent.LoadImage(*root, *config); err != nil {
+			log.Error("the guest's image", "root", *root, "err", err)
+			os.Exit(1)
+		}
+	}
 
 	dev, err := findPort(*port, *wait)
 	if err != nil {
@@ -45,11 +62,13 @@ func main() {
 	}
 	f := os.NewFile(uintptr(fd), dev)
 	a := agent.New(agent.Options{
-		Name:      "kairon-guest-agent/" + version,
-		Log:       log,
-		Configure: agent.System{Interface: *iface}.Configure,
-		Boot:      bootNonce(),
-		ReadyFile: *readyFile,
+		Name:          "kairon-guest-agent/" + version,
+		Log:           log,
+		Configure:     agent.System{Interface: *iface, Root: *root}.Configure,
+		Boot:          bootNonce(),
+		ReadyFile:     *readyFile,
+		Image:         img,
+		MainStateFile: *mainState,
 	})
 	log.Info("serving", "port", dev)
 	br := bufio.NewReaderSize(f, 64<<10)

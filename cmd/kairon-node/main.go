@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -23,7 +24,9 @@ import (
 	"github.com/zyvor/kairon/internal/backend"
 	"github.com/zyvor/kairon/internal/backend/qemu"
 	"github.com/zyvor/kairon/internal/backend/sim"
+	"github.com/zyvor/kairon/internal/images"
 	"github.com/zyvor/kairon/internal/node"
+	"github.com/zyvor/kairon/internal/node/imagepull"
 	"github.com/zyvor/kairon/internal/node/egress"
 	"github.com/zyvor/kairon/internal/node/network"
 	"github.com/zyvor/kairon/internal/rules"
@@ -75,6 +78,25 @@ type flags struct {
 	bootTimeout  time.Duration
 	snapDir      string
 	snapStore    string
+	imageDir     string
+	imageBudget  string
+	imageMaxComp string
+	imageMaxSize string
+	insecureRegs stringList
+}
+
+// stringList is a flag given once per value, or with values separated by
+// commas.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
 }
 
 func main() {
@@ -133,6 +155,11 @@ func run(args []string) error {
 	fs.BoolVar(&f.qemuNoJail, "qemu-no-jail", false, "run QEMU unconfined as the agent's own user, for an agent that is not root (development only);\nby default each VM's QEMU has its own uid, seccomp, a chroot and a cgroup (docs/guides/vm-isolation.md)")
 	fs.StringVar(&f.cgroupParent, "cgroup-parent", qemu.DefaultCgroupParent, "cgroup (relative to each hierarchy's root) under which each VM gets its own")
 	fs.StringVar(&f.vmScope, "vm-scope", "agent", "where the VMs' cgroups live: agent (the hierarchies as this process sees /sys/fs/cgroup) or host (the host's whole hierarchies,\nmounted afresh, for an agent in a container with hostPID: VMs outlive the container; docs/design/node-agent-lifecycle.md)")
+	fs.StringVar(&f.imageDir, "image-dir", "", "cache of the OCI images Machines boot (spec.image with a registry), converted to read-only filesystems\n(empty: <state-dir>/images; docs/guides/images.md)")
+	fs.StringVar(&f.imageBudget, "image-disk-budget", "20Gi", "disk the image cache may use: above it, images no Machine or MachineSnapshot needs are removed, least recently used first")
+	fs.StringVar(&f.imageMaxComp, "image-max-compressed-size", "2Gi", "refuse OCI images whose layers, compressed, add up to more than this")
+	fs.StringVar(&f.imageMaxSize, "image-max-size", "8Gi", "refuse OCI images whose files, uncompressed, add up to more than this")
+	fs.Var(&f.insecureRegs, "insecure-registry", "registry host:port spoken to over plain HTTP (repeat or separate with commas); loopback registries always may be")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -217,7 +244,13 @@ func run(args []string) error {
 		// a busy node's status writes and migrations for seconds.
 		cfg.QPS, cfg.Burst = -1, -1
 	}
+	imageStore, err := newImageStore(f)
+	if err != nil {
+		return err
+	}
+	defer imageStore.Close()
 	agent, err := node.New(cfg, node.Options{
+		Images: imagepull.StoreOf(imageStore),
 		NodeName: f.nodeName, Register: f.register, Backend: b, GuestDir: f.guestDir,
 		StateDir: f.stateDir, CPU: f.cpu, Memory: memory, Network: network, Egress: egressOpts, MetricsAddress: f.metrics,
 		ListenAddress: f.listen, ClientCAFile: f.clientCA, Interval: f.interval, HealthProbeAddress: f.healthProbe,
@@ -248,6 +281,33 @@ func newBackend(f flags) (backend.Backend, error) {
 	default:
 		return nil, fmt.Errorf("--backend %q: must be qemu or sim", f.backend)
 	}
+}
+
+// newImageStore opens the node's OCI image cache of the --image-* flags.
+func newImageStore(f flags) (*images.Store, error) {
+	var budget, maxComp, maxSize int64
+	for flagName, v := range map[string]struct {
+		value string
+		into  *int64
+	}{"image-disk-budget": {f.imageBudget, &budget}, "image-max-compressed-size": {f.imageMaxComp, &maxComp}, "image-max-size": {f.imageMaxSize, &maxSize}} {
+		q, err := resource.ParseQuantity(v.value)
+		if err != nil || q.Sign() <= 0 {
+			return nil, fmt.Errorf("--%s %q: must be a positive size such as 20Gi", flagName, v.value)
+		}
+		*v.into = q.Value()
+	}
+	dir := f.imageDir
+	if dir == "" {
+		dir = filepath.Join(f.stateDir, "images")
+	}
+	store, err := images.NewStore(images.Options{
+		Dir: dir, DiskBudgetBytes: budget, MaxCompressedBytes: maxComp, MaxUncompressedBytes: maxSize,
+		Insecure: f.insecureRegs, Metrics: node.ImageMetrics(f.nodeName), Log: ctrl.Log.WithName("images"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("--image-dir %s: %w", dir, err)
+	}
+	return store, nil
 }
 
 // defaultGuestDir is bin/guest beside the executable, where `make guest` puts it.

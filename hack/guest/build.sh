@@ -2,7 +2,11 @@
 # Builds Kairon's default guest image from Debian packages only:
 #   OUT_DIR/default/vmlinux            uncompressed kernel (ELF) for direct boot
 #   OUT_DIR/default/initramfs.cpio.gz  busybox, the kernel's virtio modules, /init,
-#                                      /sbin/kairon-guest-agent (built here, static)
+#                                      /sbin/kairon-guest-agent (built here, static),
+#                                      and the squashfs and overlay modules an image
+#                                      guest (kairon.image=, internal/imagefs) loads
+#   OUT_DIR/.debs/                     the downloaded packages, kept so that a rebuild
+#                                      for a new agent or init downloads nothing
 # Usage: hack/guest/build.sh OUT_DIR
 #
 # The result is cached: OUT_DIR/default/.stamp holds a hash of this script,
@@ -66,10 +70,24 @@ fi
 echo "guest: building $dest from $kpkg $kver and busybox-static $bver" >&2
 work=$(mktemp -d "${TMPDIR:-/tmp}/kairon-guest.XXXXXX")
 trap 'rm -rf "$work" "$agent_bin"' EXIT
-(cd "$work" && apt-get download -q -o APT::Sandbox::User=root "$kpkg=$kver" "busybox-static=$bver" >/dev/null) ||
-	die "apt-get download $kpkg=$kver busybox-static=$bver failed"
-dpkg-deb -x "$work"/linux-image-*.deb "$work/kernel"
-dpkg-deb -x "$work"/busybox-static_*.deb "$work/busybox"
+# The packages are kept in OUT_DIR/.debs by exact version: a rebuild for a
+# new agent or init (the usual one) downloads nothing. Only the two
+# versions this build uses stay.
+debs=$out_dir/.debs
+mkdir -p "$debs"
+kdeb=$(find "$debs" -maxdepth 1 -name "${kpkg}_${kver//[:]/%3a}_*.deb" | head -n1)
+bdeb=$(find "$debs" -maxdepth 1 -name "busybox-static_${bver//[:]/%3a}_*.deb" | head -n1)
+if [ -z "$kdeb" ] || [ -z "$bdeb" ]; then
+	mkdir "$work/dl"
+	(cd "$work/dl" && apt-get download -q -o APT::Sandbox::User=root "$kpkg=$kver" "busybox-static=$bver" >/dev/null) ||
+		die "apt-get download $kpkg=$kver busybox-static=$bver failed"
+	find "$debs" -maxdepth 1 -name '*.deb' -delete
+	mv "$work"/dl/*.deb "$debs/"
+	kdeb=$(find "$debs" -maxdepth 1 -name 'linux-image-*.deb' | head -n1)
+	bdeb=$(find "$debs" -maxdepth 1 -name 'busybox-static_*.deb' | head -n1)
+fi
+dpkg-deb -x "$kdeb" "$work/kernel" || die "unpacking $kdeb failed"
+dpkg-deb -x "$bdeb" "$work/busybox" || die "unpacking $bdeb failed"
 
 # --- vmlinux: find the compressed payload in vmlinuz and unpack it (as the
 # kernel's scripts/extract-vmlinux does): try every offset where a known
@@ -100,7 +118,7 @@ try_decompress '\3757zXZ\000' abcde xz -dc ||
 
 # --- initramfs
 root=$work/root
-mkdir -p "$root"/{bin,sbin,dev,proc,sys,tmp,run,root,etc/kairon,lib/modules,www}
+mkdir -p "$root"/{bin,sbin,dev,proc,sys,tmp,run,root,etc/kairon,lib/modules,www,image/ro,image/rw,image/root}
 chmod 1777 "$root/tmp"
 cp "$work/busybox/bin/busybox" "$root/bin/busybox"
 for app in $("$root/bin/busybox" --list); do
@@ -112,19 +130,27 @@ install -m 0755 "$agent_bin" "$root/sbin/kairon-guest-agent"
 moddir=$work/kernel/lib/modules/$kabi
 config=$work/kernel/boot/config-$kabi
 [ -d "$moddir" ] && [ -f "$config" ] || die "$kpkg lacks lib/modules/$kabi or boot/config-$kabi"
-# Virtio drivers the guest needs; those built into this kernel (=y) need no
+# Drivers the guest needs; those built into this kernel (=y) need no
 # module. virtio_ring has no Kconfig symbol of its own: it is a module exactly
-# when VIRTIO is, and must load before virtio.
-wanted=()
-for opt in VIRTIO:virtio_ring VIRTIO:virtio VIRTIO_MMIO:virtio_mmio VIRTIO_PCI:virtio_pci \
-	VIRTIO_NET:virtio_net VIRTIO_BLK:virtio_blk VIRTIO_CONSOLE:virtio_console; do
-	val=$(grep -E "^CONFIG_${opt%%:*}=" "$config" | cut -d= -f2 || true)
-	case "$val" in
-	m) wanted+=("${opt#*:}") ;;
-	y) ;;
-	*) die "$kpkg has CONFIG_${opt%%:*} neither built in nor as a module" ;;
-	esac
-done
+# when VIRTIO is, and must load before virtio. modules_for OPTION:MODULE...
+# prints the modules among them.
+modules_for() {
+	local opt val
+	for opt in "$@"; do
+		val=$(grep -E "^CONFIG_${opt%%:*}=" "$config" | cut -d= -f2 || true)
+		case "$val" in
+		m) echo "${opt#*:}" ;;
+		y) ;;
+		*) die "$kpkg has CONFIG_${opt%%:*} neither built in nor as a module" ;;
+		esac
+	done
+}
+mapfile -t wanted < <(modules_for VIRTIO:virtio_ring VIRTIO:virtio VIRTIO_MMIO:virtio_mmio VIRTIO_PCI:virtio_pci \
+	VIRTIO_NET:virtio_net VIRTIO_BLK:virtio_blk VIRTIO_CONSOLE:virtio_console)
+# An image guest's root (internal/imagefs): squashfs read-only under an
+# overlay. A guest of its own list, loaded only when kairon.image is set, so
+# the default guest's boot loads nothing more than before.
+mapfile -t image_wanted < <(modules_for SQUASHFS:squashfs OVERLAY_FS:overlay)
 
 modpath() { # NAME -> its module file (name with _ or -, plain or compressed)
 	local alt
@@ -158,6 +184,12 @@ add_module() { # dependencies first (depends= from the module's .modinfo)
 }
 for m in "${wanted[@]}"; do add_module "$m"; done
 printf '%s\n' "${order[@]}" >"$root/etc/kairon/modules"
+base_modules=("${order[@]}")
+order=()
+for m in "${image_wanted[@]}"; do add_module "$m"; done
+# Only what the first list did not load already (add_module skips those).
+printf '%s\n' "${order[@]}" >"$root/etc/kairon/modules.image"
+image_modules=("${order[@]}")
 
 cat >"$root/etc/passwd" <<'EOF'
 root:x:0:0:root:/root:/bin/sh
@@ -183,4 +215,4 @@ cp "$config" "$dest.new/config"
 echo "$stamp" >"$dest.new/.stamp"
 rm -rf "$dest"
 mv "$dest.new" "$dest"
-echo "guest: built $dest: vmlinux $(du -h "$dest/vmlinux" | cut -f1), initramfs $(du -h "$dest/initramfs.cpio.gz" | cut -f1), modules: ${order[*]}" >&2
+echo "guest: built $dest: vmlinux $(du -h "$dest/vmlinux" | cut -f1), initramfs $(du -h "$dest/initramfs.cpio.gz" | cut -f1), modules: ${base_modules[*]}; for an image: ${image_modules[*]}" >&2

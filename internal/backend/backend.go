@@ -25,6 +25,12 @@ type Spec struct {
 	Initrd string
 	// KernelArgs are appended to the backend's own kernel command line.
 	KernelArgs []string
+	// RootImage is the path on the node of an OCI image converted into one
+	// read-only filesystem (internal/imagefs), which the guest boots
+	// instead of the built-in guest's own services; empty: the built-in
+	// guest. A VM saved or migrating with one is restored or received only
+	// with one (the same image: the node makes sure it has its digest).
+	RootImage string
 	// Network attaches the VM to the node's bridge; nil runs it without a NIC.
 	Network *Network
 }

@@ -25,6 +25,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/node/egress"
+	"github.com/zyvor/kairon/internal/node/imagepull"
 	"github.com/zyvor/kairon/internal/node/network"
 	"github.com/zyvor/kairon/internal/requeue"
 )
@@ -75,6 +76,9 @@ type Agent struct {
 	// receiving holds the migrations (client.ObjectKey) whose stream this
 	// agent is taking in, so that a second connection cannot race the first.
 	receiving sync.Map
+	// imagePuller fetches Machines' OCI images in the background
+	// (machine_image.go); nil without Options.Images.
+	imagePuller *imagepull.Puller
 	// instanceEvents wakes the Machine reconciler when the backend reports a
 	// change (guest ready, VM died) so status follows within a poll interval.
 	instanceEvents chan event.TypedGenericEvent[*kaironv1.Machine]
@@ -109,6 +113,9 @@ func New(cfg *rest.Config, opts Options) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{opts: opts, instanceEvents: make(chan event.TypedGenericEvent[*kaironv1.Machine], 1024), restConfig: cfg}
+	if opts.Images != nil {
+		a.imagePuller = imagepull.NewPuller(opts.Images, a.wakeMachine)
+	}
 
 	if err := a.claimGuestNetwork(cfg); err != nil {
 		return nil, err
@@ -262,7 +269,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.syncNode(ctx, true, "AgentReady", "kairon-node is running"); err != nil {
 		return fmt.Errorf("registering node %s: %w", a.opts.NodeName, err)
 	}
-	runnables := []manager.RunnableFunc{a.heartbeat, a.renewLease, a.pollInstances, a.sweepSnapshots, a.sweepTemplateCopies}
+	runnables := []manager.RunnableFunc{a.heartbeat, a.renewLease, a.pollInstances, a.sweepSnapshots, a.sweepTemplateCopies, a.collectImages}
 	if a.listener != nil {
 		runnables = append(runnables, a.serve)
 	}
@@ -306,6 +313,9 @@ func (a *Agent) Run(ctx context.Context) error {
 func (a *Agent) Address() string { return a.listenAddr }
 
 func (a *Agent) close() {
+	if a.imagePuller != nil {
+		a.imagePuller.Stop()
+	}
 	if a.listener != nil {
 		_ = a.listener.Close()
 	}

@@ -11,6 +11,7 @@ import (
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 	"github.com/zyvor/kairon/internal/guestagent/client"
+	"github.com/zyvor/kairon/internal/guestagent/wire"
 )
 
 // guestPingTimeout bounds the ping behind a Machine's GuestAgentReady
@@ -40,26 +41,29 @@ func (a *Agent) observeGuestAgent(ctx context.Context, machine *kaironv1.Machine
 		}
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, kaironv1.GuestAgentReasonNotRunning, fmt.Sprintf("the Machine is %s", machine.Status.Phase)
 	default:
-		if err := pingGuest(ctx, ch.AgentSocket(id)); err != nil {
+		status, err := pingGuest(ctx, ch.AgentSocket(id))
+		if err != nil {
 			cond.Status, cond.Reason = metav1.ConditionFalse, kaironv1.GuestAgentReasonNotAnswering
 			cond.Message = "the guest agent does not answer: " + client.CleanText(err.Error(), 256)
+		} else {
+			a.observeMainProcess(machine, status.Main) // main_process.go
 		}
 	}
 	meta.SetStatusCondition(&machine.Status.Conditions, cond)
 }
 
 // pingGuest pings the guest agent at the socket path over the node's shared
-// channel to it.
-func pingGuest(ctx context.Context, path string) error {
+// channel to it, and returns what it reports of the guest.
+func pingGuest(ctx context.Context, path string) (wire.Status, error) {
 	ctx, cancel := context.WithTimeout(ctx, guestPingTimeout)
 	defer cancel()
 	c, err := guestChannels.get(ctx, path)
 	if err != nil {
-		return err
+		return wire.Status{}, err
 	}
-	err = c.Ping(ctx)
+	status, err := c.Status(ctx)
 	if errors.Is(err, context.DeadlineExceeded) {
 		_ = c.Close()
 	}
-	return err
+	return status, err
 }

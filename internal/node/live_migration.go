@@ -352,7 +352,12 @@ func (a *Agent) prepareLiveTarget(ctx context.Context, mig *kaironv1.MachineMigr
 	if _, err := a.opts.Backend.Get(ctx, id); !errors.Is(err, backend.ErrNotFound) {
 		return nil, backend.Spec{}, fmt.Errorf("node %s already holds a VM for machine %s", a.opts.NodeName, machine.Name)
 	}
-	spec, err := a.attach(machine, id)
+	// The guest's image before anything of the VM: the source's guest
+	// keeps running meanwhile.
+	if err := a.awaitImage(ctx, machine); err != nil {
+		return nil, backend.Spec{}, err
+	}
+	spec, err := a.attach(ctx, machine, id)
 	if err != nil {
 		_ = a.teardown(ctx, id)
 		return nil, backend.Spec{}, fmt.Errorf("attaching to the network of node %s: %w", a.opts.NodeName, err)

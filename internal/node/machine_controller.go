@@ -151,6 +151,11 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 	}
 	switch {
 	case suspended:
+		// Whatever brings the VM up needs its image here first
+		// (machine_image.go).
+		if wait, ok := a.ensureImage(ctx, machine); !ok {
+			return wait, nil
+		}
 		// Saved when the last agent stopped: bring the guest back rather
 		// than boot it.
 		var ok bool
@@ -169,6 +174,9 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 		}
 		if wait := a.boots.wait(id, time.Now()); wait > 0 {
 			return wait, nil // backing off a transient start failure (boot.go)
+		}
+		if wait, ok := a.ensureImage(ctx, machine); !ok {
+			return wait, nil
 		}
 		a.boots.begin(id, time.Now())
 		switch {
@@ -245,7 +253,7 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 
 // start attaches the Machine to the node network and boots its VM.
 func (a *Agent) start(ctx context.Context, machine *kaironv1.Machine, id string) (backend.Instance, error) {
-	spec, err := a.attach(machine, id)
+	spec, err := a.attach(ctx, machine, id)
 	if err != nil {
 		return backend.Instance{}, err
 	}
@@ -256,8 +264,8 @@ func (a *Agent) start(ctx context.Context, machine *kaironv1.Machine, id string)
 // attach is the Machine's VM spec with its place on the node network. It
 // keeps the address the Machine reports if this node's range has it free:
 // a guest migrated here still has that address configured inside.
-func (a *Agent) attach(machine *kaironv1.Machine, id string) (backend.Spec, error) {
-	spec, err := a.vmSpec(machine, id)
+func (a *Agent) attach(ctx context.Context, machine *kaironv1.Machine, id string) (backend.Spec, error) {
+	spec, err := a.vmSpec(ctx, machine, id)
 	if err != nil {
 		return spec, err
 	}
@@ -315,10 +323,10 @@ func (a *Agent) ensureBaseline(namespace, id string) error {
 }
 
 // vmSpec turns a Machine's spec into what the backend boots.
-func (a *Agent) vmSpec(machine *kaironv1.Machine, id string) (backend.Spec, error) {
+func (a *Agent) vmSpec(ctx context.Context, machine *kaironv1.Machine, id string) (backend.Spec, error) {
 	image := machine.Spec.Image
 	if image == "" {
-		image = "default"
+		image = kaironv1.DefaultImage
 	}
 	spec := backend.Spec{
 		ID:         id,
@@ -332,6 +340,16 @@ func (a *Agent) vmSpec(machine *kaironv1.Machine, id string) (backend.Spec, erro
 	}
 	if a.opts.Backend.Name() == "sim" {
 		return spec, nil
+	}
+	if kaironv1.IsOCIImage(image) {
+		// Kairon's own kernel and initramfs (which brings the guest
+		// agent) boot the image as the root filesystem.
+		local, err := a.localImage(ctx, machine)
+		if err != nil {
+			return spec, err
+		}
+		spec.RootImage = local.Path
+		image = kaironv1.DefaultImage
 	}
 	spec.Kernel = filepath.Join(a.opts.GuestDir, image, "vmlinux")
 	spec.Initrd = filepath.Join(a.opts.GuestDir, image, "initramfs.cpio.gz")

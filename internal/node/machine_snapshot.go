@@ -223,6 +223,7 @@ func (a *Agent) takeSnapshot(ctx context.Context, snap *kaironv1.MachineSnapshot
 		s.CPU = max(machine.Spec.CPU, 1)
 		s.Memory = &memory
 		s.Image = machineImage(machine)
+		s.ImageDigest = machine.Status.ImageDigest
 		setSnapshotReady(snap, metav1.ConditionTrue, kaironv1.SnapshotReasonTaken, message)
 	})
 	if err != nil {
@@ -331,7 +332,7 @@ func (a *Agent) restoreSnapshot(ctx context.Context, machine *kaironv1.Machine, 
 	} else if err != nil {
 		return backend.Instance{}, restoreRefusal{err}
 	}
-	spec, err := a.attach(machine, id)
+	spec, err := a.attach(ctx, machine, id)
 	if err != nil {
 		return backend.Instance{}, err
 	}

@@ -316,7 +316,10 @@ func (a *Agent) migrateTarget(ctx context.Context, mig *kaironv1.MachineMigratio
 
 // restore starts the Machine's VM from the downloaded state.
 func (a *Agent) restore(ctx context.Context, machine *kaironv1.Machine, id, path string) (backend.Instance, error) {
-	spec, err := a.attach(machine, id)
+	if err := a.awaitImage(ctx, machine); err != nil {
+		return backend.Instance{}, err
+	}
+	spec, err := a.attach(ctx, machine, id)
 	if err != nil {
 		return backend.Instance{}, err
 	}

@@ -23,6 +23,10 @@ type Options struct {
 	Register bool
 	// Backend runs the VMs.
 	Backend backend.Backend
+	// Images pulls and caches the OCI images of Machines whose spec.image
+	// is a reference (machine_image.go); nil: such Machines fail with a
+	// message saying the node cannot run them.
+	Images ImageStore
 	// GuestDir holds guest images: <image>/vmlinux and <image>/initramfs.cpio.gz.
 	GuestDir string
 	// StateDir keeps what must survive a restart (addresses, TLS key).

@@ -19,7 +19,11 @@
 //   - machine_phase.go: Env.WaitMachinePhase, a Machine reaching a phase;
 //   - objects.go: Env.Create and Env.SetStatus, objects a test sets up;
 //   - manager.go: Env.StartManager, a controller-runtime manager with the
-//     test's options, returned once its cache has synced.
+//     test's options, returned once its cache has synced;
+//   - registry.go: StartRegistry, a real OCI registry (Debian's
+//     docker-registry) on loopback for one test, optionally with basic
+//     authentication, and Registry.Push to put images in it;
+//   - ociimage.go: BusyboxImage, a small OCI image for guests.
 //
 // One control plane serves a whole test package. It starts on the first Get,
 // so a package whose selected tests never ask for it pays nothing, and Run

@@ -21,5 +21,7 @@
 //   - qmp.go: the minimal QMP client;
 //   - save.go, migration.go, live.go, clone.go: saved states, QEMU's
 //     migration stream, live migration, and clones of a saved state;
+//   - rootimage.go: an image guest's root image, its disk and its SHA-256,
+//     which a saved or migrating image guest's target must match;
 //   - timer_guard.go: the guest's single clock event device kept ticking.
 package qemu

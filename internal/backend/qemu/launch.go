@@ -41,6 +41,11 @@ type launchSpec struct {
 	tapFD int
 	// agentPort adds the guest agent's virtio-serial port.
 	agentPort bool
+	// rootImage is an image guest's root image (backend.Spec.RootImage),
+	// attached read-only; rootImageFD is the descriptor number a jailed
+	// QEMU inherits it as (0: QEMU opens the path).
+	rootImage   string
+	rootImageFD int
 }
 
 // proc is a QEMU process this Backend started and reaps.
@@ -170,6 +175,9 @@ func (b *Backend) args(ls launchSpec) []string {
 	if ls.agentPort {
 		a = append(a, agentArgs()...)
 	}
+	if ls.rootImage != "" {
+		a = append(a, rootImageArgs(ls.rootImage, ls.rootImageFD)...)
+	}
 	if ls.incoming != nil {
 		a = append(a, "-incoming", "fd:3")
 	}
@@ -247,6 +255,15 @@ func (b *Backend) launch(ls launchSpec) (_ *proc, err error) {
 			extra = append(extra, f)
 			*path = "/proc/self/fd/" + strconv.Itoa(3+len(extra)-1)
 		}
+	}
+	if ls.jail != nil && ls.rootImage != "" {
+		f, err := os.Open(ls.rootImage)
+		if err != nil {
+			return nil, fmt.Errorf("qemu: root image: %w", err)
+		}
+		defer f.Close()
+		extra = append(extra, f)
+		ls.rootImageFD = 3 + len(extra) - 1
 	}
 	args := b.args(ls)
 	fmt.Fprintf(logf, "==== %s %s %s\n", time.Now().Format(time.RFC3339Nano), b.qemu, strings.Join(args, " "))

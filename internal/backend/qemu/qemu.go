@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -247,6 +248,13 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 	if spec.Network != nil && spec.Network.TapName == "" {
 		return backend.Instance{}, errors.New("qemu: network without a tap name")
 	}
+	if spec.RootImage != "" {
+		if fi, err := os.Stat(spec.RootImage); err != nil {
+			return backend.Instance{}, fmt.Errorf("qemu: root image: %w", err)
+		} else if !fi.Mode().IsRegular() {
+			return backend.Instance{}, fmt.Errorf("qemu: root image %s: not a regular file", spec.RootImage)
+		}
+	}
 
 	v := b.vm(spec.ID)
 	v.op.Lock()
@@ -309,12 +317,18 @@ func (b *Backend) start(ctx context.Context, spec backend.Spec, in *incoming) (_
 			return backend.Instance{}, fmt.Errorf("qemu: jail for %s: %w", spec.ID, err)
 		}
 	}
+	kargs := spec.KernelArgs
+	if spec.RootImage != "" {
+		// After the spec's own arguments: the guest's init takes the last.
+		kargs = append(slices.Clone(kargs), "kairon.image="+rootImageDevice)
+	}
 	ls := launchSpec{
 		dir: dir, name: spec.Name, accel: b.accel, cpu: spec.CPU, memMiB: spec.MemoryMiB,
 		kernel: spec.Kernel, initrd: spec.Initrd, net: spec.Network, incoming: stream,
-		cmdline:   b.cmdline(b.accel, hostnameFor(spec.Name), spec.Network, spec.KernelArgs, m.BootNonce),
+		cmdline:   b.cmdline(b.accel, hostnameFor(spec.Name), spec.Network, kargs, m.BootNonce),
 		jail:      jail,
 		agentPort: m.AgentPort,
+		rootImage: spec.RootImage,
 	}
 	m.StartedAt = time.Now()
 	if p, err = b.launch(ls); err != nil {

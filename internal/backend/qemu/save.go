@@ -96,11 +96,18 @@ func (b *Backend) headerOf(id, dir string) (saveHeader, error) {
 		var sc markerScanner
 		ready, _ = sc.scan(filepath.Join(dir, consoleLogFile))
 	}
-	return saveHeader{
+	h := saveHeader{
 		Format: saveFormat, ID: id, Name: m.Spec.Name, CPU: m.Spec.CPU, MemoryMiB: m.Spec.MemoryMiB,
 		NIC: m.Spec.Network != nil, Ready: ready, Acceleration: m.Acceleration, SavedAt: time.Now(),
 		AgentPort: m.AgentPort, BootNonce: m.BootNonce,
-	}, nil
+	}
+	if m.Spec.RootImage != "" {
+		h.RootImage = true
+		if h.RootImageSHA256, err = rootImageSum(m.Spec.RootImage); err != nil {
+			return saveHeader{}, fmt.Errorf("qemu: %s: %w", id, err)
+		}
+	}
+	return h, nil
 }
 
 // Saved state files: a fixed-size header, then QEMU's migration stream.
@@ -127,6 +134,13 @@ type saveHeader struct {
 	// BootNonce is the saved guest's boot nonce (meta.BootNonce): its
 	// agent keeps reporting it after a restore.
 	BootNonce string `json:"bootNonce,omitempty"`
+	// RootImage: the saved VM is an image guest, with a root image on a
+	// disk of its own (backend.Spec.RootImage). QEMU loads its state only
+	// into the same devices, and its guest holds the image's blocks in its
+	// page cache: the target must attach the very same image, whose
+	// SHA-256 (hex) RootImageSHA256 is (rootimage.go).
+	RootImage       bool   `json:"rootImage,omitempty"`
+	RootImageSHA256 string `json:"rootImageSHA256,omitempty"`
 
 	// clone, never written: RestoreClone loads this state as another
 	// Machine, which gets its own identity and boot nonce (clone.go).
@@ -148,6 +162,20 @@ func (h saveHeader) compatible(spec backend.Spec) error {
 	}
 	if len(diffs) > 0 {
 		return fmt.Errorf("qemu: restore %s: the saved VM has another shape: %s", spec.ID, strings.Join(diffs, "; "))
+	}
+	switch {
+	case h.RootImage && spec.RootImage == "":
+		return fmt.Errorf("qemu: restore %s: the saved VM booted an OCI image (a root image), and the spec to restore it into has none: restore it with the same image", spec.ID)
+	case !h.RootImage && spec.RootImage != "":
+		return fmt.Errorf("qemu: restore %s: the saved VM is the built-in guest, and the spec to restore it into has a root image (%s): restore it without one", spec.ID, spec.RootImage)
+	case h.RootImage:
+		sum, err := rootImageSum(spec.RootImage)
+		if err != nil {
+			return fmt.Errorf("qemu: restore %s: %w", spec.ID, err)
+		}
+		if sum != h.RootImageSHA256 {
+			return fmt.Errorf("qemu: restore %s: root image %s (sha256 %.12s) is not the image the VM was saved with (sha256 %.12s): the guest needs the same file, byte for byte", spec.ID, spec.RootImage, sum, h.RootImageSHA256)
+		}
 	}
 	return nil
 }

@@ -251,6 +251,11 @@ func (b *Backend) takeOver(spec backend.Spec, data []byte, source string) (backe
 	if err := json.Unmarshal(data, &s); err != nil || s.Format != saveFormat {
 		return backend.Instance{}, fmt.Errorf("sim: restore %s: not a sim saved instance", source)
 	}
+	// As the QEMU backend: a guest that booted an image is restored only
+	// with one, and the built-in guest only without.
+	if had, has := s.Spec.RootImage != "", spec.RootImage != ""; had != has {
+		return backend.Instance{}, fmt.Errorf("sim: restore %s: the saved instance had a root image %v, the spec to restore it into %v", spec.ID, had, has)
+	}
 	return b.start(spec, record{Ready: s.Ready})
 }
 

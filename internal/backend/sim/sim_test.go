@@ -117,3 +117,33 @@ func TestSimLiveMigration(t *testing.T) {
 		t.Errorf("after a broken stream: %v, want no instance", err)
 	}
 }
+
+// As with QEMU, an instance that booted a root image is restored only
+// with one, and one without only without.
+func TestSimRestoreKeepsTheRootImage(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	b, err := New(Options{StateDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ id, saved, restored string }{{"ns_img", "/images/a.sqfs", ""}, {"ns_plain", "", "/images/a.sqfs"}} {
+		if _, err := b.Start(ctx, backend.Spec{ID: tc.id, RootImage: tc.saved}); err != nil {
+			t.Fatal(err)
+		}
+		waitRunning(t, b, tc.id)
+		state := filepath.Join(dir, tc.id+".state")
+		if err := b.Save(ctx, tc.id, state); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Stop(ctx, tc.id); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Restore(ctx, backend.Spec{ID: tc.id, RootImage: tc.restored}, state); err == nil {
+			t.Errorf("%s saved with root image %q restored with %q", tc.id, tc.saved, tc.restored)
+		}
+		if in, err := b.Restore(ctx, backend.Spec{ID: tc.id, RootImage: tc.saved}, state); err != nil || in.Phase != backend.Running {
+			t.Errorf("%s restored with its own root image: %+v %v", tc.id, in, err)
+		}
+	}
+}

@@ -32,6 +32,14 @@ type Options struct {
 	// ready (the guest's init creates it once its services run); empty:
 	// ready as soon as the agent serves.
 	ReadyFile string
+	// Image, if set, is the image the guest booted (an image guest):
+	// commands run in it and files are read and written in it
+	// (image.go). Nil: the default guest, whose commands run in the
+	// initramfs with Env.
+	Image *Image
+	// MainStateFile is where RunMain records the image's main process,
+	// which every ping reports; empty: no main process.
+	MainStateFile string
 }
 
 // DefaultEnv is the base environment of a command.
@@ -83,6 +91,9 @@ func (a *Agent) status() *wire.Status {
 	if a.opts.ReadyFile != "" {
 		_, err := os.Stat(a.opts.ReadyFile)
 		st.Ready = err == nil
+	}
+	if a.opts.MainStateFile != "" {
+		st.Main = readMainState(a.opts.MainStateFile)
 	}
 	return st
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -305,12 +304,48 @@ func (s *session) feed(w io.Writer, closeW func()) {
 	}
 }
 
-func (s *session) exec(e *wire.Exec) *wire.Exit {
+// command is the program e asks for: in the image of an image guest, else
+// in the guest's own root with the agent's base environment, as root
+// unless e names a user.
+func (a *Agent) command(e *wire.Exec) (*exec.Cmd, error) {
+	if img := a.opts.Image; img != nil {
+		return img.Command(e.Args, e.Env, e.Dir, e.User, e.TTY)
+	}
 	cmd := exec.Command(e.Args[0], e.Args[1:]...)
-	cmd.Env = append(slices.Clone(s.c.a.opts.Env), e.Env...)
+	cmd.Env = append(slices.Clone(a.opts.Env), e.Env...)
 	cmd.Dir = e.Dir
 	if cmd.Dir == "" {
 		cmd.Dir = "/"
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	if e.User != "" {
+		acc, err := readAccounts("/")
+		if err != nil {
+			return nil, err
+		}
+		id, err := acc.resolveUser(e.User)
+		if err != nil {
+			return nil, err
+		}
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: id.Groups}
+	}
+	return cmd, nil
+}
+
+// startFailure is the Exit of a program that could not start: 127 when it
+// is not there, 126 otherwise (as a shell says).
+func startFailure(err error) *wire.Exit {
+	code := 126
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+		code = 127
+	}
+	return &wire.Exit{Code: code, Error: clip(err.Error())}
+}
+
+func (s *session) exec(e *wire.Exec) *wire.Exit {
+	cmd, err := s.c.a.command(e)
+	if err != nil {
+		return startFailure(err)
 	}
 	var (
 		in          io.Writer
@@ -329,7 +364,11 @@ func (s *session) exec(e *wire.Exec) *wire.Exit {
 			return &wire.Exit{Code: 126, Error: clip("pty: " + err.Error())}
 		}
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+		cmd.SysProcAttr.Setsid, cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, true, 0
+		if c := cmd.SysProcAttr.Credential; c != nil {
+			// The terminal is the user's, as login makes it.
+			_ = slave.Chown(int(c.Uid), int(c.Gid))
+		}
 		in, outs, childEnds, closeOnExit = master, []*os.File{master}, []*os.File{slave}, []*os.File{master}
 		s.mu.Lock()
 		s.resize = func(r, c uint16) { _ = setWinsize(master, r, c) }
@@ -348,7 +387,7 @@ func (s *session) exec(e *wire.Exec) *wire.Exit {
 			pipes[i] = [2]*os.File{r, w}
 		}
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = pipes[0][0], pipes[1][1], pipes[2][1]
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		cmd.SysProcAttr.Setsid = true
 		stdinW := pipes[0][1]
 		in, closeIn = stdinW, func() { stdinW.Close() }
 		outs = []*os.File{pipes[1][0], pipes[2][0]}
@@ -360,16 +399,12 @@ func (s *session) exec(e *wire.Exec) *wire.Exit {
 			f.Close()
 		}
 	}()
-	err := cmd.Start()
+	err = cmd.Start()
 	for _, f := range childEnds {
 		f.Close()
 	}
 	if err != nil {
-		code := 126
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			code = 127
-		}
-		return &wire.Exit{Code: code, Error: clip(err.Error())}
+		return startFailure(err)
 	}
 	pgid := cmd.Process.Pid
 	var timedOut atomic.Bool
@@ -446,9 +481,18 @@ var signalNames = func() map[syscall.Signal]string {
 	return m
 }()
 
+// openFile opens path for reading: inside the image of an image guest
+// (inroot.go), else in the guest's own root.
+func (a *Agent) openFile(path string, flags int) (*os.File, error) {
+	if img := a.opts.Image; img != nil {
+		return openInRoot(img.Root, path, flags, 0)
+	}
+	return os.OpenFile(path, flags, 0)
+}
+
 func (s *session) readFile(f *wire.File) *wire.Exit {
 	// Non-blocking open: a FIFO at the path must not hang the session.
-	fh, err := os.OpenFile(f.Path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	fh, err := s.c.a.openFile(f.Path, os.O_RDONLY|syscall.O_NONBLOCK)
 	if err != nil {
 		return failed(err)
 	}
@@ -479,52 +523,59 @@ func (s *session) readFile(f *wire.File) *wire.Exit {
 
 // writeFile writes stdin to a temporary file beside the path and renames
 // it there once the host closed stdin: a reader never sees half a file.
+// In an image guest the directory is resolved inside the image, and the
+// file belongs to the image's user (root if it names none, or one the
+// image does not know), as a file a container's user copied in with tar
+// would: the programs the image runs as that user can use it.
 func (s *session) writeFile(f *wire.File) *wire.Exit {
-	dir, base := filepath.Split(f.Path)
-	tmp, err := os.CreateTemp(dir, "."+base+".kairon-*")
-	if err != nil {
-		return failed(err)
-	}
-	keep := false
-	defer func() {
-		if !keep {
-			_ = tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	for {
-		p, closed := s.nextStdin()
-		if p == nil {
-			s.mu.Lock()
-			cancelled := s.cancelled
-			s.mu.Unlock()
-			if cancelled {
-				return failed(errors.New("the host cancelled the write; the file is left as it was"))
-			}
-			if !closed {
-				return nil // the session ended
-			}
-			break
-		}
-		if _, err := tmp.Write(p); err != nil {
-			return failed(err)
-		}
-		s.grantStdin(len(p))
-	}
 	mode := f.Mode
 	if mode == 0 {
 		mode = 0o644
 	}
-	if err := tmp.Close(); err != nil {
+	root := "/"
+	owner := Identity{}
+	if img := s.c.a.opts.Image; img != nil {
+		root = img.Root
+		if id, err := img.Identity(""); err == nil {
+			owner = id
+		}
+	}
+	var ended *wire.Exit // the session ended before the file was whole
+	err := replaceInRoot(root, f.Path, mode, func(tmp *os.File) error {
+		if owner.UID != 0 || owner.GID != 0 {
+			if err := tmp.Chown(int(owner.UID), int(owner.GID)); err != nil {
+				return err
+			}
+		}
+		for {
+			p, closed := s.nextStdin()
+			if p == nil {
+				s.mu.Lock()
+				cancelled := s.cancelled
+				s.mu.Unlock()
+				if cancelled {
+					return errors.New("the host cancelled the write; the file is left as it was")
+				}
+				if !closed {
+					ended = &wire.Exit{}
+					return errSessionEnded
+				}
+				return nil
+			}
+			if _, err := tmp.Write(p); err != nil {
+				return err
+			}
+			s.grantStdin(len(p))
+		}
+	})
+	if ended != nil {
+		return nil
+	}
+	if err != nil {
 		return failed(err)
 	}
-	// syscall's chmod: os.FileMode has no raw setuid, setgid or sticky bits.
-	if err := syscall.Chmod(tmp.Name(), mode); err != nil {
-		return failed(err)
-	}
-	if err := os.Rename(tmp.Name(), f.Path); err != nil {
-		return failed(err)
-	}
-	keep = true
 	return &wire.Exit{}
 }
+
+// errSessionEnded stops a write whose session ended.
+var errSessionEnded = errors.New("the session ended")

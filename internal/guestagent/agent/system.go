@@ -20,6 +20,9 @@ import (
 type System struct {
 	// Interface is the network interface configured; empty: eth0.
 	Interface string
+	// Root, in an image guest, is the image's root, whose identity files
+	// (identity.go) follow the new hostname, address and DNS servers.
+	Root string
 }
 
 // Configure implements Options.Configure. It applies every part it can and
@@ -56,7 +59,28 @@ func (sys System) Configure(c *wire.Configure) error {
 			errs = append(errs, fmt.Errorf("seed: %w", err))
 		}
 	}
+	if sys.Root != "" {
+		if err := WriteIdentity(sys.Root, imageIdentity(c)); err != nil {
+			errs = append(errs, fmt.Errorf("the image's identity files: %w", err))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// imageIdentity is what an image's identity files say after c: its
+// hostname (the guest's current one if c names none but a new address,
+// which /etc/hosts gives it), its first address, its DNS servers.
+func imageIdentity(c *wire.Configure) GuestIdentity {
+	id := GuestIdentity{Hostname: c.Hostname, DNS: c.DNS}
+	if len(c.Addresses) > 0 {
+		if p, err := netip.ParsePrefix(c.Addresses[0]); err == nil {
+			id.Address = p.Addr()
+		}
+		if id.Hostname == "" {
+			id.Hostname, _ = os.Hostname()
+		}
+	}
+	return id
 }
 
 // configureLink gives ifname c's hardware address, addresses and default

@@ -566,6 +566,42 @@ func TestFramesLeftByAnEarlierConnection(t *testing.T) {
 	}
 }
 
+// An image guest's ping carries its main process's state, which the node
+// reads from the Status it already asks for; a guest that sends a state
+// that is not one breaks the protocol.
+func TestStatusMain(t *testing.T) {
+	ctx := context.Background()
+	state := filepath.Join(t.TempDir(), "main.json")
+	c := agentPair(t, agent.Options{Boot: "b00t1", MainStateFile: state})
+	if st, err := c.Status(ctx); err != nil || st.Main != nil {
+		t.Errorf("before the main process: %+v %v", st, err)
+	}
+	if err := os.WriteFile(state, []byte(`{"state":"exited","exitCode":3}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := c.Status(ctx); err != nil || st.Main == nil || *st.Main != (wire.MainProcess{State: wire.MainExited, ExitCode: 3}) || st.Main.String() != "exited with code 3" {
+		t.Errorf("after it exited: %+v %v", st, err)
+	}
+
+	c2, guest, rd := fakeGuest(t)
+	done := make(chan error, 1)
+	go func() { _, err := c2.Status(ctx); done <- err }()
+	f, err := rd.ReadFrame()
+	if err != nil || f.Type != wire.TypeRequest {
+		t.Fatalf("guest read %v, %v", f.Type, err)
+	}
+	if err := send(guest, f.Stream, &wire.Response{OK: true}); err != nil {
+		t.Fatal(err)
+	}
+	bad := []byte(`{"code":0,"status":{"main":{"state":"exited","exitCode":-1,"signal":"\u001b[2J"}}}`)
+	if err := wire.WriteFrame(guest, wire.Frame{Type: wire.TypeExit, Stream: f.Stream, Payload: bad}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, ErrProtocol) {
+		t.Errorf("a main process with a terminal escape for a signal: %v", err)
+	}
+}
+
 // A Hello after the handshake is dropped: the agent answers every Hello its
 // port read, an earlier connection's too, so the one Dial took may not have
 // been the answer to its own. The channel and its sessions go on.

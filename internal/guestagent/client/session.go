@@ -379,8 +379,10 @@ func (c *Client) Ping(ctx context.Context) error {
 }
 
 // Status pings the agent and returns what it reports of the guest: its
-// boot nonce and whether the guest's init finished. An agent too old to
-// report it answers with a zero Status.
+// boot nonce, whether the guest's init finished, and in an image guest
+// what became of the image's main process (Main, nil without one or from
+// an agent older than it; validated by wire, so its text is safe to show).
+// An agent too old to report any of it answers with a zero Status.
 func (c *Client) Status(ctx context.Context) (wire.Status, error) {
 	exit, err := c.simpleExit(ctx, &wire.Request{Op: wire.OpPing})
 	if err != nil || exit.Status == nil {

@@ -21,6 +21,8 @@ func FuzzReadFrame(f *testing.F) {
 		{1, &Request{Op: OpExec, Exec: &Exec{Args: []string{"sh", "-c", "true"}}}},
 		{1, &Exit{Code: 0}},
 		{1, &Window{Stream: "stdout", Bytes: InitialWindow}},
+		{2, &Request{Op: OpExec, Exec: &Exec{Args: []string{"id"}, User: "1000:staff"}}},
+		{2, &Exit{Status: &Status{Boot: "n0nce", Ready: true, Main: &MainProcess{State: MainExited, ExitCode: -1, Signal: "KILL"}}}},
 	} {
 		fr, err := Encode(m.stream, m.m)
 		if err != nil {

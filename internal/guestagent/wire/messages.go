@@ -27,6 +27,8 @@ const (
 	MaxDNS         = 8
 	MaxAddresses   = 8
 	MaxHostnameLen = 63
+	// MaxUserLen bounds exec.user.
+	MaxUserLen = 256
 	// MaxTimeoutSeconds bounds an exec's timeout (a day).
 	MaxTimeoutSeconds = 24 * 60 * 60
 	// InitialWindow is how many bytes of each data stream of a session a
@@ -80,6 +82,11 @@ type Exec struct {
 	Cols uint16 `json:"cols,omitempty"`
 	// TimeoutSeconds kills the program after that long (0: no timeout).
 	TimeoutSeconds int `json:"timeoutSeconds,omitempty"`
+	// User runs the program as user[:group], each a name or a numeric id
+	// (names resolved with the guest's /etc/passwd and /etc/group); empty:
+	// the image's configured user, root in the default guest. An agent
+	// older than this field refuses a request that sets it.
+	User string `json:"user,omitempty"`
 }
 
 // File reads (Stdout frames, then Exit) or writes (Stdin frames, Close,
@@ -146,6 +153,74 @@ type Status struct {
 	Boot string `json:"boot,omitempty"`
 	// Ready: the guest's init finished starting its services.
 	Ready bool `json:"ready,omitempty"`
+	// Main is the image's main process (its Entrypoint and Cmd), which
+	// the guest runs once per boot; nil when the guest has none (the
+	// default guest, an image without one, or an agent older than this
+	// field).
+	Main *MainProcess `json:"main,omitempty"`
+}
+
+// States of a MainProcess.
+const (
+	MainRunning = "running"
+	MainExited  = "exited"
+)
+
+// MainProcess is what became of an image guest's main process.
+type MainProcess struct {
+	// State is MainRunning or MainExited.
+	State string `json:"state"`
+	// ExitCode is its exit status once exited; -1 when Signal killed it.
+	ExitCode int `json:"exitCode,omitempty"`
+	// Signal names the signal that killed it (KILL, TERM, SEGV, ...; SIGn
+	// for one without a name here).
+	Signal string `json:"signal,omitempty"`
+}
+
+// Validate checks m.
+func (m *MainProcess) Validate() error {
+	switch m.State {
+	case MainRunning:
+		if m.ExitCode != 0 || m.Signal != "" {
+			return errors.New("wire: status.main: a running process has no exit code or signal")
+		}
+	case MainExited:
+		if m.Signal != "" {
+			if m.ExitCode != -1 || !validSignalName(m.Signal) {
+				return fmt.Errorf("wire: status.main.signal %q: a signal name (at most 8 capitals and digits) with exitCode -1", clip(m.Signal))
+			}
+		} else if m.ExitCode < 0 || m.ExitCode > 255 {
+			return fmt.Errorf("wire: status.main.exitCode %d: 0 to 255", m.ExitCode)
+		}
+	default:
+		return fmt.Errorf("wire: status.main.state %q: want running or exited", clip(m.State))
+	}
+	return nil
+}
+
+// String says what became of the main process, for a condition or a log.
+func (m *MainProcess) String() string {
+	switch {
+	case m.State == MainRunning:
+		return "running"
+	case m.Signal != "":
+		return "killed by signal " + m.Signal
+	}
+	return fmt.Sprintf("exited with code %d", m.ExitCode)
+}
+
+// validSignalName: what a MainProcess may name a signal, since any signal
+// can end it: up to 8 capitals and digits, starting with a capital.
+func validSignalName(s string) bool {
+	if s == "" || len(s) > 8 || s[0] < 'A' || s[0] > 'Z' {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
 }
 
 // Resize changes a TTY session's window.
@@ -346,6 +421,23 @@ func (e *Exec) Validate() error {
 	if !e.TTY && (e.Rows != 0 || e.Cols != 0) {
 		return errors.New("wire: exec.rows and exec.cols are for a TTY only")
 	}
+	if e.User != "" {
+		if err := validUser(e.User); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validUser checks exec.user: user or user:group, each part non-empty, at
+// most MaxUserLen bytes, no control characters, no second colon. Whether a
+// name exists is for the guest to say.
+func validUser(u string) error {
+	name, group, hasGroup := strings.Cut(u, ":")
+	if len(u) > MaxUserLen || name == "" || (hasGroup && (group == "" || strings.Contains(group, ":"))) ||
+		strings.ContainsFunc(u, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return fmt.Errorf("wire: exec.user %q: want user or user:group (names or numeric ids), at most %d bytes, no control characters", clip(u), MaxUserLen)
+	}
 	return nil
 }
 
@@ -452,6 +544,11 @@ func (e *Exit) Validate() error {
 	if e.Status != nil {
 		if err := validBoot("exit.status.boot", e.Status.Boot); err != nil {
 			return err
+		}
+		if e.Status.Main != nil {
+			if err := e.Status.Main.Validate(); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -34,6 +34,10 @@ func TestFramesRoundTrip(t *testing.T) {
 		{9, &Cancel{Signal: "TERM"}},
 		{10, &Request{Op: OpPing}},
 		{10, &Window{Stream: "stdout", Bytes: InitialWindow}},
+		{11, &Request{Op: OpExec, Exec: &Exec{Args: []string{"id"}, User: "app:staff"}}},
+		{11, &Exit{Status: &Status{Boot: "n0nce", Ready: true, Main: &MainProcess{State: MainRunning}}}},
+		{12, &Exit{Status: &Status{Boot: "n0nce", Ready: true, Main: &MainProcess{State: MainExited, ExitCode: 3}}}},
+		{13, &Exit{Status: &Status{Main: &MainProcess{State: MainExited, ExitCode: -1, Signal: "SIG38"}}}},
 	}
 	for _, m := range msgs {
 		f, err := Encode(m.stream, m.m)
@@ -155,6 +159,19 @@ func TestDecodeRefuses(t *testing.T) {
 		{"empty grant", TypeWindow, `{"stream":"stdout","bytes":0}`, "window.bytes"},
 		{"grant past the limit", TypeWindow, `{"stream":"stdin","bytes":16777217}`, "window.bytes"},
 		{"grant on no stream", TypeWindow, `{"stream":"tty","bytes":1}`, "window.stream"},
+		{"user with two colons", TypeRequest, `{"op":"exec","exec":{"args":["id"],"user":"a:b:c"}}`, "exec.user"},
+		{"user without a name", TypeRequest, `{"op":"exec","exec":{"args":["id"],"user":":0"}}`, "exec.user"},
+		{"user with an empty group", TypeRequest, `{"op":"exec","exec":{"args":["id"],"user":"app:"}}`, "exec.user"},
+		{"user with a newline", TypeRequest, `{"op":"exec","exec":{"args":["id"],"user":"ro\not"}}`, "exec.user"},
+		{"user too long", TypeRequest, `{"op":"exec","exec":{"args":["id"],"user":"` + strings.Repeat("u", MaxUserLen+1) + `"}}`, "exec.user"},
+		{"main in no state", TypeExit, `{"code":0,"status":{"main":{"state":"sleeping"}}}`, "status.main.state"},
+		{"main running with a code", TypeExit, `{"code":0,"status":{"main":{"state":"running","exitCode":1}}}`, "running process"},
+		{"main exit code out of range", TypeExit, `{"code":0,"status":{"main":{"state":"exited","exitCode":256}}}`, "status.main.exitCode"},
+		{"main negative exit code", TypeExit, `{"code":0,"status":{"main":{"state":"exited","exitCode":-2}}}`, "status.main.exitCode"},
+		{"main signal with a code", TypeExit, `{"code":0,"status":{"main":{"state":"exited","exitCode":9,"signal":"KILL"}}}`, "status.main.signal"},
+		{"main signal not a name", TypeExit, `{"code":0,"status":{"main":{"state":"exited","exitCode":-1,"signal":"\u001b[2J"}}}`, "status.main.signal"},
+		{"main signal too long", TypeExit, `{"code":0,"status":{"main":{"state":"exited","exitCode":-1,"signal":"SIGNALNAME"}}}`, "status.main.signal"},
+		{"main with an unknown field", TypeExit, `{"code":0,"status":{"main":{"state":"exited","pid":1}}}`, "unknown field"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -178,6 +195,27 @@ func TestEncodeRefusesWhatDecodeWould(t *testing.T) {
 	}
 	if err := WriteFrame(io.Discard, Frame{Type: TypeRequest, Payload: []byte("{}")}); !errors.Is(err, ErrStreamZero) {
 		t.Errorf("writing a request on stream 0: %v", err)
+	}
+}
+
+// An old agent's status has no main process; one of an image guest does,
+// and says what became of it.
+func TestStatusMain(t *testing.T) {
+	m, err := Decode(Frame{Type: TypeExit, Stream: 1, Payload: []byte(`{"code":0,"status":{"boot":"n0nce","ready":true}}`)})
+	if err != nil || m.(*Exit).Status.Main != nil {
+		t.Fatalf("an old agent's status: %+v, %v", m, err)
+	}
+	for _, tc := range []struct {
+		m    MainProcess
+		want string
+	}{
+		{MainProcess{State: MainRunning}, "running"},
+		{MainProcess{State: MainExited, ExitCode: 3}, "exited with code 3"},
+		{MainProcess{State: MainExited, ExitCode: -1, Signal: "KILL"}, "killed by signal KILL"},
+	} {
+		if err := tc.m.Validate(); err != nil || tc.m.String() != tc.want {
+			t.Errorf("%+v: %q, %v; want %q", tc.m, tc.m.String(), err, tc.want)
+		}
 	}
 }
 

@@ -1,0 +1,30 @@
+package imagepull
+
+import (
+	"context"
+
+	"github.com/zyvor/kairon/internal/images"
+)
+
+// StoreOf is the node's image store, internal/images', as a Store: pull
+// secrets' docker configs become its keychain.
+func StoreOf(s *images.Store) *ImageStore { return &ImageStore{s: s} }
+
+// ImageStore adapts an *images.Store.
+type ImageStore struct{ s *images.Store }
+
+// Ensure pulls ref with the credentials of dockerConfigs (none: anonymous).
+func (a *ImageStore) Ensure(ctx context.Context, ref string, dockerConfigs [][]byte) (Image, error) {
+	kc, err := images.KeychainFromDockerConfigs(dockerConfigs...)
+	if err != nil {
+		return Image{}, err
+	}
+	img, err := a.s.Ensure(ctx, ref, kc)
+	if err != nil {
+		return Image{}, err
+	}
+	return Image{Reference: img.Reference, Digest: img.Digest, Path: img.Path, Config: img.Config}, nil
+}
+
+// GC collects unused images (images.Store.GC).
+func (a *ImageStore) GC(inUse func(digest string) bool) ([]string, error) { return a.s.GC(inUse) }
