@@ -21,47 +21,43 @@ func dockerConfigSecret(name, config string) *corev1.Secret {
 	}
 }
 
-func TestParsePullSecret(t *testing.T) {
+// What Secrets a pool's pull secrets may be, and the error naming the one
+// that is not a docker config.
+func TestReadPullSecrets(t *testing.T) {
 	basic := base64.StdEncoding.EncodeToString([]byte("alice:pw"))
+	dockercfg := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "s"}, Type: corev1.SecretTypeDockercfg,
+		Data: map[string][]byte{corev1.DockerConfigKey: []byte(`{"registry.example":{"auth":"` + basic + `"}}`)}}
 	tests := []struct {
 		name   string
 		secret *corev1.Secret
-		want   []string // host/path=user:password, in order
+		user   string // for registry.example/team/app
 		err    string
 	}{
-		{name: "dockerconfigjson with username and password",
-			secret: dockerConfigSecret("s", `{"auths":{"registry.example:5000":{"username":"alice","password":"pw"}}}`),
-			want:   []string{"registry.example:5000/=alice:pw"}},
-		{name: "auth field, scheme and API version path",
-			secret: dockerConfigSecret("s", `{"auths":{"https://Registry.Example/v2/":{"auth":"`+basic+`"}}}`),
-			want:   []string{"registry.example/=alice:pw"}},
-		{name: "a repository path; Docker Hub's names folded",
-			secret: dockerConfigSecret("s", `{"auths":{"registry.example/team/":{"auth":"`+basic+`"},"https://index.docker.io/v1/":{"auth":"`+basic+`"},"docker.io":{"auth":"`+basic+`"}}}`),
-			want:   []string{"index.docker.io/=alice:pw", "index.docker.io/=alice:pw", "registry.example/team=alice:pw"}},
-		{name: "dockercfg",
-			secret: &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s"}, Type: corev1.SecretTypeDockercfg,
-				Data: map[string][]byte{corev1.DockerConfigKey: []byte(`{"registry.example":{"auth":"` + basic + `"}}`)}},
-			want: []string{"registry.example/=alice:pw"}},
-		{name: "opaque", secret: &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s"}, Type: corev1.SecretTypeOpaque},
-			err: `its type is "Opaque", not kubernetes.io/dockerconfigjson or kubernetes.io/dockercfg`},
-		{name: "no key", secret: &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s"}, Type: corev1.SecretTypeDockerConfigJson},
-			err: "it has no .dockerconfigjson"},
-		{name: "not JSON", secret: dockerConfigSecret("s", `{"auths":`), err: "its .dockerconfigjson is not a docker config"},
-		{name: "bad base64 in auth", secret: dockerConfigSecret("s", `{"auths":{"registry.example":{"auth":"%%%"}}}`),
-			err: "its .dockerconfigjson is not a docker config"},
-		{name: "no registry", secret: dockerConfigSecret("s", `{"auths":{"https:///v2/":{"username":"a","password":"b"}}}`),
-			err: "names no registry"},
-		{name: "too large", secret: dockerConfigSecret("s", `{"auths":{}}`+strings.Repeat(" ", pullSecretLimit)),
-			err: "more than 1048576"},
+		{name: "dockerconfigjson", secret: dockerConfigSecret("s", `{"auths":{"registry.example":{"username":"alice","password":"pw"}}}`), user: "alice"},
+		{name: "auth field and scheme", secret: dockerConfigSecret("s", `{"auths":{"https://registry.example":{"auth":"`+basic+`"}}}`), user: "alice"},
+		{name: "dockercfg", secret: dockercfg, user: "alice"},
+		{name: "another registry's", secret: dockerConfigSecret("s", `{"auths":{"other.example":{"auth":"`+basic+`"}}}`), user: ""},
+		{name: "opaque", secret: &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "s"}, Type: corev1.SecretTypeOpaque},
+			err: `imagePullSecrets[1] (secret s): its type is "Opaque", not kubernetes.io/dockerconfigjson or kubernetes.io/dockercfg`},
+		{name: "no key", secret: &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "s"}, Type: corev1.SecretTypeDockerConfigJson},
+			err: "imagePullSecrets[1] (secret s): it has no .dockerconfigjson"},
+		{name: "not JSON", secret: dockerConfigSecret("s", `{"auths":`), err: "imagePullSecrets[1] (secret s): "},
+		{name: "bad base64 in auth", secret: dockerConfigSecret("s", `{"auths":{"registry.example":{"auth":"%%%"}}}`), err: "imagePullSecrets[1] (secret s): "},
+	}
+	ref, err := name.ParseReference("registry.example/team/app:1")
+	if err != nil {
+		t.Fatal(err)
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			creds, err := parsePullSecret(tt.secret)
+			reader := fake.NewClientBuilder().WithObjects(tt.secret).Build()
+			// "gone" does not exist: left out, and named.
+			keychain, missing, err := readPullSecrets(context.Background(), reader, "team", []corev1.LocalObjectReference{{Name: "gone"}, {Name: "s"}, {Name: ""}})
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
-					t.Fatalf("parsePullSecret: %v, want an error containing %q", err, tt.err)
+					t.Fatalf("readPullSecrets: %v, want an error containing %q", err, tt.err)
 				}
-				if strings.Contains(err.Error(), "pw") {
+				if strings.Contains(err.Error(), "pw") || strings.Contains(err.Error(), basic) {
 					t.Errorf("the error shows a password: %v", err)
 				}
 				return
@@ -69,43 +65,43 @@ func TestParsePullSecret(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var got []string
-			for _, c := range creds {
-				got = append(got, c.host+"/"+c.path+"="+c.auth.Username+":"+c.auth.Password)
+			if strings.Join(missing, ",") != "gone" {
+				t.Errorf("missing = %v, want [gone]", missing)
 			}
-			if strings.Join(got, " ") != strings.Join(tt.want, " ") {
-				t.Errorf("credentials %v, want %v", got, tt.want)
+			auth, err := keychain.Resolve(ref.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := auth.Authorization()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Username != tt.user || (tt.user == "" && auth != authn.Anonymous) {
+				t.Errorf("credential of %q for %s, want %q", cfg.Username, ref, tt.user)
 			}
 		})
 	}
 }
 
-// A credential goes only to the registry (and repository path) it names;
-// the first secret with a match wins, and within it the longest path.
-func TestPullKeychainResolve(t *testing.T) {
-	ctx := context.Background()
+// The pool picks a credential the way its members' nodes do
+// (images.KeychainFromDockerConfigs): the most specific key of any of its
+// secrets, and only for the registry it names.
+func TestPullSecretsChooseAsTheNodeDoes(t *testing.T) {
 	reader := fake.NewClientBuilder().WithObjects(
-		dockerConfigSecret("first", `{"auths":{"registry.example":{"username":"first","password":"1"},"registry.example/team/app":{"username":"first-app","password":"1"}}}`),
-		dockerConfigSecret("second", `{"auths":{"registry.example":{"username":"second","password":"2"},"other.example:5000":{"username":"other","password":"3"}}}`),
+		dockerConfigSecret("first", `{"auths":{"registry.example":{"username":"first","password":"1"}}}`),
+		dockerConfigSecret("second", `{"auths":{"registry.example/team/app":{"username":"second-app","password":"2"},"other.example:5000":{"username":"other","password":"3"}}}`),
 	).Build()
-	keychain, missing, err := readPullSecrets(ctx, reader, "team", []corev1.LocalObjectReference{{Name: "first"}, {Name: "gone"}, {Name: "second"}, {Name: ""}})
+	keychain, _, err := readPullSecrets(context.Background(), reader, "team", []corev1.LocalObjectReference{{Name: "first"}, {Name: "second"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(missing, ",") != "gone" {
-		t.Errorf("missing = %v, want [gone]", missing)
-	}
-	tests := []struct{ ref, user string }{
-		{"registry.example/team/app:1", "first-app"},
-		{"registry.example/team/app/sub:1", "first-app"},
-		{"registry.example/team/application:1", "first"},
+	for _, tt := range []struct{ ref, user string }{
+		{"registry.example/team/app:1", "second-app"},
 		{"registry.example/elsewhere:1", "first"},
 		{"other.example:5000/x:1", "other"},
 		{"other.example/x:1", ""},
 		{"evil.example/registry.example/x:1", ""},
-		{"registry.example.evil.example/x:1", ""},
-	}
-	for _, tt := range tests {
+	} {
 		ref, err := name.ParseReference(tt.ref)
 		if err != nil {
 			t.Fatal(err)
@@ -118,15 +114,8 @@ func TestPullKeychainResolve(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if cfg.Username != tt.user || (tt.user == "" && auth != authn.Anonymous) {
+		if cfg.Username != tt.user {
 			t.Errorf("%s: credential of %q, want %q", tt.ref, cfg.Username, tt.user)
 		}
-	}
-
-	if _, _, err := readPullSecrets(ctx, fake.NewClientBuilder().WithObjects(&corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "opaque"}, Type: corev1.SecretTypeOpaque,
-	}).Build(), "team", []corev1.LocalObjectReference{{Name: "ok"}, {Name: "opaque"}}); err == nil ||
-		!strings.Contains(err.Error(), "imagePullSecrets[1] (secret opaque): its type is") {
-		t.Errorf("an opaque secret: %v, want an error naming imagePullSecrets[1] and its type", err)
 	}
 }

@@ -5,20 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/authn"
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/random"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -31,58 +23,15 @@ import (
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
-// testRegistry is go-containerregistry's registry on a loopback httptest
-// server (testenv has no registry of its own yet). With a user, every
-// request needs its basic auth, as a private registry does.
-type testRegistry struct {
-	host           string
-	user, password string
-}
-
-func startTestRegistry(t *testing.T, user, password string) *testRegistry {
-	t.Helper()
-	var h http.Handler = registry.New(registry.Logger(log.New(io.Discard, "", 0)))
-	if user != "" {
-		open := h
-		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if u, p, ok := r.BasicAuth(); !ok || u != user || p != password {
-				w.Header().Set("WWW-Authenticate", `Basic realm="kairon-test"`)
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(http.StatusUnauthorized)
-				_, _ = io.WriteString(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`)
-				return
-			}
-			open.ServeHTTP(w, r)
-		})
-	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	return &testRegistry{host: strings.TrimPrefix(srv.URL, "http://"), user: user, password: password}
-}
-
-// push writes a new random image as repoTag and returns its digest.
-func (r *testRegistry) push(t *testing.T, repoTag string) string {
+// pushRandom pushes a new random image to reg as repoTag and returns its
+// digest: the pool only resolves digests, so no guest needs to boot it.
+func pushRandom(t *testing.T, reg *testenv.Registry, repoTag string) string {
 	t.Helper()
 	img, err := random.Image(256, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref, err := name.ParseReference(r.host + "/" + repoTag)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var opts []remote.Option
-	if r.user != "" {
-		opts = append(opts, remote.WithAuth(&authn.Basic{Username: r.user, Password: r.password}))
-	}
-	if err := remote.Write(ref, img, opts...); err != nil {
-		t.Fatalf("pushing %s: %v", ref, err)
-	}
-	d, err := img.Digest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d.String()
+	return reg.Push(t, repoTag, img)
 }
 
 // pullSecret creates a kubernetes.io/dockerconfigjson Secret for the
@@ -178,11 +127,11 @@ func kctl(t *testing.T, env *testenv.Env, args ...string) string {
 func TestPoolPinsItsImageUntilRolloutRestart(t *testing.T) {
 	env := testenv.Get(t)
 	ns := prepareNamespace(t, env)
-	reg := startTestRegistry(t, "", "")
-	first := reg.push(t, "team/app:1")
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	first := pushRandom(t, reg, "team/app:1")
 	createNode(t, env, ns, "n1", 16, "16Gi")
 	startControllers(t, env, ns, Options{})
-	ref := reg.host + "/team/app:1"
+	ref := reg.Ref("team/app:1")
 	createImagePool(t, env, ns, "agents", ref, 2)
 
 	warm := waitPoolImage(t, env, ns, "agents", ref+"@"+first, first, ImageReasonResolved, 2, 0)
@@ -194,7 +143,7 @@ func TestPoolPinsItsImageUntilRolloutRestart(t *testing.T) {
 	createClaim(t, env, ns, "job", "agents")
 	claimedName := waitClaimBound(t, env, ns, "job").Status.MachineName
 
-	moved := reg.push(t, "team/app:1")
+	moved := pushRandom(t, reg, "team/app:1")
 	if moved == first {
 		t.Fatal("the tag did not move")
 	}
@@ -280,9 +229,9 @@ func TestPoolImagePinnedByDigestNeedsNoRegistry(t *testing.T) {
 		t.Errorf("built-in pool's members: %s", membersByImage(warm, nil))
 	}
 
-	reg := startTestRegistry(t, "", "")
-	d := reg.push(t, "team/snap:1")
-	ref := reg.host + "/team/snap:1"
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	d := pushRandom(t, reg, "team/snap:1")
+	ref := reg.Ref("team/snap:1")
 	createImagePool(t, env, ns, "snap", ref, 1, func(p *kaironv1.MachinePool) { p.Spec.WarmFrom = kaironv1.WarmFromSnapshot })
 	eventually(t, "the snapshot pool's template machine, pinned", func() (bool, string) {
 		templates := listMachines(t, env, ns, client.MatchingLabels{kaironv1.LabelMachinePoolTemplate: "snap"})
@@ -298,12 +247,12 @@ func TestPoolImagePinnedByDigestNeedsNoRegistry(t *testing.T) {
 func TestPoolResolvesAPrivateImageWithItsPullSecret(t *testing.T) {
 	env := testenv.Get(t)
 	ns := prepareNamespace(t, env)
-	reg := startTestRegistry(t, "kairon", "s3cret")
-	d := reg.push(t, "team/private:1")
-	ref := reg.host + "/team/private:1"
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{Users: map[string]string{"kairon": "s3cret"}})
+	d := pushRandom(t, reg, "team/private:1")
+	ref := reg.Ref("team/private:1")
 	createNode(t, env, ns, "n1", 16, "16Gi")
 	startControllers(t, env, ns, Options{})
-	pullSecret(t, env, ns, "creds", reg.host, "kairon", "s3cret")
+	pullSecret(t, env, ns, "creds", reg.Addr, "kairon", "s3cret")
 	withSecrets := func(names ...string) func(*kaironv1.MachinePool) {
 		return func(p *kaironv1.MachinePool) {
 			for _, n := range names {
@@ -314,12 +263,12 @@ func TestPoolResolvesAPrivateImageWithItsPullSecret(t *testing.T) {
 
 	createImagePool(t, env, ns, "authed", ref, 2, withSecrets("creds"))
 	createImagePool(t, env, ns, "anon", ref, 2, withSecrets("later"))
-	createImagePool(t, env, ns, "missing", reg.host+"/team/private:2", 1, withSecrets("creds"))
+	createImagePool(t, env, ns, "missing", reg.Addr+"/team/private:2", 1, withSecrets("creds"))
 	waitPoolImage(t, env, ns, "authed", ref+"@"+d, d, ImageReasonResolved, 2, 0)
 
 	for _, tc := range []struct{ pool, ref, cause string }{
 		{"anon", ref, "unauthorized"},
-		{"missing", reg.host + "/team/private:2", "not found"},
+		{"missing", reg.Addr + "/team/private:2", "not found"},
 	} {
 		var cond *metav1.Condition
 		eventually(t, "pool "+tc.pool+" to say why it has no image", func() (bool, string) {
@@ -357,6 +306,6 @@ func TestPoolResolvesAPrivateImageWithItsPullSecret(t *testing.T) {
 	}
 
 	// The secret it names, created now, is used at the next attempt.
-	pullSecret(t, env, ns, "later", reg.host, "kairon", "s3cret")
+	pullSecret(t, env, ns, "later", reg.Addr, "kairon", "s3cret")
 	waitPoolImage(t, env, ns, "anon", ref+"@"+d, d, ImageReasonResolved, 2, 0)
 }
