@@ -294,7 +294,17 @@ func TestImageGuestWithoutShell(t *testing.T) {
 	c.Close()
 	con := testenv.DialConsole(t, b.ConsoleSocket(spec.ID)).WithLogs(b.ConsoleLog(spec.ID))
 	con.ExpectText(t, "kill $(pidof kairon-guest-agent) && echo agent-$((1+1))-killed", "agent-2-killed", 30*time.Second)
-	c2 := dialAgent(t, b, spec.ID)
+	// A Hello sent while no agent read the port is lost: dial until the
+	// new agent answers, as the node's readiness watcher does.
+	var c2 *client.Client
+	testenv.Eventually(t, bootTimeout, "the agent started again to answer", func() (bool, string) {
+		dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		var err error
+		c2, err = client.Dial(dctx, b.AgentSocket(spec.ID), client.Options{})
+		return err == nil, fmt.Sprint(err)
+	})
+	t.Cleanup(func() { c2.Close() })
 	st2, err := c2.Status(ctx)
 	if err != nil || st2.Main == nil || *st2.Main != *st.Main {
 		t.Errorf("status from the agent started again: %+v %v", st2, err)
