@@ -527,3 +527,33 @@ func BenchmarkColdBootImage(b *testing.B) {
 	b.ReportMetric(float64(rss[0])/1024/float64(b.N), "MiB-RSS-default")
 	b.ReportMetric(float64(rss[1])/1024/float64(b.N), "MiB-RSS-image")
 }
+
+// A root image the guest cannot mount (not a squashfs) ends the VM, its
+// console saying why, rather than leaving it never ready.
+func TestImageGuestBadImage(t *testing.T) {
+	vmPrereqs(t)
+	bad := filepath.Join(shortTempDir(t), "bad.sqfs")
+	if err := os.WriteFile(bad, bytes.Repeat([]byte("not a squashfs "), 1<<16), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := newTestBackend(t, Options{Log: testLogger(t)})
+	ctx := context.Background()
+	spec := backend.Spec{ID: "img_bad", Name: "img/bad", CPU: 1, MemoryMiB: 256, RootImage: bad}
+	if _, err := b.Start(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	var inst backend.Instance
+	testenv.Eventually(t, bootTimeout, "the VM with a bad image to end", func() (bool, string) {
+		var err error
+		inst, err = b.Get(ctx, spec.ID)
+		return err == nil && inst.Phase == backend.Exited, fmt.Sprintf("%+v %v", inst, err)
+	})
+	if !strings.Contains(inst.Reason, "powered off") ||
+		!strings.Contains(inst.ConsoleTail, "mounting /dev/vda (squashfs)") ||
+		!strings.Contains(inst.ConsoleTail, "kairon-init: image vda: its root could not be prepared (see above); powering off") {
+		t.Errorf("the bad image's VM: reason %q, console:\n%s", inst.Reason, inst.ConsoleTail)
+	}
+	if _, err := b.Start(ctx, backend.Spec{ID: "img_none", RootImage: filepath.Join(t.TempDir(), "missing")}); err == nil || !strings.Contains(err.Error(), "qemu: root image: stat") {
+		t.Errorf("a missing root image: %v", err)
+	}
+}
