@@ -5,8 +5,10 @@
 #                                      /sbin/kairon-guest-agent (built here, static),
 #                                      and the squashfs and overlay modules an image
 #                                      guest (kairon.image=, internal/imagefs) loads
-#   OUT_DIR/.debs/                     the downloaded packages, kept so that a rebuild
-#                                      for a new agent or init downloads nothing
+#   OUT_DIR-debs/                      the downloaded packages (beside OUT_DIR, not in
+#                                      it: the node's OCI image takes OUT_DIR whole),
+#                                      kept so that a rebuild for a new agent or init
+#                                      downloads nothing
 # Usage: hack/guest/build.sh OUT_DIR
 #
 # The result is cached: OUT_DIR/default/.stamp holds a hash of this script,
@@ -15,6 +17,7 @@
 #   KAIRON_GUEST_KERNEL_PKG  kernel package (default: the newest
 #                            linux-image-6.1.0-N-amd64 that apt knows)
 #   KAIRON_GUEST_FORCE=1     rebuild even when the stamp matches
+#   KAIRON_GUEST_DEB_CACHE   where the packages are kept (default OUT_DIR-debs)
 set -euo pipefail
 
 die() { echo "guest: $*" >&2; exit 1; }
@@ -70,10 +73,10 @@ fi
 echo "guest: building $dest from $kpkg $kver and busybox-static $bver" >&2
 work=$(mktemp -d "${TMPDIR:-/tmp}/kairon-guest.XXXXXX")
 trap 'rm -rf "$work" "$agent_bin"' EXIT
-# The packages are kept in OUT_DIR/.debs by exact version: a rebuild for a
-# new agent or init (the usual one) downloads nothing. Only the two
-# versions this build uses stay.
-debs=$out_dir/.debs
+# The packages are kept by exact version: a rebuild for a new agent or init
+# (the usual one) downloads nothing. Only the two versions this build uses
+# stay.
+debs=${KAIRON_GUEST_DEB_CACHE:-${out_dir%/}-debs}
 mkdir -p "$debs"
 kdeb=$(find "$debs" -maxdepth 1 -name "${kpkg}_${kver//[:]/%3a}_*.deb" | head -n1)
 bdeb=$(find "$debs" -maxdepth 1 -name "busybox-static_${bver//[:]/%3a}_*.deb" | head -n1)

@@ -294,7 +294,17 @@ func TestImageGuestWithoutShell(t *testing.T) {
 	c.Close()
 	con := testenv.DialConsole(t, b.ConsoleSocket(spec.ID)).WithLogs(b.ConsoleLog(spec.ID))
 	con.ExpectText(t, "kill $(pidof kairon-guest-agent) && echo agent-$((1+1))-killed", "agent-2-killed", 30*time.Second)
-	c2 := dialAgent(t, b, spec.ID)
+	// A Hello sent while no agent read the port is lost: dial until the
+	// new agent answers, as the node's readiness watcher does.
+	var c2 *client.Client
+	testenv.Eventually(t, bootTimeout, "the agent started again to answer", func() (bool, string) {
+		dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		var err error
+		c2, err = client.Dial(dctx, b.AgentSocket(spec.ID), client.Options{})
+		return err == nil, fmt.Sprint(err)
+	})
+	t.Cleanup(func() { c2.Close() })
 	st2, err := c2.Status(ctx)
 	if err != nil || st2.Main == nil || *st2.Main != *st.Main {
 		t.Errorf("status from the agent started again: %+v %v", st2, err)
@@ -516,4 +526,34 @@ func BenchmarkColdBootImage(b *testing.B) {
 	b.ReportMetric(100*float64(ready[1])/float64(ready[0]), "image-%-of-default")
 	b.ReportMetric(float64(rss[0])/1024/float64(b.N), "MiB-RSS-default")
 	b.ReportMetric(float64(rss[1])/1024/float64(b.N), "MiB-RSS-image")
+}
+
+// A root image the guest cannot mount (not a squashfs) ends the VM, its
+// console saying why, rather than leaving it never ready.
+func TestImageGuestBadImage(t *testing.T) {
+	vmPrereqs(t)
+	bad := filepath.Join(shortTempDir(t), "bad.sqfs")
+	if err := os.WriteFile(bad, bytes.Repeat([]byte("not a squashfs "), 1<<16), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := newTestBackend(t, Options{Log: testLogger(t)})
+	ctx := context.Background()
+	spec := backend.Spec{ID: "img_bad", Name: "img/bad", CPU: 1, MemoryMiB: 256, RootImage: bad}
+	if _, err := b.Start(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	var inst backend.Instance
+	testenv.Eventually(t, bootTimeout, "the VM with a bad image to end", func() (bool, string) {
+		var err error
+		inst, err = b.Get(ctx, spec.ID)
+		return err == nil && inst.Phase == backend.Exited, fmt.Sprintf("%+v %v", inst, err)
+	})
+	if !strings.Contains(inst.Reason, "powered off") ||
+		!strings.Contains(inst.ConsoleTail, "mounting /dev/vda (squashfs)") ||
+		!strings.Contains(inst.ConsoleTail, "kairon-init: image vda: its root could not be prepared (see above); powering off") {
+		t.Errorf("the bad image's VM: reason %q, console:\n%s", inst.Reason, inst.ConsoleTail)
+	}
+	if _, err := b.Start(ctx, backend.Spec{ID: "img_none", RootImage: filepath.Join(t.TempDir(), "missing")}); err == nil || !strings.Contains(err.Error(), "qemu: root image: stat") {
+		t.Errorf("a missing root image: %v", err)
+	}
 }
