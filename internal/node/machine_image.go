@@ -205,8 +205,13 @@ func (a *Agent) wakeMachine(key types.NamespacedName) {
 	}
 }
 
-// imageGCInterval is how often the node collects cached images.
-const imageGCInterval = time.Minute
+// imageGCInterval is how often the node collects cached images;
+// recentPullKeep how long an image pulled for a Machine is kept whatever
+// the Machines' statuses say.
+const (
+	imageGCInterval = time.Minute
+	recentPullKeep  = 10 * time.Minute
+)
 
 // collectImages removes cached images no Machine on this node and no
 // MachineSnapshot needs, while the cache is over its budget.
@@ -243,6 +248,13 @@ func (a *Agent) collectImages(ctx context.Context) error {
 // may come here).
 func (a *Agent) imagesInUse(ctx context.Context) (map[string]bool, error) {
 	inUse := map[string]bool{}
+	if a.imagePuller != nil {
+		// Pulled for a VM that may not have started yet, nor written the
+		// digest in its status.
+		for _, d := range a.imagePuller.Recent(recentPullKeep) {
+			inUse[d] = true
+		}
+	}
 	var machines kaironv1.MachineList
 	if err := a.client.List(ctx, &machines); err != nil { // the cache holds this node's only
 		return nil, err

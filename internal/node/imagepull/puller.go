@@ -204,6 +204,22 @@ func (p *Puller) pullOnce(ctx context.Context, ref string, creds Credentials) (I
 	return img, nil
 }
 
+// Recent are the digests of the images pulls made ready within the last
+// d: a Machine about to start with one may not show it in its status yet,
+// so the cache's collector keeps them too.
+func (p *Puller) Recent(d time.Duration) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	var digests []string
+	for _, pl := range p.pulls {
+		if !pl.running && pl.err == nil && pl.img.Digest != "" && now.Sub(pl.ended) < d {
+			digests = append(digests, pl.img.Digest)
+		}
+	}
+	return digests
+}
+
 // retryAfter is the backoff after n transient failures in a row.
 func retryAfter(n int) time.Duration {
 	d := firstRetry

@@ -185,3 +185,20 @@ func TestPullsWithOtherCredentialsAreSeparate(t *testing.T) {
 		t.Fatalf("with credentials, after its pull: %+v", st)
 	}
 }
+
+func TestRecentPullsAreKept(t *testing.T) {
+	path := imageFile(t)
+	p, store, wake, now := newHarness(t, func(ref string) (Image, error) {
+		return Image{Reference: ref, Digest: "sha256:abc", Path: path}, nil
+	})
+	close(store.gate)
+	p.Get(Pull{Reference: "r.io/a:1"}, types.NamespacedName{Name: "m"})
+	<-wake
+	if got := p.Recent(time.Minute); len(got) != 1 || got[0] != "sha256:abc" {
+		t.Fatalf("Recent right after the pull = %v", got)
+	}
+	*now = now.Add(2 * time.Minute)
+	if got := p.Recent(time.Minute); len(got) != 0 {
+		t.Fatalf("Recent a while after = %v, want none", got)
+	}
+}

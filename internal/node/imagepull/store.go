@@ -2,6 +2,7 @@ package imagepull
 
 import (
 	"context"
+	"errors"
 
 	"github.com/zyvor/kairon/internal/images"
 )
@@ -20,6 +21,12 @@ func (a *ImageStore) Ensure(ctx context.Context, ref string, dockerConfigs [][]b
 		return Image{}, err
 	}
 	img, err := a.s.Ensure(ctx, ref, kc)
+	var pullErr *images.PullError
+	if err != nil && !errors.As(err, &pullErr) {
+		// Not the image's fault nor the registry's: the node's disk, its
+		// converter, a pull cut short. Another attempt may do.
+		return Image{}, TransientError{Err: err}
+	}
 	if err != nil {
 		return Image{}, err
 	}
