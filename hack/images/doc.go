@@ -10,9 +10,12 @@
 // The files:
 //
 //   - main.go: the flags, the images and their layers, and push;
-//   - debian.go: the Debian packages an image needs, resolved, locked and
-//     unpacked;
-//   - tree.go: a layer's file tree, written as a sorted tar.
+//   - node_packages.go: the node image's Debian packages (debian.lock);
+//   - python.go: the python subcommand, which builds kairon/python
+//     (package userimages) and pushes it to a registry.
+//
+// Resolving, fetching and unpacking Debian packages, and writing layers,
+// is package internal/debimage's.
 //
 // The images are reproducible: every file is dated SOURCE_DATE_EPOCH (by
 // default the last commit's time), layer entries are sorted with numeric
