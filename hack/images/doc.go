@@ -6,6 +6,8 @@
 //
 //	go run ./hack/images [flags]              build (make images)
 //	go run ./hack/images push --registry R    push what was built (make push)
+//	go run ./hack/images python [--push R]    build kairon/python:3.11 (cached) and
+//	                                          make sure registry R holds it
 //
 // The files:
 //

@@ -2,6 +2,7 @@ package main
 
 import (
 	"archive/tar"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -59,6 +60,9 @@ func main() {
 }
 
 func run(args []string) error {
+	if len(args) > 0 && args[0] == "python" {
+		return runPython(context.Background(), args[1:], os.Stdout, os.Stderr)
+	}
 	push := len(args) > 0 && args[0] == "push"
 	if push || len(args) > 0 && args[0] == "build" {
 		args = args[1:]
