@@ -30,7 +30,7 @@ func runPython(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("images python", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cache := fs.String("cache", "", "image cache directory (default $KAIRON_IMAGES_CACHE, else ~/.cache/kairon/images)")
-	push := fs.String("push", "", "registry (host:port, plain HTTP, e.g. 127.0.0.1:5000) to push the image to as <registry>/kairon/python:3.11 unless it already holds this build")
+	push := fs.String("push", "", "registry (host[:port][/path]) to push the image to as <registry>/kairon/python:3.11 unless it already holds this build; loopback and private addresses in plain HTTP, others in HTTPS with podman's or docker's login")
 	updateLock := fs.Bool("update-lock", false, "resolve the image's packages again at the archive's current versions, rewrite --lock with today's date, and stop")
 	lock := fs.String("lock", "internal/userimages/python.lock", "the lock file --update-lock rewrites")
 	fs.Usage = func() {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
@@ -25,17 +26,19 @@ type Result struct {
 	Pushed bool
 }
 
-// Ensure makes sure registry (host:port, plain HTTP: a registry of this
-// machine) holds i as repository:tag. If the tag there is this very build
-// (the same KeyLabel) nothing is built or sent; otherwise the image is
-// built, or read from the cache, and pushed.
+// Ensure makes sure registry (host[:port][/path]) holds i as
+// repository:tag. If the tag there is this very build (the same KeyLabel)
+// nothing is built or sent; otherwise the image is built, or read from the
+// cache, and pushed. A registry on a loopback or private address is spoken
+// to in plain HTTP, any other in HTTPS, with the credentials of `podman
+// login` or `docker login` if there are some.
 func (i Image) Ensure(ctx context.Context, registry string, o Options) (Result, error) {
-	ref, err := name.ParseReference(registry+"/"+i.Name(), name.Insecure, name.StrictValidation)
+	ref, err := name.ParseReference(registry+"/"+i.Name(), name.StrictValidation)
 	if err != nil {
 		return Result{}, fmt.Errorf("registry %q: %w", registry, err)
 	}
 	res := Result{Reference: ref.String()}
-	opts := []remote.Option{remote.WithContext(ctx)}
+	opts := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain)}
 	have, err := registryKey(ref, opts)
 	if err != nil {
 		return res, err
