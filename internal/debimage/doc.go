@@ -14,10 +14,13 @@
 //   - tree.go: a layer's file tree, written as a sorted tar;
 //   - unpack.go: the packages' files into a tree, with the dpkg database
 //     that says what is installed;
-//   - users.go, cacerts.go, alternatives.go, defaults.go: what the
-//     maintainer scripts that unpacking skips would have done and an image
-//     needs (accounts, the CA bundle, update-alternatives' links, files
-//     copied from their packaged defaults);
+//   - base.go, users.go, cacerts.go, alternatives.go: what the maintainer
+//     scripts that unpacking skips would have done and an image needs
+//     (files copied from their packaged defaults, base-files' directories,
+//     accounts, the CA bundle, update-alternatives' links);
+//   - ldconfig.go, pycompile.go: the same for what needs one of the
+//     image's own programs to run (ldconfig's cache, byte-compiled Python
+//     modules), run from a copy of the tree without chroot;
 //   - image.go: layers and a config put together as an OCI image.
 //
 // Reproducible: every entry of a layer is dated one given time, entries are
