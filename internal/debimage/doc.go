@@ -20,7 +20,7 @@
 //     accounts, the CA bundle, update-alternatives' links);
 //   - ldconfig.go, pycompile.go: the same for what needs one of the
 //     image's own programs to run (ldconfig's cache, byte-compiled Python
-//     modules), run from a copy of the tree without chroot;
+//     modules), run from a copy of the tree;
 //   - image.go: layers and a config put together as an OCI image.
 //
 // Reproducible: every entry of a layer is dated one given time, entries are
