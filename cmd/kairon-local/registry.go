@@ -33,8 +33,9 @@ func registryDir(dataDir string) string { return filepath.Join(dataDir, "registr
 type registryOptions struct {
 	enabled bool
 	address string
-	// explicit: --registry-address was given, so a taken address is an
-	// error rather than a reason to run without a registry.
+	// explicit: --registry or --registry-address was given, so a taken
+	// address or a missing docker-registry is an error rather than a
+	// reason to run without a registry.
 	explicit bool
 	// imageCache is where the images users start from are built
 	// (--image-cache).
@@ -42,10 +43,11 @@ type registryOptions struct {
 }
 
 // checkRegistry decides, before anything starts, whether and where the
-// registry runs. The default address taken by something else (another
-// kairon-local, the host's own docker-registry service) leaves kairon-local
-// without a registry, with a warning; an address given explicitly must be
-// free.
+// registry runs. Unless asked for on the command line, a registry that
+// cannot run (its default address taken by another kairon-local or the
+// host's own docker-registry service, or docker-registry not installed)
+// leaves kairon-local without one, with a warning: the rest of Kairon does
+// not need it. Asked for, it must run.
 func checkRegistry(o *registryOptions, warn func(string)) error {
 	if !o.enabled {
 		return nil
@@ -54,7 +56,13 @@ func checkRegistry(o *registryOptions, warn func(string)) error {
 		return fmt.Errorf("--registry-address %q: %v; the registry takes pushes without authentication, so it listens on this machine only (for example %s)", o.address, err, defaultRegistryAddress)
 	}
 	if _, err := exec.LookPath(registryBinary); err != nil {
-		return fmt.Errorf("the registry needs Debian's %s (apt-get install docker-registry; make deps installs it), or run without it: --registry=false", registryBinary)
+		msg := fmt.Sprintf("the registry needs Debian's %s (apt-get install docker-registry; make deps installs it)", registryBinary)
+		if o.explicit {
+			return fmt.Errorf("%s, or run without it: --registry=false", msg)
+		}
+		warn(msg + ": running without a registry.")
+		o.enabled = false
+		return nil
 	}
 	ln, err := net.Listen("tcp", o.address)
 	if err != nil {

@@ -68,6 +68,22 @@ func TestCheckRegistry(t *testing.T) {
 	}
 }
 
+// Without docker-registry, a registry asked for on the command line stops
+// up; the default one is left out with a warning.
+func TestCheckRegistryWithoutDockerRegistry(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	address := "127.0.0.1:" + freePort(t)
+	o := registryOptions{enabled: true, address: address, explicit: true}
+	if err := checkRegistry(&o, func(string) {}); err == nil || !strings.Contains(err.Error(), "apt-get install docker-registry") {
+		t.Errorf("explicit registry without docker-registry: %v", err)
+	}
+	o = registryOptions{enabled: true, address: address}
+	var warning string
+	if err := checkRegistry(&o, func(s string) { warning = s }); err != nil || o.enabled || !strings.Contains(warning, "running without a registry") {
+		t.Errorf("default registry without docker-registry: %v, enabled %t, warning %q", err, o.enabled, warning)
+	}
+}
+
 var registryLine = regexp.MustCompile(`\n  (127\.0\.0\.1:\d+/kairon/python:3\.11)@(sha256:[0-9a-f]{64})\n`)
 
 // up runs a registry on the address asked for, with its storage in the

@@ -87,7 +87,7 @@ func up(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	fs.Visit(func(fl *flag.Flag) {
-		if fl.Name == "registry-address" {
+		if fl.Name == "registry-address" || fl.Name == "registry" {
 			f.registry.explicit = true
 		}
 	})
