@@ -253,9 +253,9 @@ func TestTriggerInterests(t *testing.T) {
 	tr := Tree{}
 	ti.write(tr)
 	for file, want := range map[string]string{
-		"var/lib/dpkg/triggers/ldconfig":                "libc-bin\n",
+		"var/lib/dpkg/triggers/ldconfig":               "libc-bin\n",
 		"var/lib/dpkg/triggers/update-ca-certificates": "ca-certificates\n",
-		"var/lib/dpkg/triggers/File":                    "/usr/share/debianutils/shells.d debianutils/noawait\n",
+		"var/lib/dpkg/triggers/File":                   "/usr/share/debianutils/shells.d debianutils/noawait\n",
 	} {
 		if b, err := tr.Read(file); err != nil || string(b) != want {
 			t.Errorf("%s = %q (%v), want %q", file, b, err, want)
