@@ -15,7 +15,7 @@ TEST_FIRST := ./test/e2e/ ./test/images/ ./internal/controller/
 CONTROLLER_GEN := $(BIN)/controller-gen
 STATICCHECK    := $(BIN)/staticcheck
 
-.PHONY: all deps tools guest generate build images push up test test-unit lint bench bench-egress bench-exec bench-claim bench-clone bench-scale fmt clean help
+.PHONY: all deps tools guest generate build images push python-image up test test-unit lint bench bench-egress bench-exec bench-claim bench-clone bench-scale fmt clean help
 
 all: build
 
@@ -52,10 +52,13 @@ images: deps guest ## Build the kairon-controller, kairon-ui and kairon-node OCI
 push: ## Push the images of bin/images to $(REGISTRY) as <name>:$(VERSION) (credentials: docker/podman login).
 	$(GO) run ./hack/images push --out $(BIN)/images --version $(VERSION) --registry $(REGISTRY)
 
+python-image: deps ## Build kairon/python:3.11 from Debian packages into the image cache (~/.cache/kairon/images), once per lock; kairon-local up pushes it to its registry (docs/guides/images.md).
+	$(GO) run ./hack/images python
+
 up: deps tools guest build ## Run a whole single-host Kairon with state in $(DATA_DIR).
 	$(BIN)/kairon-local up --data-dir $(DATA_DIR) --nodes $(NODES)
 
-test: deps tools guest build ## Install, build and run every test, with the race detector.
+test: deps tools guest build python-image ## Install, build and run every test, with the race detector.
 	$(GO) vet ./...
 	set -o pipefail; KAIRON_BIN_DIR=$(BIN) $(GO) test $(TEST_FLAGS) $(TEST_FIRST) ./... 2>&1 | tee $(BIN)/test-output.log || \
 		{ hack/test-failures.sh $(BIN)/test-output.log; exit 1; }

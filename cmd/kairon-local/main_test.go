@@ -60,6 +60,18 @@ func TestCommandsThatStartNothing(t *testing.T) {
 		},
 		{name: "too many nodes", args: []string{"up", "--nodes", "201", "--data-dir", dataDir}, wantCode: 1, wantStderr: "--nodes 201: at most 200 agents"},
 		{name: "negative nodes", args: []string{"up", "--nodes", "-1", "--data-dir", dataDir}, wantCode: 1, wantStderr: "--nodes must be 0 or more"},
+		{
+			name:       "registry on all interfaces",
+			args:       []string{"up", "--registry-address", "0.0.0.0:5000", "--data-dir", dataDir, "--ui=false"},
+			wantCode:   1,
+			wantStderr: `--registry-address "0.0.0.0:5000": host "0.0.0.0" is not a loopback address`,
+		},
+		{
+			name:       "registry address taken",
+			args:       []string{"up", "--registry-address", "127.0.0.1:" + busyPort, "--data-dir", dataDir, "--ui=false"},
+			wantCode:   1,
+			wantStderr: "--registry-address 127.0.0.1:" + busyPort + ": ",
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -113,6 +125,11 @@ func startUp(t *testing.T, exe string, args ...string) *upProcess {
 		// kairon-ui's default port is fixed, and other packages' tests
 		// may run a kairon-local at the same time.
 		args = append(args, "--ui-port", freePort(t))
+	}
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--registry") }) {
+		// The registry's default port is fixed too, and only
+		// registry_test.go's tests are about it.
+		args = append(args, "--registry=false")
 	}
 	p.cmd = exec.Command(exe, append([]string{"up"}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = stdout, stderr

@@ -17,6 +17,7 @@ import (
 	"github.com/zyvor/kairon/config/crd"
 	"github.com/zyvor/kairon/internal/controlplane"
 	"github.com/zyvor/kairon/internal/rules"
+	"github.com/zyvor/kairon/internal/userimages"
 )
 
 // defaultPort is tried on a data dir's first start; later starts reuse the
@@ -41,6 +42,8 @@ type upFlags struct {
 	ui           bool
 	uiPort       int
 	uiAllowWrite bool
+	// registry: the OCI registry and the images users start from.
+	registry registryOptions
 }
 
 func up(args []string, stdout, stderr io.Writer) int {
@@ -65,6 +68,9 @@ func up(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&f.ui, "ui", true, "run kairon-ui, the web dashboard, with the agents (as the admin kubeconfig, on 127.0.0.1 only)")
 	fs.IntVar(&f.uiPort, "ui-port", 8090, "kairon-ui's port on 127.0.0.1")
 	fs.BoolVar(&f.uiAllowWrite, "ui-allow-write", true, "kairon-ui's actions (evacuate, migrate, scale) on the pages, made as the admin")
+	fs.BoolVar(&f.registry.enabled, "registry", true, "run an OCI registry (Debian's docker-registry) on --registry-address, storage in the data dir, holding the images users start from (kairon/python:3.11), built the first time and cached after (docs/guides/images.md)")
+	fs.StringVar(&f.registry.address, "registry-address", defaultRegistryAddress, "the registry's address, on this machine only (plain HTTP, no authentication); if the default is taken, kairon-local runs without a registry and says so")
+	fs.StringVar(&f.registry.imageCache, "image-cache", "", "where the images users start from are built and cached (default $KAIRON_IMAGES_CACHE, else ~/.cache/kairon/images)")
 	fs.BoolVar(&f.verbose, "v", false, "log each startup step")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "Usage: kairon-local up [flags]\n\nStarts the control plane with Kairon's CRDs and runs until Ctrl-C or SIGTERM,\nwhich save every VM and stop it; the next up resumes them.\n\nFlags:\n")
@@ -80,6 +86,11 @@ func up(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kairon-local up: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
+	fs.Visit(func(fl *flag.Flag) {
+		if fl.Name == "registry-address" || fl.Name == "registry" {
+			f.registry.explicit = true
+		}
+	})
 	if f.port < 0 || f.port > 65535 {
 		fmt.Fprintf(stderr, "kairon-local: --port %d is not a TCP port\n", f.port)
 		return 2
@@ -105,6 +116,9 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 	f.dataDir = dataDir
 	comps, err := components(f)
 	if err != nil {
+		return err
+	}
+	if err := checkRegistry(&f.registry, func(msg string) { fmt.Fprintln(stderr, "kairon-local: warning:", msg) }); err != nil {
 		return err
 	}
 	level := slog.LevelWarn
@@ -157,8 +171,40 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 			return errors.Join(err, cp.Stop())
 		}
 	}
+	// The registry comes before the agents, which may pull from it as they
+	// resume their VMs.
+	var registry *controlplane.Process
+	stopRegistry := func() {}
+	var registryDied <-chan error
+	if f.registry.enabled {
+		if registry, err = startRegistry(ctx, cp, f.registry.address); err != nil {
+			return errors.Join(fmt.Errorf("starting the registry: %w", err), cp.Stop())
+		}
+		stopRegistry = func() { registry.Stop(10 * time.Second) }
+		registryDied = registry.Done()
+	}
+	// The images users start from are built or pushed while the
+	// components start.
+	type ensured struct {
+		results []userimages.Result
+		err     error
+	}
+	imagesDone := make(chan ensured, 1)
+	imagesCtx, cancelImages := context.WithCancel(ctx)
+	defer cancelImages()
+	if registry != nil {
+		go func() {
+			r, err := ensureImages(imagesCtx, f.registry.address, f.registry.imageCache, stderr)
+			imagesDone <- ensured{r, err}
+		}()
+	} else {
+		imagesDone <- ensured{}
+	}
 	set := newComponentSet(stderr)
 	if err := set.start(ctx, cp, comps); err != nil {
+		cancelImages()
+		<-imagesDone // a build in progress stops at its next step
+		stopRegistry()
 		return errors.Join(err, cp.Stop())
 	}
 	// `kairon-local node stop/kill/start` reach this run through a socket
@@ -174,13 +220,21 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 	if f.ui && f.nodes > 0 {
 		ui = uiURL(f.uiPort)
 	}
-	printHowTo(stdout, cp, f.binDir, ui, time.Since(began))
+	images := <-imagesDone
+	if ctx.Err() == nil {
+		regLine := ""
+		if registry != nil {
+			regLine = imagesLine(f.registry.address, images.results, images.err)
+		}
+		printHowTo(stdout, cp, f.binDir, ui, regLine, time.Since(began))
+	}
 
 	var failure error
 	select {
 	case <-ctx.Done():
 	case failure = <-cp.Wait():
 	case failure = <-set.Done():
+	case failure = <-registryDied:
 	}
 	// A second Ctrl-C now kills kairon-local outright; the children follow
 	// it through Pdeathsig, so nothing is left behind either way.
@@ -193,7 +247,9 @@ func runUp(f upFlags, stdout, stderr io.Writer) error {
 	}
 	// The agents stop (and save their VMs, writing events) before the
 	// control plane they need for that.
-	stopErr := errors.Join(set.stop(), cp.Stop())
+	stopErr := set.stop()
+	stopRegistry()
+	stopErr = errors.Join(stopErr, cp.Stop())
 	reportVMs(stderr, cp.DataDir())
 	if failure != nil {
 		return errors.Join(failure, stopErr)
@@ -244,7 +300,7 @@ func defaultBinDir() string {
 	return "bin"
 }
 
-func printHowTo(w io.Writer, cp *controlplane.ControlPlane, binDir, ui string, took time.Duration) {
+func printHowTo(w io.Writer, cp *controlplane.ControlPlane, binDir, ui, registry string, took time.Duration) {
 	kubectl := filepath.Join(binDir, "kubectl")
 	if wd, err := os.Getwd(); err == nil {
 		if rel, err := filepath.Rel(wd, kubectl); err == nil && !strings.HasPrefix(rel, "..") {
@@ -256,11 +312,11 @@ kairon-local is up (%s): API server %s
 
   export KUBECONFIG=%s
   %s get crd
-%s
+%s%s
 Data, certificates and logs are in %s.
 Press Ctrl-C to stop (or send SIGTERM, or run 'kairon-local down --data-dir %s'): every VM is saved,
 and the next 'kairon-local up' continues where this one stopped.
-`, took.Round(100*time.Millisecond), cp.RESTConfig().Host, cp.KubeconfigPath(), kubectl, uiLine(ui), cp.DataDir(), cp.DataDir())
+`, took.Round(100*time.Millisecond), cp.RESTConfig().Host, cp.KubeconfigPath(), kubectl, uiLine(ui), registry, cp.DataDir(), cp.DataDir())
 }
 
 // uiLine is the how-to's line about kairon-ui, if it runs.

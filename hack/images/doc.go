@@ -6,13 +6,18 @@
 //
 //	go run ./hack/images [flags]              build (make images)
 //	go run ./hack/images push --registry R    push what was built (make push)
+//	go run ./hack/images python [--push R]    build kairon/python:3.11 (cached) and
+//	                                          make sure registry R holds it
 //
 // The files:
 //
 //   - main.go: the flags, the images and their layers, and push;
-//   - debian.go: the Debian packages an image needs, resolved, locked and
-//     unpacked;
-//   - tree.go: a layer's file tree, written as a sorted tar.
+//   - node_packages.go: the node image's Debian packages (debian.lock);
+//   - python.go: the python subcommand, which builds kairon/python
+//     (package userimages) and pushes it to a registry.
+//
+// Resolving, fetching and unpacking Debian packages, and writing layers,
+// is package internal/debimage's.
 //
 // The images are reproducible: every file is dated SOURCE_DATE_EPOCH (by
 // default the last commit's time), layer entries are sorted with numeric

@@ -1,13 +1,9 @@
 package main
 
 import (
-	"archive/tar"
-	"bytes"
 	"io"
 	"log"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +12,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/zyvor/kairon/internal/debimage"
 )
 
 // smallImage builds a one-layer image as the builder does and writes it
@@ -24,10 +22,10 @@ func smallImage(t *testing.T, dir string) v1.Image {
 	t.Helper()
 	work := t.TempDir()
 	b := &builder{o: options{out: dir, version: "1.2.3", registry: "example.com/kairon"}, date: time.Unix(1700000000, 0).UTC(), work: work}
-	tr := tree{}
-	tr.file("etc/hello", []byte("hello\n"), 0o644)
-	tr.symlink("bin", "usr/bin")
-	tr.dir("tmp", 0o1777, 0, 0)
+	tr := debimage.Tree{}
+	tr.File("etc/hello", []byte("hello\n"), 0o644)
+	tr.Symlink("bin", "usr/bin")
+	tr.Dir("tmp", 0o1777, 0, 0)
 	img, err := b.image("kairon-controller", []layerSpec{{tr, "test"}}, v1.Config{User: "65532:65532"})
 	if err != nil {
 		t.Fatal(err)
@@ -36,60 +34,6 @@ func smallImage(t *testing.T, dir string) v1.Image {
 		t.Fatal(err)
 	}
 	return img
-}
-
-// A layer's tar lists parents before children, every entry at the one
-// date, with numeric owners only; the same tree gives the same bytes.
-func TestLayerTarIsFixed(t *testing.T) {
-	tr := tree{}
-	tr.file("usr/share/b", []byte("b"), 0o644)
-	tr.file("etc/a", []byte("a"), 0o600)
-	tr.symlink("bin", "usr/bin")
-	date := time.Unix(1700000000, 0).UTC()
-	dir := t.TempDir()
-	one, two := filepath.Join(dir, "1.tar"), filepath.Join(dir, "2.tar")
-	if err := tr.writeTar(one, date); err != nil {
-		t.Fatal(err)
-	}
-	if err := tr.writeTar(two, date); err != nil {
-		t.Fatal(err)
-	}
-	a, _ := os.ReadFile(one)
-	b, _ := os.ReadFile(two)
-	if !bytes.Equal(a, b) {
-		t.Fatal("two writes of one tree differ")
-	}
-	var names []string
-	r := tar.NewReader(bytes.NewReader(a))
-	for {
-		h, err := r.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !h.ModTime.Equal(date) || h.Uname != "" || h.Gname != "" {
-			t.Errorf("%s: time %s, owner names %q %q", h.Name, h.ModTime, h.Uname, h.Gname)
-		}
-		names = append(names, h.Name)
-	}
-	want := "bin etc/ etc/a usr/ usr/share/ usr/share/b"
-	if got := strings.Join(names, " "); got != want {
-		t.Errorf("entries %q, want %q", got, want)
-	}
-}
-
-// Packages' /bin, /sbin and /lib land in /usr, as on a merged-/usr system.
-func TestMergedUsr(t *testing.T) {
-	for in, want := range map[string]string{
-		"bin/dash": "usr/bin/dash", "lib64/ld-linux-x86-64.so.2": "usr/lib64/ld-linux-x86-64.so.2",
-		"sbin/ip": "usr/sbin/ip", "usr/bin/ip": "usr/bin/ip", "etc/x": "etc/x", "binx/y": "binx/y",
-	} {
-		if got := mergedUsr(in); got != want {
-			t.Errorf("mergedUsr(%q) = %q, want %q", in, got, want)
-		}
-	}
 }
 
 // push sends what the build wrote to <registry>/<name>:<version>, and the

@@ -2,6 +2,7 @@ package main
 
 import (
 	"archive/tar"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -20,10 +21,9 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/zyvor/kairon/internal/debimage"
 )
 
 // DefaultRegistry is where the chart's default image references point.
@@ -60,6 +60,9 @@ func main() {
 }
 
 func run(args []string) error {
+	if len(args) > 0 && args[0] == "python" {
+		return runPython(context.Background(), args[1:], os.Stdout, os.Stderr)
+	}
 	push := len(args) > 0 && args[0] == "push"
 	if push || len(args) > 0 && args[0] == "build" {
 		args = args[1:]
@@ -200,7 +203,7 @@ type builder struct {
 	date     time.Time
 	work     string
 	revision string
-	layers   int
+	images   int
 }
 
 // goBinary builds ./cmd/<name> statically for linux/amd64.
@@ -216,43 +219,23 @@ func (b *builder) goBinary(name string) (string, error) {
 	return out, nil
 }
 
-// layer writes t as a layer tar and returns it as an OCI layer.
-func (b *builder) layer(t tree) (v1.Layer, error) {
-	b.layers++
-	p := filepath.Join(b.work, fmt.Sprintf("layer-%d.tar", b.layers))
-	if err := t.writeTar(p, b.date); err != nil {
-		return nil, err
-	}
-	return tarball.LayerFromFile(p, tarball.WithMediaType(types.OCILayer), tarball.WithCompressedCaching)
-}
-
 type layerSpec struct {
-	tree      tree
+	tree      debimage.Tree
 	createdBy string
 }
 
-// image puts layers and cfg together as an OCI image dated b.date.
+// image puts layers and cfg together as an OCI image dated b.date, with
+// the labels every Kairon image carries.
 func (b *builder) image(imageName string, layers []layerSpec, cfg v1.Config) (v1.Image, error) {
-	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	created := v1.Time{Time: b.date}
-	for _, ls := range layers {
-		l, err := b.layer(ls.tree)
-		if err != nil {
-			return nil, err
-		}
-		img, err = mutate.Append(img, mutate.Addendum{Layer: l, MediaType: types.OCILayer,
-			History: v1.History{Created: created, CreatedBy: "hack/images: " + ls.createdBy, Comment: "built by Kairon's hack/images"}})
-		if err != nil {
-			return nil, err
-		}
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
+	b.images++
+	work := filepath.Join(b.work, fmt.Sprintf("image-%d", b.images))
+	if err := os.MkdirAll(work, 0o755); err != nil {
 		return nil, err
 	}
-	cf = cf.DeepCopy()
-	cf.Architecture, cf.OS, cf.Created = "amd64", "linux", created
+	var ls []debimage.Layer
+	for _, l := range layers {
+		ls = append(ls, debimage.Layer{Tree: l.tree, CreatedBy: l.createdBy})
+	}
 	if cfg.Labels == nil {
 		cfg.Labels = map[string]string{}
 	}
@@ -263,8 +246,7 @@ func (b *builder) image(imageName string, layers []layerSpec, cfg v1.Config) (v1
 	if b.revision != "" {
 		cfg.Labels["org.opencontainers.image.revision"] = b.revision
 	}
-	cf.Config = cfg
-	return mutate.ConfigFile(img, cf)
+	return debimage.Assemble(work, b.date, "hack/images", ls, cfg)
 }
 
 const pathEnv = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -273,27 +255,27 @@ const pathEnv = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/b
 // build host's CA certificates (Debian's ca-certificates, its version
 // recorded), and a non-root user it runs as.
 func (b *builder) staticImage(name string) (v1.Image, error) {
-	caVersion, err := hostPackageVersion("ca-certificates")
+	caVersion, err := debimage.HostPackageVersion("ca-certificates")
 	if err != nil {
 		return nil, err
 	}
-	base := tree{}
-	base.file("etc/passwd", []byte(fmt.Sprintf("root:x:0:0:root:/root:/sbin/nologin\n%s:x:%d:%d:%s:/home/%s:/sbin/nologin\n",
+	base := debimage.Tree{}
+	base.File("etc/passwd", []byte(fmt.Sprintf("root:x:0:0:root:/root:/sbin/nologin\n%s:x:%d:%d:%s:/home/%s:/sbin/nologin\n",
 		nonRootName, nonRootUID, nonRootUID, nonRootName, nonRootName)), 0o644)
-	base.file("etc/group", []byte(fmt.Sprintf("root:x:0:\n%s:x:%d:\n", nonRootName, nonRootUID)), 0o644)
-	base.fileFrom("etc/ssl/certs/ca-certificates.crt", "/etc/ssl/certs/ca-certificates.crt", 0o644)
-	base.dir("home/"+nonRootName, 0o700, nonRootUID, nonRootUID)
-	base.dir("root", 0o700, 0, 0)
-	base.dir("tmp", 0o1777, 0, 0)
-	base.file("usr/share/kairon/packages.tsv", []byte("package\tversion\tarchitecture\tsource\n"+
+	base.File("etc/group", []byte(fmt.Sprintf("root:x:0:\n%s:x:%d:\n", nonRootName, nonRootUID)), 0o644)
+	base.FileFrom("etc/ssl/certs/ca-certificates.crt", "/etc/ssl/certs/ca-certificates.crt", 0o644)
+	base.Dir("home/"+nonRootName, 0o700, nonRootUID, nonRootUID)
+	base.Dir("root", 0o700, 0, 0)
+	base.Dir("tmp", 0o1777, 0, 0)
+	base.File("usr/share/kairon/packages.tsv", []byte("package\tversion\tarchitecture\tsource\n"+
 		"ca-certificates\t"+caVersion+"\tall\tca-certificates\n"), 0o644)
 
 	bin, err := b.goBinary(name)
 	if err != nil {
 		return nil, err
 	}
-	app := tree{}
-	app.fileFrom(binDir+"/"+name, bin, 0o755)
+	app := debimage.Tree{}
+	app.FileFrom(binDir+"/"+name, bin, 0o755)
 	return b.image(name, []layerSpec{
 		{base, "users, CA certificates (ca-certificates " + caVersion + ")"},
 		{app, "/" + binDir + "/" + name},
@@ -308,19 +290,11 @@ func (b *builder) staticImage(name string) (v1.Image, error) {
 // nodeImage is kairon-node with QEMU, iproute2 and nftables from Debian
 // packages, and the guest images.
 func (b *builder) nodeImage() (v1.Image, error) {
-	var pkgs []debPkg
-	var err error
-	if b.o.updateLock {
-		if pkgs, err = resolveClosure(nodeRoots); err != nil {
-			return nil, err
-		}
-		if err := writeLock(b.o.lock, pkgs); err != nil {
-			return nil, err
-		}
-	} else if pkgs, err = readLock(b.o.lock); err != nil {
-		return nil, fmt.Errorf("%w (make one with --update-lock)", err)
+	pkgs, err := nodePackages(b.o)
+	if err != nil {
+		return nil, err
 	}
-	debs, err := fetchDebs(b.o.debCache, pkgs)
+	debs, err := debimage.Fetch(b.o.debCache, pkgs, os.Stderr)
 	if err != nil {
 		return nil, err
 	}
@@ -328,21 +302,21 @@ func (b *builder) nodeImage() (v1.Image, error) {
 	if err := os.MkdirAll(staging, 0o755); err != nil {
 		return nil, err
 	}
-	base := tree{}
-	if err := unpackDebs(base, staging, pkgs, debs); err != nil {
+	base := debimage.Tree{}
+	if err := debimage.Unpack(base, staging, pkgs, debs, debimage.UnpackOptions{}); err != nil {
 		return nil, err
 	}
-	base.file("etc/passwd", []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644)
-	base.file("etc/group", []byte("root:x:0:\nkvm:x:994:\n"), 0o644)
-	base.dir("root", 0o700, 0, 0)
-	base.dir("tmp", 0o1777, 0, 0)
-	base.dir("var/lib/kairon-node", 0o755, 0, 0)
+	base.File("etc/passwd", []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644)
+	base.File("etc/group", []byte("root:x:0:\nkvm:x:994:\n"), 0o644)
+	base.Dir("root", 0o700, 0, 0)
+	base.Dir("tmp", 0o1777, 0, 0)
+	base.Dir("var/lib/kairon-node", 0o755, 0, 0)
 	// What base-files would lay out: /var/run is /run (ip netns keeps its
 	// namespaces in /var/run/netns).
-	base.dir("run", 0o755, 0, 0)
-	base.symlink("var/run", "/run")
+	base.Dir("run", 0o755, 0, 0)
+	base.Symlink("var/run", "/run")
 
-	guest := tree{}
+	guest := debimage.Tree{}
 	if err := addDir(guest, b.o.guestDir, nodeLibDir+"/guest"); err != nil {
 		return nil, fmt.Errorf("guest images (make guest): %w", err)
 	}
@@ -351,9 +325,9 @@ func (b *builder) nodeImage() (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	app := tree{}
-	app.fileFrom(nodeLibDir+"/kairon-node", bin, 0o755)
-	app.symlink(binDir+"/kairon-node", "/"+nodeLibDir+"/kairon-node")
+	app := debimage.Tree{}
+	app.FileFrom(nodeLibDir+"/kairon-node", bin, 0o755)
+	app.Symlink(binDir+"/kairon-node", "/"+nodeLibDir+"/kairon-node")
 
 	return b.image("kairon-node", []layerSpec{
 		{base, fmt.Sprintf("Debian packages %s and their dependencies (/usr/share/kairon/packages.tsv)", strings.Join(nodeRoots, ", "))},
@@ -366,7 +340,7 @@ func (b *builder) nodeImage() (v1.Image, error) {
 }
 
 // addDir adds the regular files and directories under src to t at dst.
-func addDir(t tree, src, dst string) error {
+func addDir(t debimage.Tree, src, dst string) error {
 	return filepath.Walk(src, func(p string, fi os.FileInfo, err error) error {
 		if err != nil {
 			return err
@@ -378,9 +352,9 @@ func addDir(t tree, src, dst string) error {
 		target := filepath.Join(dst, rel)
 		switch {
 		case fi.IsDir():
-			t.dir(target, 0o755, 0, 0)
+			t.Dir(target, 0o755, 0, 0)
 		case fi.Mode().IsRegular():
-			t.fileFrom(target, p, 0o644)
+			t.FileFrom(target, p, 0o644)
 		}
 		return nil
 	})
@@ -403,14 +377,14 @@ func (b *builder) writeLayoutTar(img v1.Image, imageName string) error {
 	})); err != nil {
 		return err
 	}
-	t := tree{}
+	t := debimage.Tree{}
 	if err := addDir(t, dir, ""); err != nil {
 		return err
 	}
 	delete(t, ".")
 	out := tarballPath(b.o, imageName)
 	tmp := out + ".tmp"
-	if err := t.writeTar(tmp, b.date); err != nil {
+	if err := t.WriteTar(tmp, b.date); err != nil {
 		return err
 	}
 	return os.Rename(tmp, out)
@@ -433,7 +407,7 @@ func readLayoutTar(file, dir string) (v1.Image, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", file, err)
 		}
-		p := filepath.Join(dir, cleanPath(h.Name))
+		p := filepath.Join(dir, debimage.CleanPath(h.Name))
 		switch h.Typeflag {
 		case tar.TypeDir:
 			if err := os.MkdirAll(p, 0o755); err != nil {
