@@ -11,7 +11,11 @@
 //   - machine lifecycle: machine_controller.go (the Machine reconciler,
 //     status phase and addresses), boot.go, instance_poller.go, suspend.go,
 //     own_writes.go, guest_addresses.go, guest_nameserver.go,
-//     guest_agent_ready.go (the GuestAgentReady condition);
+//     guest_agent_ready.go (the GuestAgentReady condition), main_process.go
+//     (the MainProcess condition of an image's entrypoint);
+//   - OCI images: machine_image.go (a Machine's image on the node before its
+//     VM starts, is restored or received; the cache's collection), over
+//     package imagepull (background pulls) and internal/images (the cache);
 //   - the node object: node_object.go (labels, capacity, conditions), lease.go,
 //     rejoin_fence.go (what a fenced node destroys before it rejoins);
 //   - migration: migration.go (cold), live_migration.go, migration_state.go
