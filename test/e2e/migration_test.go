@@ -92,9 +92,10 @@ func (c *localCluster) up() {
 	}
 	up := exec.Command(filepath.Join(c.binDir, "kairon-local"), append([]string{"up", "--data-dir", c.dataDir, "--port", strconv.Itoa(c.port),
 		"--nodes", strconv.Itoa(c.nodes), "--netns", c.netNS,
-		// No test here reads the dashboard, and its fixed port is shared
-		// with whatever else runs kairon-local on this host meanwhile.
-		"--ui=false"}, flags...)...)
+		// No test here reads the dashboard or uses the registry, and their
+		// fixed ports are shared with whatever else runs kairon-local on
+		// this host meanwhile.
+		"--ui=false", "--registry=false"}, flags...)...)
 	up.Stdout, up.Stderr = log, log
 	up.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := up.Start(); err != nil {
