@@ -205,12 +205,14 @@ func (a *Agent) wakeMachine(key types.NamespacedName) {
 	}
 }
 
-// imageGCInterval is how often the node collects cached images;
-// recentPullKeep how long an image pulled for a Machine is kept whatever
-// the Machines' statuses say.
+// imageGCInterval is how often the node collects cached images by
+// default. An image pulled for a Machine, or found for one about to
+// start, is kept for two intervals (at least minRecentKeep) whatever the
+// Machines' statuses say: long enough for the VM to start and its status
+// to name the digest.
 const (
 	imageGCInterval = time.Minute
-	recentPullKeep  = 10 * time.Minute
+	minRecentKeep   = 5 * time.Second
 )
 
 // collectImages removes cached images no Machine on this node and no
@@ -220,7 +222,7 @@ func (a *Agent) collectImages(ctx context.Context) error {
 		return nil
 	}
 	logger := log.FromContext(ctx).WithName("image-gc")
-	ticker := time.NewTicker(imageGCInterval)
+	ticker := time.NewTicker(a.imageGCInterval())
 	defer ticker.Stop()
 	for {
 		select {
@@ -243,6 +245,13 @@ func (a *Agent) collectImages(ctx context.Context) error {
 	}
 }
 
+func (a *Agent) imageGCInterval() time.Duration {
+	if a.opts.ImageGCInterval > 0 {
+		return a.opts.ImageGCInterval
+	}
+	return imageGCInterval
+}
+
 // imagesInUse are the digests a Machine of this node runs or will run,
 // and those every MachineSnapshot's saved guest ran (a restore anywhere
 // may come here).
@@ -251,7 +260,7 @@ func (a *Agent) imagesInUse(ctx context.Context) (map[string]bool, error) {
 	if a.imagePuller != nil {
 		// Pulled for a VM that may not have started yet, nor written the
 		// digest in its status.
-		for _, d := range a.imagePuller.Recent(recentPullKeep) {
+		for _, d := range a.imagePuller.Recent(max(2*a.imageGCInterval(), minRecentKeep)) {
 			inUse[d] = true
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -326,4 +327,40 @@ func cachedOn(t *testing.T, dir, digest string) bool {
 		t.Fatal(err)
 	}
 	return strings.Contains(string(b), digest)
+}
+
+// TestUnusedImagesAreCollected runs a node whose image cache may hold
+// less than two images: once a Machine of one image is deleted while
+// another runs, the first image goes and the one in use stays.
+func TestUnusedImagesAreCollected(t *testing.T) {
+	host.SkipIfShort(t, "the control plane and a registry")
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	kept := reg.Push(t, "team/kept:1", testenv.BusyboxImage(t, v1.Config{Env: []string{"A=1"}}, nil))
+	gone := reg.Push(t, "team/gone:1", testenv.BusyboxImage(t, v1.Config{Env: []string{"B=1"}}, nil))
+	dir := t.TempDir()
+	store, err := images.NewStore(images.Options{Dir: dir, DiskBudgetBytes: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	nodeName := ns + "-n"
+	runSimAgent(t, env, nodeName, t.TempDir(), nil, func(o *node.Options) {
+		o.Images, o.ImageGCInterval = imagepull.StoreOf(store), 200*time.Millisecond
+	})
+	waitPhase(t, env, client.ObjectKeyFromObject(imageMachine(t, env, ns, "kept", nodeName, reg.Ref("team/kept:1"))), kaironv1.MachineRunning)
+	old := waitPhase(t, env, client.ObjectKeyFromObject(imageMachine(t, env, ns, "old", nodeName, reg.Ref("team/gone:1"))), kaironv1.MachineRunning)
+	if err := env.Client.Delete(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	// Over its budget with both, the cache keeps the image of the Machine
+	// that runs, and drops the deleted Machine's once it is no longer
+	// among the recent pulls (kept a few seconds with this interval).
+	testenv.Eventually(t, waitTimeout, "the deleted Machine's image collected", func() (bool, string) {
+		_, hasKept := store.Lookup(kept)
+		_, hasGone := store.Lookup(gone)
+		return hasKept && !hasGone, fmt.Sprintf("kept there: %v, gone there: %v", hasKept, hasGone)
+	})
 }

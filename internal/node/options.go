@@ -27,6 +27,9 @@ type Options struct {
 	// is a reference (machine_image.go); nil: such Machines fail with a
 	// message saying the node cannot run them.
 	Images ImageStore
+	// ImageGCInterval is how often unused images are collected (0: a
+	// minute).
+	ImageGCInterval time.Duration
 	// GuestDir holds guest images: <image>/vmlinux and <image>/initramfs.cpio.gz.
 	GuestDir string
 	// StateDir keeps what must survive a restart (addresses, TLS key).

@@ -88,13 +88,15 @@ type Puller struct {
 }
 
 type pull struct {
-	running  bool
-	img      Image
-	err      error
-	ended    time.Time
-	took     time.Duration
-	failures int
-	waiters  map[types.NamespacedName]struct{}
+	// handedOut is when Get last answered Ready with the image.
+	handedOut time.Time
+	running   bool
+	img       Image
+	err       error
+	ended     time.Time
+	took      time.Duration
+	failures  int
+	waiters   map[types.NamespacedName]struct{}
 }
 
 // NewPuller pulls through store and calls wake for each Machine that
@@ -140,6 +142,7 @@ func (p *Puller) Get(want Pull, waiter types.NamespacedName) Status {
 		switch {
 		case pl.err == nil:
 			if _, err := os.Stat(pl.img.Path); err == nil {
+				pl.handedOut = now
 				return Status{State: Ready, Image: pl.img, Took: pl.took}
 			}
 			// Collected since: pull again.
@@ -204,16 +207,16 @@ func (p *Puller) pullOnce(ctx context.Context, ref string, creds Credentials) (I
 	return img, nil
 }
 
-// Recent are the digests of the images pulls made ready within the last
-// d: a Machine about to start with one may not show it in its status yet,
-// so the cache's collector keeps them too.
+// Recent are the digests of the images pulled, or handed to a Machine by
+// Get, within the last d: a Machine about to start with one may not show
+// it in its status yet, so the cache's collector keeps them too.
 func (p *Puller) Recent(d time.Duration) []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
 	var digests []string
 	for _, pl := range p.pulls {
-		if !pl.running && pl.err == nil && pl.img.Digest != "" && now.Sub(pl.ended) < d {
+		if !pl.running && pl.err == nil && pl.img.Digest != "" && (now.Sub(pl.ended) < d || now.Sub(pl.handedOut) < d) {
 			digests = append(digests, pl.img.Digest)
 		}
 	}
