@@ -15,7 +15,7 @@ TEST_FIRST := ./test/e2e/ ./test/images/ ./internal/controller/
 CONTROLLER_GEN := $(BIN)/controller-gen
 STATICCHECK    := $(BIN)/staticcheck
 
-.PHONY: all deps tools guest generate build images push python-image up test test-unit lint bench bench-egress bench-exec bench-claim bench-clone bench-scale fmt clean help
+.PHONY: all deps tools guest generate build images push python-image up test test-unit lint bench bench-egress bench-exec bench-claim bench-clone bench-images bench-scale fmt clean help
 
 all: build
 
@@ -108,6 +108,11 @@ bench-scale: deps tools build ## Control plane at scale on kairon-local: hollow 
 bench-claim: deps tools guest build ## Warm claims on kairon-local (sim, C = 1/100/1000; QEMU, C = 1) against the cold path, API writes per bind.
 	uptime
 	KAIRON_BIN_DIR=$(BIN) KAIRON_CLAIM_BENCH=1 $(GO) test -count=1 -timeout 120m -run TestClaimBench -v ./test/e2e/
+	uptime
+
+bench-images: deps tools guest build python-image ## OCI images against the built-in guest, one run: pull+convert of kairon/python:3.11 (cold, warm cache), disk per image, cold boot and RSS, warm-claim bind (docs/benchmarks.md).
+	uptime
+	KAIRON_BIN_DIR=$(BIN) KAIRON_IMAGES_BENCH=1 $(GO) test -count=1 -timeout 60m -run TestImagesBench -v ./test/e2e/
 	uptime
 
 bench-clone: deps guest build ## Snapshot clones vs cold boots with QEMU, one run: pool refill rate and a claim against an empty pool.
