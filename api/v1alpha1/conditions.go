@@ -450,3 +450,27 @@ const (
 	EventReasonMainProcessCompleted = "MainProcessCompleted"
 	EventReasonMainProcessFailed    = "MainProcessFailed"
 )
+
+// The MachinePool condition saying whether its template's image is pinned,
+// and its reasons. The condition is absent for a built-in image.
+const (
+	ConditionImageResolved ConditionType = "ImageResolved"
+	// ImageReasonResolved: the registry named the digest members are pinned to.
+	ImageReasonResolved = "Resolved"
+	// ImageReasonPinnedByDigest: spec.template.spec.image carries its
+	// digest; no registry is asked.
+	ImageReasonPinnedByDigest = "PinnedByDigest"
+	// ImageReasonResolving: the registry is being asked; no member is
+	// created meanwhile.
+	ImageReasonResolving = "Resolving"
+	// ImageReasonResolveFailed: the registry could not be asked, or said
+	// no; the message names the reference and the cause. No member is
+	// created until it is retried with success.
+	ImageReasonResolveFailed = "ResolveFailed"
+)
+
+// Reasons of the events on a pool about its image.
+const (
+	EventReasonResolvedImage      = "ResolvedImage"
+	EventReasonFailedResolveImage = "FailedResolveImage"
+)

@@ -74,3 +74,10 @@ const FinalizerMachineClaim = "kairon.zyvor.dev/machineclaim"
 // failed or was deleted before the switch) or stopped its copy (the guest
 // runs on the target).
 const FinalizerMigrationSource = "kairon.zyvor.dev/migration-source"
+
+// AnnotationRestartedAt is what `kaironctl rollout restart machinepool`
+// stamps on a pool's spec.template.metadata.annotations, as kubectl
+// rollout restart stamps kubectl.kubernetes.io/restartedAt on a
+// Deployment's: a new value is a new template, so the pool replaces its
+// warm members and resolves its image's tag again.
+const AnnotationRestartedAt = "kairon.zyvor.dev/restartedAt"

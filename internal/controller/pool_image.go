@@ -34,30 +34,6 @@ import (
 // imageResolveTimeout, and wakes its pool when done; a failure is retried
 // with a doubling delay, as kubelet backs off an image pull.
 
-// The MachinePool condition saying whether its template's image is pinned,
-// and its reasons. The condition is absent for a built-in image.
-const (
-	ConditionImageResolved = "ImageResolved"
-	// ImageReasonResolved: the registry named the digest members are pinned to.
-	ImageReasonResolved = "Resolved"
-	// ImageReasonPinnedByDigest: spec.template.spec.image carries its
-	// digest; no registry is asked.
-	ImageReasonPinnedByDigest = "PinnedByDigest"
-	// ImageReasonResolving: the registry is being asked; no member is
-	// created meanwhile.
-	ImageReasonResolving = "Resolving"
-	// ImageReasonResolveFailed: the registry could not be asked, or said
-	// no; the message names the reference and the cause. No member is
-	// created until it is retried with success.
-	ImageReasonResolveFailed = "ResolveFailed"
-)
-
-// Reasons of the events on a pool about its image.
-const (
-	EventReasonResolvedImage      = "ResolvedImage"
-	EventReasonFailedResolveImage = "FailedResolveImage"
-)
-
 const (
 	// imageResolveTimeout bounds one resolution, retries of
 	// go-containerregistry's own included.
@@ -161,7 +137,7 @@ func (p *poolImages) pin(pool *kaironv1.MachinePool, hash string, members []*kai
 		return poolImageState{
 			image:  ref,
 			status: &kaironv1.MachinePoolImage{Reference: ref, Digest: digest, TemplateHash: hash},
-			cond: imageCondition(pool, metav1.ConditionTrue, ImageReasonPinnedByDigest,
+			cond: imageCondition(pool, metav1.ConditionTrue, kaironv1.ImageReasonPinnedByDigest,
 				fmt.Sprintf("spec.template.spec.image is pinned by digest %s; no registry is asked", digest)),
 		}
 	}
@@ -169,7 +145,7 @@ func (p *poolImages) pin(pool *kaironv1.MachinePool, hash string, members []*kai
 		if image, err := pinImage(ref, known.Digest); err == nil {
 			return poolImageState{
 				image: image, status: known,
-				cond: imageCondition(pool, metav1.ConditionTrue, ImageReasonResolved,
+				cond: imageCondition(pool, metav1.ConditionTrue, kaironv1.ImageReasonResolved,
 					fmt.Sprintf("%s resolved to %s; members run %s", ref, known.Digest, image)),
 			}
 		}
@@ -233,11 +209,11 @@ func (p *poolImages) resolve(pool *kaironv1.MachinePool, key types.NamespacedNam
 		if !res.running {
 			retryIn = max(res.retryAt.Sub(p.now()), time.Millisecond)
 		}
-		return poolImageState{unknown: true, retryIn: retryIn, cond: imageCondition(pool, metav1.ConditionFalse, ImageReasonResolveFailed,
+		return poolImageState{unknown: true, retryIn: retryIn, cond: imageCondition(pool, metav1.ConditionFalse, kaironv1.ImageReasonResolveFailed,
 			fmt.Sprintf("%v; no member is created until it resolves (%s so far, retried with backoff)", res.err, attempts(res.attempts)))}
 	}
 	// The wake ends the wait; the timeout is in case a wake is lost.
-	return poolImageState{unknown: true, retryIn: imageResolveTimeout + time.Second, cond: imageCondition(pool, metav1.ConditionFalse, ImageReasonResolving,
+	return poolImageState{unknown: true, retryIn: imageResolveTimeout + time.Second, cond: imageCondition(pool, metav1.ConditionFalse, kaironv1.ImageReasonResolving,
 		fmt.Sprintf("asking the registry for the digest of %s; no member is created until it answers", ref))}
 }
 
@@ -264,9 +240,9 @@ func (p *poolImages) run(ctx context.Context, pool *kaironv1.MachinePool, res *i
 	}
 	if p.recorder != nil {
 		if err != nil {
-			p.recorder.Eventf(pool, nil, corev1.EventTypeWarning, EventReasonFailedResolveImage, "ResolveImage", "%s", truncate(err.Error(), eventNoteLimit-8))
+			p.recorder.Eventf(pool, nil, corev1.EventTypeWarning, kaironv1.EventReasonFailedResolveImage, "ResolveImage", "%s", truncate(err.Error(), eventNoteLimit-8))
 		} else {
-			p.recorder.Eventf(pool, nil, corev1.EventTypeNormal, EventReasonResolvedImage, "ResolveImage",
+			p.recorder.Eventf(pool, nil, corev1.EventTypeNormal, kaironv1.EventReasonResolvedImage, "ResolveImage",
 				"Resolved %s to %s for template %s", truncate(res.ref, 600), result.Digest, res.hash)
 		}
 	}
@@ -315,7 +291,7 @@ func imageRetryDelay(attempts int) time.Duration {
 }
 
 func imageCondition(pool *kaironv1.MachinePool, status metav1.ConditionStatus, reason, message string) *metav1.Condition {
-	return &metav1.Condition{Type: ConditionImageResolved, Status: status, Reason: reason, Message: message, ObservedGeneration: pool.Generation}
+	return &metav1.Condition{Type: kaironv1.ConditionImageResolved.String(), Status: status, Reason: reason, Message: message, ObservedGeneration: pool.Generation}
 }
 
 // setImageStatus records img in status: status.image and the
@@ -323,7 +299,7 @@ func imageCondition(pool *kaironv1.MachinePool, status metav1.ConditionStatus, r
 func setImageStatus(status *kaironv1.MachinePoolStatus, img poolImageState) {
 	status.Image = img.status
 	if img.cond == nil {
-		meta.RemoveStatusCondition(&status.Conditions, ConditionImageResolved)
+		meta.RemoveStatusCondition(&status.Conditions, kaironv1.ConditionImageResolved.String())
 		return
 	}
 	meta.SetStatusCondition(&status.Conditions, *img.cond)

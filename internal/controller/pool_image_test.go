@@ -90,7 +90,7 @@ func waitPoolImage(t *testing.T, env *testenv.Env, ns, pool, image, digest, reas
 			ok = ok && m.Spec.Image == image
 		}
 		s := p.Status.Image
-		cond := meta.FindStatusCondition(p.Status.Conditions, ConditionImageResolved)
+		cond := meta.FindStatusCondition(p.Status.Conditions, kaironv1.ConditionImageResolved.String())
 		ok = ok && s != nil && s.Digest == digest && s.TemplateHash == templateHash(&p.Spec.Template) &&
 			s.Reference == p.Spec.Template.Spec.Image && cond != nil && cond.Status == metav1.ConditionTrue && cond.Reason == reason
 		return ok, membersByImage(warm, c) + " status " + fmtJSON(p.Status)
@@ -134,7 +134,7 @@ func TestPoolPinsItsImageUntilRolloutRestart(t *testing.T) {
 	ref := reg.Ref("team/app:1")
 	createImagePool(t, env, ns, "agents", ref, 2)
 
-	warm := waitPoolImage(t, env, ns, "agents", ref+"@"+first, first, ImageReasonResolved, 2, 0)
+	warm := waitPoolImage(t, env, ns, "agents", ref+"@"+first, first, kaironv1.ImageReasonResolved, 2, 0)
 	p := getPool(t, env, ns, "agents")
 	if at := p.Status.Image.ResolvedAt; at == nil || time.Since(at.Time) > time.Hour || time.Since(at.Time) < -time.Minute {
 		t.Errorf("status.image.resolvedAt = %v, want about now", at)
@@ -150,7 +150,7 @@ func TestPoolPinsItsImageUntilRolloutRestart(t *testing.T) {
 	// The claim's replacement, and those of a scale-up, come after the
 	// move: they still run the first digest.
 	scalePool(t, env, ns, "agents", 3)
-	warm = waitPoolImage(t, env, ns, "agents", ref+"@"+first, first, ImageReasonResolved, 3, 1)
+	warm = waitPoolImage(t, env, ns, "agents", ref+"@"+first, first, kaironv1.ImageReasonResolved, 3, 1)
 	if c := getMachine(t, env, ns, claimedName); c.Spec.Image != ref+"@"+first {
 		t.Errorf("claimed member runs %s, want %s", c.Spec.Image, ref+"@"+first)
 	}
@@ -162,10 +162,10 @@ func TestPoolPinsItsImageUntilRolloutRestart(t *testing.T) {
 		t.Errorf("rollout restart printed %q", out)
 	}
 	p = getPool(t, env, ns, "agents")
-	if p.Spec.Template.Metadata.Annotations[kaironctl.AnnotationRestartedAt] == "" {
-		t.Fatalf("rollout restart left no %s on the template: %v", kaironctl.AnnotationRestartedAt, p.Spec.Template.Metadata.Annotations)
+	if p.Spec.Template.Metadata.Annotations[kaironv1.AnnotationRestartedAt] == "" {
+		t.Fatalf("rollout restart left no %s on the template: %v", kaironv1.AnnotationRestartedAt, p.Spec.Template.Metadata.Annotations)
 	}
-	warm = waitPoolImage(t, env, ns, "agents", ref+"@"+moved, moved, ImageReasonResolved, 3, 1)
+	warm = waitPoolImage(t, env, ns, "agents", ref+"@"+moved, moved, kaironv1.ImageReasonResolved, 3, 1)
 	for _, m := range warm {
 		if slices.Contains(before, m.Name) || m.Labels[kaironv1.LabelMachinePoolTemplateHash] == oldHash {
 			t.Errorf("warm member %s was not replaced by the restart", m.Name)
@@ -210,7 +210,7 @@ func TestPoolImagePinnedByDigestNeedsNoRegistry(t *testing.T) {
 	for _, ref := range []string{"127.0.0.1:9/team/app@" + digest, "127.0.0.1:9/team/app:1@" + digest} {
 		pool := "p" + fmt.Sprint(len(ref))
 		createImagePool(t, env, ns, pool, ref, 2)
-		waitPoolImage(t, env, ns, pool, ref, digest, ImageReasonPinnedByDigest, 2, 0)
+		waitPoolImage(t, env, ns, pool, ref, digest, kaironv1.ImageReasonPinnedByDigest, 2, 0)
 		if at := getPool(t, env, ns, pool).Status.Image.ResolvedAt; at != nil {
 			t.Errorf("pool %s: status.image.resolvedAt = %v for a reference no registry was asked about", pool, at)
 		}
@@ -222,7 +222,7 @@ func TestPoolImagePinnedByDigestNeedsNoRegistry(t *testing.T) {
 		return p.Status.Warm == 1 && p.Status.ObservedGeneration == p.Generation, fmtJSON(p.Status)
 	})
 	p := getPool(t, env, ns, "builtin")
-	if p.Status.Image != nil || meta.FindStatusCondition(p.Status.Conditions, ConditionImageResolved) != nil {
+	if p.Status.Image != nil || meta.FindStatusCondition(p.Status.Conditions, kaironv1.ConditionImageResolved.String()) != nil {
 		t.Errorf("a built-in image's pool has status.image %s and conditions %s", fmtJSON(p.Status.Image), fmtJSON(p.Status.Conditions))
 	}
 	if warm, _ := poolMachines(t, env, ns, "builtin"); len(warm) != 1 || warm[0].Spec.Image != kaironv1.DefaultImage {
@@ -237,7 +237,7 @@ func TestPoolImagePinnedByDigestNeedsNoRegistry(t *testing.T) {
 		templates := listMachines(t, env, ns, client.MatchingLabels{kaironv1.LabelMachinePoolTemplate: "snap"})
 		return len(templates) == 1 && templates[0].Spec.Image == ref+"@"+d, fmt.Sprint(names(templates), " ", fmtJSON(templates))
 	})
-	waitPoolImage(t, env, ns, "snap", ref+"@"+d, d, ImageReasonResolved, 1, 0)
+	waitPoolImage(t, env, ns, "snap", ref+"@"+d, d, kaironv1.ImageReasonResolved, 1, 0)
 }
 
 // A private registry: with the right pull secret the pool resolves and
@@ -264,7 +264,7 @@ func TestPoolResolvesAPrivateImageWithItsPullSecret(t *testing.T) {
 	createImagePool(t, env, ns, "authed", ref, 2, withSecrets("creds"))
 	createImagePool(t, env, ns, "anon", ref, 2, withSecrets("later"))
 	createImagePool(t, env, ns, "missing", reg.Addr+"/team/private:2", 1, withSecrets("creds"))
-	waitPoolImage(t, env, ns, "authed", ref+"@"+d, d, ImageReasonResolved, 2, 0)
+	waitPoolImage(t, env, ns, "authed", ref+"@"+d, d, kaironv1.ImageReasonResolved, 2, 0)
 
 	for _, tc := range []struct{ pool, ref, cause string }{
 		{"anon", ref, "unauthorized"},
@@ -273,8 +273,8 @@ func TestPoolResolvesAPrivateImageWithItsPullSecret(t *testing.T) {
 		var cond *metav1.Condition
 		eventually(t, "pool "+tc.pool+" to say why it has no image", func() (bool, string) {
 			p := getPool(t, env, ns, tc.pool)
-			cond = meta.FindStatusCondition(p.Status.Conditions, ConditionImageResolved)
-			return cond != nil && cond.Reason == ImageReasonResolveFailed, fmtJSON(p.Status)
+			cond = meta.FindStatusCondition(p.Status.Conditions, kaironv1.ConditionImageResolved.String())
+			return cond != nil && cond.Reason == kaironv1.ImageReasonResolveFailed, fmtJSON(p.Status)
 		})
 		if cond.Status != metav1.ConditionFalse || !strings.Contains(cond.Message, "resolving image "+tc.ref+": "+tc.cause) {
 			t.Errorf("pool %s: ImageResolved %s, want False naming %s and %q", tc.pool, fmtJSON(cond), tc.ref, tc.cause)
@@ -292,7 +292,7 @@ func TestPoolResolvesAPrivateImageWithItsPullSecret(t *testing.T) {
 			}
 			var saw []string
 			for _, e := range list.Items {
-				if e.Regarding.Name == tc.pool && e.Regarding.Kind == "MachinePool" && e.Reason == EventReasonFailedResolveImage &&
+				if e.Regarding.Name == tc.pool && e.Regarding.Kind == "MachinePool" && e.Reason == kaironv1.EventReasonFailedResolveImage &&
 					e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, tc.ref) && strings.Contains(e.Note, tc.cause) {
 					return true, ""
 				}
@@ -301,11 +301,11 @@ func TestPoolResolvesAPrivateImageWithItsPullSecret(t *testing.T) {
 			return false, strings.Join(saw, "\n")
 		})
 	}
-	if c := meta.FindStatusCondition(getPool(t, env, ns, "anon").Status.Conditions, ConditionImageResolved); !strings.Contains(c.Message, "secrets that do not exist in namespace "+ns+": later") {
+	if c := meta.FindStatusCondition(getPool(t, env, ns, "anon").Status.Conditions, kaironv1.ConditionImageResolved.String()); !strings.Contains(c.Message, "secrets that do not exist in namespace "+ns+": later") {
 		t.Errorf("pool anon's condition does not name its missing pull secret: %s", c.Message)
 	}
 
 	// The secret it names, created now, is used at the next attempt.
 	pullSecret(t, env, ns, "later", reg.Addr, "kairon", "s3cret")
-	waitPoolImage(t, env, ns, "anon", ref+"@"+d, d, ImageReasonResolved, 2, 0)
+	waitPoolImage(t, env, ns, "anon", ref+"@"+d, d, kaironv1.ImageReasonResolved, 2, 0)
 }

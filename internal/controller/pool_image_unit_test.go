@@ -100,14 +100,14 @@ func TestPoolImagesResolveOncePerTemplate(t *testing.T) {
 	// Resolving: every pass while it runs asks nothing more.
 	for range 3 {
 		st := p.pin(pool, "h1", nil)
-		if !st.unknown || st.cond.Reason != ImageReasonResolving || st.status != nil {
+		if !st.unknown || st.cond.Reason != kaironv1.ImageReasonResolving || st.status != nil {
 			t.Fatalf("while resolving: %+v", st)
 		}
 	}
 	resolver.answer(ref) <- resolverAnswer{err: errors.New("unauthorized: no")}
 	woken()
 	st := p.pin(pool, "h1", nil)
-	if !st.unknown || st.cond.Reason != ImageReasonResolveFailed || st.retryIn != imageRetryFirst ||
+	if !st.unknown || st.cond.Reason != kaironv1.ImageReasonResolveFailed || st.retryIn != imageRetryFirst ||
 		!strings.Contains(st.cond.Message, "resolving image registry.example/app:1: unauthorized: no") ||
 		!strings.Contains(st.cond.Message, "1 attempt so far") {
 		t.Fatalf("after a failure: %+v %+v", st, st.cond)
@@ -119,18 +119,18 @@ func TestPoolImagesResolveOncePerTemplate(t *testing.T) {
 	// Before the backoff is over, nothing; after it, one more attempt,
 	// still reported failed while it runs.
 	now = now.Add(imageRetryFirst - time.Millisecond)
-	if st := p.pin(pool, "h1", nil); st.cond.Reason != ImageReasonResolveFailed || len(resolver.called()) != 1 {
+	if st := p.pin(pool, "h1", nil); st.cond.Reason != kaironv1.ImageReasonResolveFailed || len(resolver.called()) != 1 {
 		t.Fatalf("before the backoff ended: %+v, %d calls", st.cond, len(resolver.called()))
 	}
 	now = now.Add(time.Millisecond)
-	if st := p.pin(pool, "h1", nil); st.cond.Reason != ImageReasonResolveFailed || st.retryIn != imageResolveTimeout {
+	if st := p.pin(pool, "h1", nil); st.cond.Reason != kaironv1.ImageReasonResolveFailed || st.retryIn != imageResolveTimeout {
 		t.Fatalf("retrying: %+v", st)
 	}
 	resolver.answer(ref) <- resolverAnswer{digest: d1}
 	woken()
 	st = p.pin(pool, "h1", nil)
 	if st.unknown || st.image != "registry.example/app:1@"+d1 || st.status.Digest != d1 || st.status.TemplateHash != "h1" ||
-		st.status.ResolvedAt == nil || !st.status.ResolvedAt.Time.Equal(now) || st.cond.Reason != ImageReasonResolved {
+		st.status.ResolvedAt == nil || !st.status.ResolvedAt.Time.Equal(now) || st.cond.Reason != kaironv1.ImageReasonResolved {
 		t.Fatalf("resolved: %+v %+v", st, st.status)
 	}
 	if calls := resolver.called(); len(calls) != 2 {

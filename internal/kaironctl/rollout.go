@@ -13,20 +13,13 @@ import (
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
 )
 
-// AnnotationRestartedAt is what `kaironctl rollout restart machinepool`
-// stamps on a pool's spec.template.metadata.annotations, as kubectl
-// rollout restart stamps kubectl.kubernetes.io/restartedAt on a
-// Deployment's: a new value is a new template, so the pool replaces its
-// warm members and resolves its image's tag again.
-const AnnotationRestartedAt = "kairon.zyvor.dev/restartedAt"
-
 func newRolloutCommand(o *Options) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "rollout COMMAND",
 		Short: "Replace the warm members of a MachinePool, resolving its image's tag again",
 		Long: `rollout restart replaces a MachinePool's warm members, the way kubectl rollout
 restart replaces a Deployment's pods: it sets the annotation
-` + AnnotationRestartedAt + ` in the pool's spec.template.metadata.annotations
+` + kaironv1.AnnotationRestartedAt + ` in the pool's spec.template.metadata.annotations
 to the current time. That is a new template, so the pool deletes its warm
 members and creates new ones at once. Claimed members belong to their claims
 and are never touched.
@@ -58,7 +51,7 @@ func newRolloutRestartCommand(o *Options) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "restart (machinepool NAME... | machinepool/NAME...)",
 		Short: "Replace the warm members of MachinePools, resolving their image's tag again",
-		Long: `Stamp ` + AnnotationRestartedAt + ` with the current time in each named
+		Long: `Stamp ` + kaironv1.AnnotationRestartedAt + ` with the current time in each named
 MachinePool's spec.template.metadata.annotations. The new template makes the
 pool replace its warm members (never its claimed ones) and resolve its OCI
 image's tag again. It prints "machinepool/NAME restarted" for each, or with
@@ -149,11 +142,11 @@ func restartPool(cmd *cobra.Command, c client.Client, ns, name string) (*kaironv
 	}
 	now := time.Now().UTC()
 	stamp := now.Format(time.RFC3339)
-	if pool.Spec.Template.Metadata.Annotations[AnnotationRestartedAt] == stamp {
+	if pool.Spec.Template.Metadata.Annotations[kaironv1.AnnotationRestartedAt] == stamp {
 		stamp = now.Format(time.RFC3339Nano)
 	}
 	body, err := json.Marshal(map[string]any{"spec": map[string]any{"template": map[string]any{
-		"metadata": map[string]any{"annotations": map[string]string{AnnotationRestartedAt: stamp}}}}})
+		"metadata": map[string]any{"annotations": map[string]string{kaironv1.AnnotationRestartedAt: stamp}}}}})
 	if err != nil {
 		return nil, err
 	}

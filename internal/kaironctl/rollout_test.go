@@ -12,7 +12,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
-	"github.com/zyvor/kairon/internal/kaironctl"
 	"github.com/zyvor/kairon/internal/testenv"
 )
 
@@ -22,7 +21,7 @@ func restartedAt(t *testing.T, env *testenv.Env, ns, name string) string {
 	if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name}, p); err != nil {
 		t.Fatal(err)
 	}
-	return p.Spec.Template.Metadata.Annotations[kaironctl.AnnotationRestartedAt]
+	return p.Spec.Template.Metadata.Annotations[kaironv1.AnnotationRestartedAt]
 }
 
 // rollout restart stamps the pool's template with the time, a new value
@@ -48,7 +47,7 @@ func TestRolloutRestart(t *testing.T) {
 	first := restartedAt(t, env, ns, "agents")
 	at, err := time.Parse(time.RFC3339, first)
 	if err != nil || at.Before(before) || at.After(time.Now().Add(time.Minute)) {
-		t.Errorf("%s = %q (%v), want the time of the restart", kaironctl.AnnotationRestartedAt, first, err)
+		t.Errorf("%s = %q (%v), want the time of the restart", kaironv1.AnnotationRestartedAt, first, err)
 	}
 
 	// Within the same second, too, a second restart is a new template.
@@ -58,7 +57,7 @@ func TestRolloutRestart(t *testing.T) {
 		t.Fatalf("-o json: %v\n%s", err, r.stdout)
 	}
 	second := restartedAt(t, env, ns, "agents")
-	if second == first || printed.Spec.Template.Metadata.Annotations[kaironctl.AnnotationRestartedAt] != second ||
+	if second == first || printed.Spec.Template.Metadata.Annotations[kaironv1.AnnotationRestartedAt] != second ||
 		printed.Spec.Template.Metadata.Annotations["team"] != "ml" || printed.Kind != "MachinePool" {
 		t.Errorf("second restart: stored %q (first %q), printed %v kind %q", second, first, printed.Spec.Template.Metadata.Annotations, printed.Kind)
 	}
@@ -69,7 +68,7 @@ func TestRolloutRestart(t *testing.T) {
 		Items []kaironv1.MachinePool `json:"items"`
 	}
 	if err := yaml.Unmarshal([]byte(r.stdout), &list); err != nil || list.Kind != "List" || len(list.Items) != 2 ||
-		list.Items[1].Name != "builders" || list.Items[1].Spec.Template.Metadata.Annotations[kaironctl.AnnotationRestartedAt] == "" {
+		list.Items[1].Name != "builders" || list.Items[1].Spec.Template.Metadata.Annotations[kaironv1.AnnotationRestartedAt] == "" {
 		t.Errorf("-o yaml of two pools: %v\n%s", err, r.stdout)
 	}
 
