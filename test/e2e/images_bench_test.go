@@ -122,7 +122,7 @@ func TestImagesBench(t *testing.T) {
 	for i := range runs {
 		for k, pool := range []string{"default", "python"} {
 			testenv.Eventually(t, 5*time.Minute, "a Running warm member of "+pool, func() (bool, string) {
-				out := jsonpathQuiet(env, testenv.Query{Namespace: ns, Resource: "machinepools/" + pool}, "{.status.readyWarm}")
+				out := jsonpathQuiet(env, testenv.Query{Namespace: ns, Resource: "machinepools", Name: pool}, "{.status.readyWarm}")
 				return out == "1", out
 			})
 			name := fmt.Sprintf("%s-%d", pool, i)
