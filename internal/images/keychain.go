@@ -94,8 +94,13 @@ func parseCredential(key string, a dockerAuth) (credential, error) {
 	switch c.host {
 	case "docker.io", "registry-1.docker.io", dockerHub:
 		c.host = dockerHub
-		if p == "v1" || p == "v1/" || p == "v2" || p == "v2/" {
-			p = "" // the legacy key of Docker Hub as a whole
+	}
+	// As docker and kubelet read a key: a path starting with the API's
+	// version (https://host/v2/, the form `docker login` wrote) means the
+	// host, or the path after it.
+	for _, version := range []string{"v1", "v2"} {
+		if p == version || strings.HasPrefix(p, version+"/") {
+			p = strings.TrimPrefix(p[len(version):], "/")
 		}
 	}
 	c.path = strings.TrimSuffix(p, "/")

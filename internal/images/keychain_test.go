@@ -22,7 +22,8 @@ func TestKeychainFromDockerConfigs(t *testing.T) {
 		"a.corp.example": {"auth": "` + basicAuth("exact", "pw4") + `"},
 		"127.0.0.1:5000": {"auth": "` + basicAuth("local", "pw5") + `"},
 		"https://index.docker.io/v1/": {"auth": "` + basicAuth("hub", "pw6") + `"},
-		"tok.example.com": {"identitytoken": "refresh"}
+		"tok.example.com": {"identitytoken": "refresh"},
+		"https://login.example.com/v2/": {"auth": "` + basicAuth("login", "pw9") + `"}
 	}}`
 	legacy := `{"registry.example.com": {"auth": "` + basicAuth("legacy", "pw7") + `"}, "old.example.com": {"auth": "` + basicAuth("old", "pw8") + `"}}`
 	kc, err := KeychainFromDockerConfigs([]byte(configJSON), []byte(legacy))
@@ -46,6 +47,8 @@ func TestKeychainFromDockerConfigs(t *testing.T) {
 		{ref: "tok.example.com/app", want: authn.AuthConfig{IdentityToken: "refresh"}},
 		{ref: "old.example.com/app", want: authn.AuthConfig{Username: "old", Password: "pw8"}},
 		{ref: "elsewhere.example.com/app"},
+		// `docker login`'s form: the API version's path is the host.
+		{ref: "login.example.com/team/app", want: authn.AuthConfig{Username: "login", Password: "pw9"}},
 	} {
 		t.Run(tc.ref, func(t *testing.T) {
 			ref, err := name.ParseReference(tc.ref)
