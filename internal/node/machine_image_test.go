@@ -364,3 +364,47 @@ func TestUnusedImagesAreCollected(t *testing.T) {
 		return hasKept && !hasGone, fmt.Sprintf("kept there: %v, gone there: %v", hasKept, hasGone)
 	})
 }
+
+// TestImageGuestClonesOnANodeThatNeverPulledIt saves a pool-style template
+// Machine of an image on one node and starts a clone of it on another,
+// whose cache is empty: the clone's node pulls the template's digest
+// before it restores the clone.
+func TestImageGuestClonesOnANodeThatNeverPulledIt(t *testing.T) {
+	host.SkipIfShort(t, "the control plane and a registry")
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	digest := reg.Push(t, "team/app:1", testenv.BusyboxImage(t, v1.Config{}, nil))
+	pinned := reg.Ref("team/app:1") + "@" + digest
+	suffix := ns[len(ns)-5:]
+	nodeA, nodeB := suffix+"-img-a", suffix+"-img-b"
+	bImages := filepath.Join(t.TempDir(), "images")
+	runSnapshotAgent(t, env, nodeA, t.TempDir(), "", "10.88.41.0/24", withImageStore(t, filepath.Join(t.TempDir(), "images")))
+	runSnapshotAgent(t, env, nodeB, t.TempDir(), "", "10.88.42.0/24", withImageStore(t, bImages))
+
+	tmpl := &kaironv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "tmpl", Annotations: map[string]string{kaironv1.AnnotationSnapshotSave: "true"}},
+		Spec:       kaironv1.MachineSpec{NodeName: nodeA, Image: pinned},
+	}
+	if err := env.Client.Create(ctx, tmpl); err != nil {
+		t.Fatal(err)
+	}
+	saved := waitPhase(t, env, client.ObjectKeyFromObject(tmpl), kaironv1.MachineStopped)
+	if saved.Status.Snapshot == nil || saved.Status.ImageDigest != digest {
+		t.Fatalf("the template: snapshot %+v, image digest %q (want %s)", saved.Status.Snapshot, saved.Status.ImageDigest, digest)
+	}
+	clone := &kaironv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "clone", Annotations: map[string]string{kaironv1.AnnotationRestoreFrom: "tmpl"}},
+		Spec:       kaironv1.MachineSpec{NodeName: nodeB, Image: pinned},
+	}
+	if err := env.Client.Create(ctx, clone); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitPhase(t, env, client.ObjectKeyFromObject(clone), kaironv1.MachineRunning); got.Status.ImageDigest != digest {
+		t.Errorf("the clone on %s runs %q, want %s", nodeB, got.Status.ImageDigest, digest)
+	}
+	if !cachedOn(t, bImages, digest) {
+		t.Errorf("node %s, which restored the clone, did not pull %s", nodeB, digest)
+	}
+}

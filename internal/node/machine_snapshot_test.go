@@ -24,14 +24,14 @@ import (
 
 // runSnapshotAgent starts a sim-backed agent whose snapshots are in dir,
 // store store.
-func runSnapshotAgent(t *testing.T, env *testenv.Env, nodeName, dir, store string, cidr string) (stateDir string) {
+func runSnapshotAgent(t *testing.T, env *testenv.Env, nodeName, dir, store string, cidr string, options ...func(*node.Options)) (stateDir string) {
 	t.Helper()
 	stateDir = t.TempDir()
 	b, err := sim.New(sim.Options{StateDir: filepath.Join(stateDir, "instances"), BootDelay: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	agent, err := node.New(env.Config, node.Options{
+	opts := node.Options{
 		NodeName: nodeName, Register: true, Backend: b, StateDir: stateDir,
 		CPU: 4, Memory: resource.MustParse("4Gi"),
 		Network:  &node.NetworkOptions{CIDR: netip.MustParsePrefix(cidr), NoLinks: true},
@@ -39,7 +39,11 @@ func runSnapshotAgent(t *testing.T, env *testenv.Env, nodeName, dir, store strin
 		// Snapshots of another store are fetched over the migration
 		// listener; plain TCP on loopback, as in the migration tests.
 		MigrationListenAddress: "127.0.0.1:0", MigrationInsecure: true,
-	})
+	}
+	for _, o := range options {
+		o(&opts)
+	}
+	agent, err := node.New(env.Config, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
