@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -44,6 +45,7 @@ func run() error {
 		cordonEvacuate   = flag.Bool("cordon-evacuate", false, "give every Machine on a cordoned Kairon node a MachineMigration, within the MachineDisruptionBudgets")
 		cordonStrategy   = flag.String("cordon-evacuate-strategy", controller.CordonEvacuateCold, "strategy of the migrations -cordon-evacuate creates: cold, or auto (live where the Machine and both nodes can, cold otherwise; each migration's StrategyChosen condition says which and why); live is refused")
 		nodeGrace        = flag.Duration("node-grace-period", rules.DefaultNodeGracePeriod, "how long a node agent may go without renewing its Lease (kube-node-lease/kairon-<node>) before its node is unreachable:\nKaironAgentReady Unknown, its Machines NodeReachable=False, nothing new placed there, its warm pool members replaced (docs/guides/node-failure.md)")
+		insecureRegs     = flag.String("insecure-registry", "", "registries (host:port, comma-separated) asked for a MachinePool image's digest over plain HTTP, besides loopback: the same as the node agents' --insecure-registry")
 		cordonRetry      = flag.Duration("cordon-evacuate-min-retry-interval", controller.DefaultCordonEvacuateMinRetryInterval, "least time between two -cordon-evacuate attempts at one Machine")
 	)
 	var capacityBooking controller.CapacityBookingOptions
@@ -104,6 +106,7 @@ func run() error {
 		CordonEvacuateMinRetryInterval: *cordonRetry,
 		NodeGracePeriod:                *nodeGrace,
 		CapacityBooking:                capacityBooking,
+		InsecureRegistries:             splitList(*insecureRegs),
 	}); err != nil {
 		return fmt.Errorf("setting up controllers: %w", err)
 	}
@@ -124,4 +127,15 @@ func run() error {
 	}
 	log.Info("Stopped")
 	return nil
+}
+
+// splitList is a comma-separated flag's values, blanks dropped.
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }

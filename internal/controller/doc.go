@@ -21,7 +21,8 @@
 //     pool_metrics.go; a pool's OCI image pinned to one digest per
 //     template: pool_image.go (resolutions off the reconcile, status.image
 //     and the ImageResolved condition), pool_image_pin.go,
-//     pool_image_registry.go (RegistryResolver, go-containerregistry),
+//     pool_image_registry.go (RegistryResolver, over images.Resolver: the
+//     nodes' rules for registries),
 //     pool_image_auth.go (docker-config pull secrets);
 //   - image pull secrets: node_pull_secrets.go (NodePullSecretsReconciler:
 //     the RBAC letting a node agent read its Machines' pull secrets and no

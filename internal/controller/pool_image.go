@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/images"
 )
 
 // A pool whose template names an OCI image by tag pins its members to one
@@ -265,6 +267,11 @@ func (p *poolImages) resolveOnce(ctx context.Context, pool *kaironv1.MachinePool
 	if err != nil {
 		if len(missing) > 0 {
 			err = fmt.Errorf("%w (spec.template.spec.imagePullSecrets names secrets that do not exist in namespace %s: %s)", err, pool.Namespace, strings.Join(missing, ", "))
+		}
+		var named *images.PullError
+		if errors.As(err, &named) && named.Reference == ref {
+			// Its message starts with the reference already.
+			return nil, fmt.Errorf("resolving image %w", err)
 		}
 		return nil, fmt.Errorf("resolving image %s: %w", ref, err)
 	}

@@ -3,6 +3,8 @@ package controller
 import (
 	"context"
 	"fmt"
+	"strings"
+	"unicode"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	corev1 "k8s.io/api/core/v1"
@@ -72,4 +74,17 @@ func dockerConfigOf(s *corev1.Secret) ([]byte, error) {
 		return nil, fmt.Errorf("it has no %s", key)
 	}
 	return data, nil
+}
+
+// registryText is s with control characters replaced by spaces, at most
+// 512 bytes: a secret's keys are the user's text, on their way into a
+// status and an event.
+func registryText(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+	return truncate(strings.Join(strings.Fields(s), " "), 512)
 }

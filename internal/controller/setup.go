@@ -30,6 +30,10 @@ type Options struct {
 	// at PolicyStatusWebhookPath.
 	Webhook bool
 
+	// InsecureRegistries (host:port) are asked for pools' image digests
+	// over plain HTTP, besides loopback: the nodes' --insecure-registry.
+	InsecureRegistries []string
+
 	// CordonEvacuate runs cordon-triggered evacuation: the Machines on a
 	// cordoned Kairon node get budget-throttled MachineMigrations.
 	CordonEvacuate bool
@@ -105,6 +109,7 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 			APIReader: mgr.GetAPIReader(),
 			Recorder:  mgr.GetEventRecorder("kairon-machinepool-controller"),
 			Interval:  opts.Interval,
+			Resolver:  RegistryResolver{InsecureRegistries: opts.InsecureRegistries},
 		}).SetupWithManager(mgr),
 		(&NodePullSecretsReconciler{
 			Client:    mgr.GetClient(),

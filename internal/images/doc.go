@@ -10,6 +10,8 @@
 //     directory), Resolve, Ensure, Lookup, Image;
 //   - pull.go: one image's pull: size limit, config, layers downloaded in
 //     parallel, conversion, the file renamed into place;
+//   - resolver.go: Resolver, a reference's digest by the store's rules
+//     and without a cache (kairon-controller pins pools' images with it);
 //   - remote.go: the registry side: references, manifests and indexes, the
 //     linux/amd64 pick, verified blob downloads, the HTTP transport that
 //     keeps plain HTTP to loopback and the insecure registries;

@@ -41,20 +41,20 @@ var registryRetry = remote.Backoff{Duration: 250 * time.Millisecond, Factor: 3, 
 // parseReference parses an image reference as spec.image holds it. The
 // registry must be named (a host with a dot or a port, or localhost):
 // the store never falls back to a default registry.
-func (s *Store) parseReference(ref string) (name.Reference, error) {
+func (r *Resolver) parseReference(ref string) (name.Reference, error) {
 	host, _, _ := strings.Cut(ref, "/")
 	if !strings.Contains(ref, "/") || !(strings.ContainsAny(host, ".:") || host == "localhost") {
 		return nil, pullErrorf(ref, ReasonInvalidImage, "the reference does not name a registry (registry[:port]/repository[:tag][@sha256:…])")
 	}
 	var opts []name.Option
-	if slices.Contains(s.opts.Insecure, host) {
+	if slices.Contains(r.insecure, host) {
 		opts = append(opts, name.Insecure)
 	}
-	r, err := name.ParseReference(ref, opts...)
+	parsed, err := name.ParseReference(ref, opts...)
 	if err != nil {
 		return nil, pullErrorf(ref, ReasonInvalidImage, "not a valid reference: %v", err)
 	}
-	return r, nil
+	return parsed, nil
 }
 
 // puller is a registry session for one reference and keychain.
@@ -64,7 +64,7 @@ type puller struct {
 	anonymous bool // no credentials for ref's repository
 }
 
-func (s *Store) newPuller(ref name.Reference, kc authn.Keychain) (*puller, error) {
+func (r *Resolver) newPuller(ref name.Reference, kc authn.Keychain) (*puller, error) {
 	if kc == nil {
 		kc = authn.NewMultiKeychain()
 	}
@@ -74,9 +74,9 @@ func (s *Store) newPuller(ref name.Reference, kc authn.Keychain) (*puller, error
 	}
 	p, err := remote.NewPuller(
 		remote.WithAuthFromKeychain(kc),
-		remote.WithTransport(s.transport),
+		remote.WithTransport(r.transport),
 		remote.WithRetryBackoff(registryRetry),
-		remote.WithUserAgent("kairon-node"),
+		remote.WithUserAgent(r.userAgent),
 	)
 	if err != nil {
 		return nil, err

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +18,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"golang.org/x/sys/unix"
 
 	"github.com/zyvor/kairon/internal/imagefs"
@@ -82,11 +80,11 @@ type Image struct {
 
 // Store pulls, converts and caches the images a node's Machines boot.
 type Store struct {
-	opts      Options
-	log       logr.Logger
-	metrics   Metrics
-	transport http.RoundTripper
-	lock      *os.File
+	opts     Options
+	log      logr.Logger
+	metrics  Metrics
+	resolver *Resolver
+	lock     *os.File
 
 	mu      sync.Mutex
 	images  map[string]*record // by manifest digest
@@ -135,23 +133,14 @@ func NewStore(o Options) (*Store, error) {
 		lock.Close()
 		return nil, fmt.Errorf("images: cache directory %s is in use by another store: %w", o.Dir, err)
 	}
-	base, _ := remote.DefaultTransport.(*http.Transport)
-	var rt http.RoundTripper = remote.DefaultTransport
-	if base != nil {
-		t := base.Clone()
-		// A registry that accepts the connection and then says nothing
-		// fails the request instead of holding the pull forever.
-		t.ResponseHeaderTimeout = time.Minute
-		rt = t
-	}
 	s := &Store{
-		opts:      o,
-		log:       o.Log,
-		metrics:   o.Metrics,
-		transport: &guardedTransport{base: rt, insecure: o.Insecure},
-		lock:      lock,
-		images:    map[string]*record{},
-		aliases:   map[string]string{},
+		opts:     o,
+		log:      o.Log,
+		metrics:  o.Metrics,
+		resolver: NewResolver(o.Insecure, "kairon-node"),
+		lock:     lock,
+		images:   map[string]*record{},
+		aliases:  map[string]string{},
 	}
 	if err := s.recover(); err != nil {
 		lock.Close()
@@ -258,24 +247,11 @@ func (s *Store) reportUsageLocked() {
 // Resolve returns the digest (sha256:…) ref names now, without pulling: a
 // digest reference's own, a tag's from the registry (a HEAD request).
 func (s *Store) Resolve(ctx context.Context, ref string, kc authn.Keychain) (string, error) {
-	r, err := s.parseReference(ref)
+	d, err := s.resolver.Resolve(ctx, ref, kc)
 	if err != nil {
 		s.failed(err)
-		return "", err
 	}
-	if d, ok := r.(name.Digest); ok {
-		return d.DigestStr(), nil
-	}
-	p, err := s.newPuller(r, kc)
-	if err != nil {
-		return "", err
-	}
-	d, err := p.headDigest(ctx, ref)
-	if err != nil {
-		s.failed(err)
-		return "", err
-	}
-	return d, nil
+	return d, err
 }
 
 // Ensure returns the image ref names, pulling, verifying and converting it
@@ -316,7 +292,7 @@ func (s *Store) ensure(ctx context.Context, ref string, kc authn.Keychain) (*Ima
 }
 
 func (s *Store) ensureShared(ctx context.Context, ref string, kc authn.Keychain) (ensured, error) {
-	r, err := s.parseReference(ref)
+	r, err := s.resolver.parseReference(ref)
 	if err != nil {
 		return ensured{}, err
 	}
@@ -325,7 +301,7 @@ func (s *Store) ensureShared(ctx context.Context, ref string, kc authn.Keychain)
 			return ensured{img: img}, nil
 		}
 	}
-	p, err := s.newPuller(r, kc)
+	p, err := s.resolver.newPuller(r, kc)
 	if err != nil {
 		return ensured{}, err
 	}
