@@ -26,8 +26,8 @@ import (
 	"github.com/zyvor/kairon/internal/backend/sim"
 	"github.com/zyvor/kairon/internal/images"
 	"github.com/zyvor/kairon/internal/node"
-	"github.com/zyvor/kairon/internal/node/imagepull"
 	"github.com/zyvor/kairon/internal/node/egress"
+	"github.com/zyvor/kairon/internal/node/imagepull"
 	"github.com/zyvor/kairon/internal/node/network"
 	"github.com/zyvor/kairon/internal/rules"
 )
@@ -250,7 +250,7 @@ func run(args []string) error {
 	}
 	defer imageStore.Close()
 	agent, err := node.New(cfg, node.Options{
-		Images: imagepull.StoreOf(imageStore),
+		Images:   imagepull.StoreOf(imageStore),
 		NodeName: f.nodeName, Register: f.register, Backend: b, GuestDir: f.guestDir,
 		StateDir: f.stateDir, CPU: f.cpu, Memory: memory, Network: network, Egress: egressOpts, MetricsAddress: f.metrics,
 		ListenAddress: f.listen, ClientCAFile: f.clientCA, Interval: f.interval, HealthProbeAddress: f.healthProbe,
