@@ -9,11 +9,12 @@ import (
 )
 
 // nodeRoots are the packages the node agent runs: QEMU; ip, bridge and
-// nft; and sh (dash), through which it writes sysctls in a network
-// namespace (ip netns exec NS sh -c ...). The node image holds them and
+// nft; sh (dash), through which it writes sysctls in a network namespace
+// (ip netns exec NS sh -c ...); and sqfstar (squashfs-tools), which turns
+// a Machine's OCI image into the filesystem its guest boots. The node image holds them and
 // everything they depend on (no recommends), at the versions of the lock
 // file (--lock, debian.lock).
-var nodeRoots = []string{"qemu-system-x86", "iproute2", "nftables", "dash"}
+var nodeRoots = []string{"qemu-system-x86", "iproute2", "nftables", "dash", "squashfs-tools"}
 
 const nodeLockHeader = `The Debian packages of the kairon-node image: the closure of %s
 without recommends, one package=version a line. hack/images builds from
