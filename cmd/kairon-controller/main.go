@@ -46,6 +46,7 @@ func run() error {
 		cordonStrategy   = flag.String("cordon-evacuate-strategy", controller.CordonEvacuateCold, "strategy of the migrations -cordon-evacuate creates: cold, or auto (live where the Machine and both nodes can, cold otherwise; each migration's StrategyChosen condition says which and why); live is refused")
 		nodeGrace        = flag.Duration("node-grace-period", rules.DefaultNodeGracePeriod, "how long a node agent may go without renewing its Lease (kube-node-lease/kairon-<node>) before its node is unreachable:\nKaironAgentReady Unknown, its Machines NodeReachable=False, nothing new placed there, its warm pool members replaced (docs/guides/node-failure.md)")
 		insecureRegs     = flag.String("insecure-registry", "", "registries (host:port, comma-separated) asked for a MachinePool image's digest over plain HTTP, besides loopback: the same as the node agents' --insecure-registry")
+		nodeSA           = flag.String("node-service-account", "", "user of the node agents' shared ServiceAccount, system:serviceaccount:<namespace>:<name>: with -webhook, its Pod-bound tokens get the pull secrets of the Machines on their node at "+controller.PullCredentialsPath+" (empty: only kairon:node:<node> users, as kairon-local issues, are node agents)")
 		cordonRetry      = flag.Duration("cordon-evacuate-min-retry-interval", controller.DefaultCordonEvacuateMinRetryInterval, "least time between two -cordon-evacuate attempts at one Machine")
 	)
 	var capacityBooking controller.CapacityBookingOptions
@@ -91,6 +92,9 @@ func run() error {
 		LeaderElectionReleaseOnCancel: true,
 		Controller:                    requeue.ControllerConfig(),
 	}
+	if parts := strings.Split(*nodeSA, ":"); *nodeSA != "" && (len(parts) != 4 || !strings.HasPrefix(*nodeSA, "system:serviceaccount:") || parts[2] == "" || parts[3] == "") {
+		return fmt.Errorf("-node-service-account %q: want system:serviceaccount:<namespace>:<name>", *nodeSA)
+	}
 	if *webhookOn {
 		mgrOpts.WebhookServer = webhook.NewServer(webhook.Options{Port: *webhookPort, CertDir: *webhookCertDir})
 	}
@@ -101,6 +105,7 @@ func run() error {
 	if err := controller.SetupWithManager(mgr, controller.Options{
 		Interval:                       *interval,
 		Webhook:                        *webhookOn,
+		NodeServiceAccount:             *nodeSA,
 		CordonEvacuate:                 *cordonEvacuate,
 		CordonEvacuateStrategy:         *cordonStrategy,
 		CordonEvacuateMinRetryInterval: *cordonRetry,

@@ -253,6 +253,10 @@ func TestControllerRBAC(t *testing.T) {
 		// controller grants each node agent its Machines' ones, which
 		// RBAC allows only to an identity holding get on them.
 		{"", "secrets", []string{"get"}},
+		// Node agents that share one ServiceAccount get their Machines'
+		// pull secrets from the controller, which knows them by their
+		// token (internal/controller/pull_credentials.go).
+		{"authentication.k8s.io", "tokenreviews", []string{"create"}},
 		{"rbac.authorization.k8s.io", "roles", []string{"get", "list", "watch", "create", "update", "delete"}},
 		{"rbac.authorization.k8s.io", "rolebindings", []string{"get", "list", "watch", "create", "update", "delete"}},
 		{"", "events", []string{"create", "patch"}},

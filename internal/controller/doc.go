@@ -26,7 +26,9 @@
 //     pool_image_auth.go (docker-config pull secrets);
 //   - image pull secrets: node_pull_secrets.go (NodePullSecretsReconciler:
 //     the RBAC letting a node agent read its Machines' pull secrets and no
-//     other Secret);
+//     other Secret), pull_credentials.go (PullCredentialsHandler: the
+//     same secrets handed over HTTPS to node agents that share one
+//     ServiceAccount, known by their Pod-bound token);
 //   - claims: machineclaim_binder.go (MachineClaimBinder binds claims to
 //     warm members), machineclaim_controller.go (MachineClaimReconciler),
 //     assume.go, bind_tracker.go, bind_events.go, claim_node_health.go,

@@ -18,6 +18,7 @@ func init() {
 		migrationsFinished, migrationDowntime, migrationDuration,
 		machineSnapshots, machineSnapshotPause, machineSnapshotSize,
 		DisruptionBudgetStatus, nodeUnreachable, fencedNodes,
+		pullCredentialRequests,
 	)
 	for _, phase := range []kaironv1.MachineSnapshotPhase{kaironv1.SnapshotReady, kaironv1.SnapshotFailed} {
 		machineSnapshots.WithLabelValues(string(phase)) // a 0 rather than no series
@@ -146,3 +147,13 @@ var DisruptionBudgetStatus = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 	Help: "Status of a MachineDisruptionBudget as last written to the object by kairon-controller; " +
 		"field is expected_machines, current_healthy, desired_healthy or disruptions_allowed.",
 }, []string{"namespace", "budget", "field"})
+
+// Node agents' pull credentials.
+
+// pullCredentialRequests counts the answers of PullCredentialsPath by
+// HTTP status code: 403s mean an agent asked for a Machine not its own,
+// 404s a Secret or Machine that is missing (yet).
+var pullCredentialRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "kairon_pull_credentials_requests_total",
+	Help: "Requests of node agents for the pull secrets of their Machines, by HTTP status code of the answer.",
+}, []string{"code"})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -29,6 +30,12 @@ type Options struct {
 	// MachineMigrationWebhookPath, and the node agents' policy status one
 	// at PolicyStatusWebhookPath.
 	Webhook bool
+	// NodeServiceAccount is the user of the node agents' shared
+	// ServiceAccount (system:serviceaccount:<ns>:<name>), whose Pod-bound
+	// tokens name their node; "" if there is none. With Webhook, the
+	// webhook server also hands the node agents their Machines' pull
+	// secrets at PullCredentialsPath (PullCredentialsHandler).
+	NodeServiceAccount string
 
 	// InsecureRegistries (host:port) are asked for pools' image digests
 	// over plain HTTP, besides loopback: the nodes' --insecure-registry.
@@ -209,6 +216,13 @@ func SetupWithManager(mgr manager.Manager, opts Options) error {
 			&MachineValidator{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Seen: seen.seenBefore}))
 		mgr.GetWebhookServer().Register(MachineMigrationWebhookPath, NewMachineMigrationWebhook(mgr.GetScheme(), mgr.GetAPIReader()))
 		mgr.GetWebhookServer().Register(PolicyStatusWebhookPath, NewPolicyStatusWebhook(mgr.GetScheme(), mgr.GetAPIReader()))
+		clientset, err := kubernetes.NewForConfig(mgr.GetConfig())
+		if err != nil {
+			return fmt.Errorf("client for the pull credentials' token reviews: %w", err)
+		}
+		mgr.GetWebhookServer().Register(PullCredentialsPath, &PullCredentialsHandler{
+			Reader: mgr.GetAPIReader(), Tokens: clientset.AuthenticationV1().TokenReviews(), NodeServiceAccount: opts.NodeServiceAccount,
+		})
 	}
 	return nil
 }

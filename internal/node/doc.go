@@ -15,7 +15,8 @@
 //     (the MainProcess condition of an image's entrypoint);
 //   - OCI images: machine_image.go (a Machine's image on the node before its
 //     VM starts, is restored or received; the cache's collection), over
-//     package imagepull (background pulls) and internal/images (the cache);
+//     package imagepull (background pulls) and internal/images (the cache),
+//     pull_credentials.go (pull secrets asked of kairon-controller);
 //   - the node object: node_object.go (labels, capacity, conditions), lease.go,
 //     rejoin_fence.go (what a fenced node destroys before it rejoins);
 //   - migration: migration.go (cold), live_migration.go, migration_state.go
