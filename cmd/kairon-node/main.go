@@ -83,6 +83,8 @@ type flags struct {
 	imageMaxComp string
 	imageMaxSize string
 	insecureRegs stringList
+	pullCredsURL string
+	pullCredsCA  string
 }
 
 // stringList is a flag given once per value, or with values separated by
@@ -156,6 +158,8 @@ func run(args []string) error {
 	fs.StringVar(&f.cgroupParent, "cgroup-parent", qemu.DefaultCgroupParent, "cgroup (relative to each hierarchy's root) under which each VM gets its own")
 	fs.StringVar(&f.vmScope, "vm-scope", "agent", "where the VMs' cgroups live: agent (the hierarchies as this process sees /sys/fs/cgroup) or host (the host's whole hierarchies,\nmounted afresh, for an agent in a container with hostPID: VMs outlive the container; docs/design/node-agent-lifecycle.md)")
 	fs.StringVar(&f.imageDir, "image-dir", "", "cache of the OCI images Machines boot (spec.image with a registry), converted to read-only filesystems\n(empty: <state-dir>/images; docs/guides/images.md)")
+	fs.StringVar(&f.pullCredsURL, "pull-credentials-url", "", "ask kairon-controller at this URL (https://<controller service>:9443/pull-credentials) for the pull secrets of this node's Machines,\nwith this agent's bearer token, instead of reading the Secrets: for agents that share one ServiceAccount (the Helm chart; docs/guides/images.md)")
+	fs.StringVar(&f.pullCredsCA, "pull-credentials-ca", "", "with --pull-credentials-url, the PEM CA certificate that signed kairon-controller's webhook certificate (empty: the system's CAs)")
 	fs.StringVar(&f.imageBudget, "image-disk-budget", "20Gi", "disk the image cache may use: above it, images no Machine or MachineSnapshot needs are removed, least recently used first")
 	fs.StringVar(&f.imageMaxComp, "image-max-compressed-size", "2Gi", "refuse OCI images whose layers, compressed, add up to more than this")
 	fs.StringVar(&f.imageMaxSize, "image-max-size", "8Gi", "refuse OCI images whose files, uncompressed, add up to more than this")
@@ -244,6 +248,15 @@ func run(args []string) error {
 		// a busy node's status writes and migrations for seconds.
 		cfg.QPS, cfg.Burst = -1, -1
 	}
+	if f.pullCredsURL != "" {
+		// Checked now: a wrong flag or a kubeconfig without a token
+		// would otherwise only show in the first private pull.
+		if _, err := node.NewPullCredentialsClient(f.pullCredsURL, f.pullCredsCA, cfg); err != nil {
+			return fmt.Errorf("--pull-credentials-url: %w", err)
+		}
+	} else if f.pullCredsCA != "" {
+		return errors.New("--pull-credentials-ca needs --pull-credentials-url")
+	}
 	imageStore, err := newImageStore(f)
 	if err != nil {
 		return err
@@ -258,6 +271,7 @@ func run(args []string) error {
 		OnShutdown: node.ShutdownAction(f.onShutdown), SuspendTimeout: f.suspendLimit,
 		LeaseRenewInterval: f.leaseRenew, BootTimeout: f.bootTimeout,
 		SnapshotDir: f.snapDir, SnapshotStore: f.snapStore,
+		PullCredentialsURL: f.pullCredsURL, PullCredentialsCAFile: f.pullCredsCA,
 	})
 	if err != nil {
 		return err

@@ -161,7 +161,8 @@ func (a *Agent) localImage(ctx context.Context, machine *kaironv1.Machine) (imag
 // secrets (the controller grants them), and never lists or watches any.
 // A secret that is missing or not readable yet fails the pull for now,
 // so it is retried: the user may be about to create it, or the grant be
-// on its way.
+// on its way. With Options.PullCredentialsURL the agent asks
+// kairon-controller instead (pull_credentials.go).
 func (a *Agent) pullCredentials(machine *kaironv1.Machine) imagepull.Credentials {
 	if len(machine.Spec.ImagePullSecrets) == 0 {
 		return nil
@@ -170,6 +171,16 @@ func (a *Agent) pullCredentials(machine *kaironv1.Machine) imagepull.Credentials
 	names := make([]string, 0, len(machine.Spec.ImagePullSecrets))
 	for _, s := range machine.Spec.ImagePullSecrets {
 		names = append(names, s.Name)
+	}
+	if a.opts.PullCredentialsURL != "" {
+		return func(ctx context.Context) ([][]byte, error) {
+			c, err := NewPullCredentialsClient(a.opts.PullCredentialsURL, a.opts.PullCredentialsCAFile, a.mgr.GetConfig())
+			if err != nil {
+				return nil, imagepull.TransientError{Err: err}
+			}
+			defer c.http.CloseIdleConnections()
+			return c.Fetch(ctx, namespace, machine.Name)
+		}
 	}
 	return func(ctx context.Context) ([][]byte, error) {
 		var configs [][]byte

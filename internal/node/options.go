@@ -27,6 +27,15 @@ type Options struct {
 	// is a reference (machine_image.go); nil: such Machines fail with a
 	// message saying the node cannot run them.
 	Images ImageStore
+	// PullCredentialsURL, when set, is where the agent asks
+	// kairon-controller for its Machines' pull secrets (https://...
+	// /pull-credentials; pull_credentials.go), with the bearer token of its
+	// API server credentials, instead of reading the Secrets itself: for
+	// agents that share one ServiceAccount, which RBAC cannot tell apart.
+	// PullCredentialsCAFile is the PEM CA the controller's certificate is
+	// checked against ("": the system's).
+	PullCredentialsURL    string
+	PullCredentialsCAFile string
 	// ImageGCInterval is how often unused images are collected (0: a
 	// minute).
 	ImageGCInterval time.Duration
