@@ -1095,6 +1095,8 @@ func TestRenderedFlagsExist(t *testing.T) {
 		"defaults":                nil,
 		"sim":                     {"node.backend=sim", "node.acceleration=tcg", "node.guestDir=/opt/kairon/guest", "node.listen=127.0.0.1:10350"},
 		"shared snapshot storage": {"node.snapshots.dir=/mnt/kairon-snapshots", "node.snapshots.store=nfs-a"},
+		// Pull secrets asked of the controller.
+		"webhook": {"webhook.enabled=true", "webhook.tlsSecretName=tls", "webhook.caBundle=Zm9v"},
 	} {
 		t.Run("node "+name, func(t *testing.T) {
 			_, c := nodeDaemonSet(t, render(t, setArgs(sets)...))
