@@ -160,6 +160,29 @@ func TestPullCredentialsFromTheController(t *testing.T) {
 		t.Errorf("status.imageDigest %q, want %s", running.Status.ImageDigest, digest)
 	}
 
+	// Projected tokens rotate: the agent reads its token file at each
+	// request. A token the API server does not take is refused and retried;
+	// a fresh one in its place is used.
+	second := reg.Push(t, "private/app:2", testenv.BusyboxImage(t, v1.Config{Env: []string{"V=2"}}, nil))
+	if err := os.WriteFile(tokenFile, []byte("expired"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rotated := imageMachine(t, env, ns, "rotated", nodeName, reg.Ref("private/app:2"), secret.Name)
+	testenv.Eventually(t, waitTimeout, "the Machine Pending on the refused token", func() (bool, string) {
+		got := &kaironv1.Machine{}
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(rotated), got); err != nil {
+			return false, err.Error()
+		}
+		reason, message := readyReason(got)
+		return got.Status.Phase == kaironv1.MachinePending && strings.Contains(message, "401"), string(got.Status.Phase) + " " + reason + ": " + message
+	})
+	if err := os.WriteFile(tokenFile, []byte(tr.Status.Token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitPhase(t, env, client.ObjectKeyFromObject(rotated), kaironv1.MachineRunning); got.Status.ImageDigest != second {
+		t.Errorf("status.imageDigest %q after the token came back, want %s", got.Status.ImageDigest, second)
+	}
+
 	env.Create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "opaque"}, StringData: map[string]string{"password": "s3cret"}})
 	m := waitFailed(t, env, client.ObjectKeyFromObject(imageMachine(t, env, ns, "opaque", nodeName, reg.Ref("private/other:1"), "opaque")))
 	if reason, message := readyReason(m); reason != kaironv1.MachineReasonImagePullFailed || !strings.Contains(message, `spec.imagePullSecrets[0] "opaque" is of type "Opaque"`) {
