@@ -39,7 +39,7 @@ func run() error {
 		pprofAddr        = flag.String("pprof-bind-address", "0", `address of Go's profiling endpoints (/debug/pprof/), for example 127.0.0.1:6060; "0" (the default) turns them off. Unauthenticated: bind it to loopback only`)
 		leaderElect      = flag.Bool("leader-elect", false, "run only while holding the leader lease, so several replicas can stand by")
 		leaderElectionNS = flag.String("leader-election-namespace", "kube-system", "namespace of the leader election lease when not running in a Pod")
-		webhookOn        = flag.Bool("webhook", false, "serve the validating webhooks: Machines at "+controller.MachineWebhookPath+", MachineMigrations at "+controller.MachineMigrationWebhookPath+", node agents' MachineNetworkPolicy status reports at "+controller.PolicyStatusWebhookPath)
+		webhookOn        = flag.Bool("webhook", false, "serve the validating webhooks: Machines at "+controller.MachineWebhookPath+", MachineMigrations at "+controller.MachineMigrationWebhookPath+", node agents' MachineNetworkPolicy status reports at "+controller.PolicyStatusWebhookPath+"; and node agents their Machines' pull secrets at "+controller.PullCredentialsPath)
 		webhookPort      = flag.Int("webhook-port", webhook.DefaultPort, "port of the webhook server")
 		webhookCertDir   = flag.String("webhook-cert-dir", "", "directory with the webhook's tls.crt and tls.key (default: the system temp dir's k8s-webhook-server/serving-certs)")
 		cordonEvacuate   = flag.Bool("cordon-evacuate", false, "give every Machine on a cordoned Kairon node a MachineMigration, within the MachineDisruptionBudgets")

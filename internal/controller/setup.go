@@ -28,7 +28,8 @@ type Options struct {
 	// ValidatingWebhookConfiguration that points the API server at it is
 	// up to the installer. It also serves the MachineMigration webhook at
 	// MachineMigrationWebhookPath, and the node agents' policy status one
-	// at PolicyStatusWebhookPath.
+	// at PolicyStatusWebhookPath, and hands node agents their Machines'
+	// pull secrets at PullCredentialsPath.
 	Webhook bool
 	// NodeServiceAccount is the user of the node agents' shared
 	// ServiceAccount (system:serviceaccount:<ns>:<name>), whose Pod-bound
