@@ -167,7 +167,9 @@ func (a *Agent) pullCredentials(machine *kaironv1.Machine) imagepull.Credentials
 	if len(machine.Spec.ImagePullSecrets) == 0 {
 		return nil
 	}
-	namespace := machine.Namespace
+	// Copied: the closure runs in the pull's goroutine while the
+	// reconcile goes on writing machine.
+	namespace, machineName := machine.Namespace, machine.Name
 	names := make([]string, 0, len(machine.Spec.ImagePullSecrets))
 	for _, s := range machine.Spec.ImagePullSecrets {
 		names = append(names, s.Name)
@@ -179,7 +181,7 @@ func (a *Agent) pullCredentials(machine *kaironv1.Machine) imagepull.Credentials
 				return nil, imagepull.TransientError{Err: err}
 			}
 			defer c.http.CloseIdleConnections()
-			return c.Fetch(ctx, namespace, machine.Name)
+			return c.Fetch(ctx, namespace, machineName)
 		}
 	}
 	return func(ctx context.Context) ([][]byte, error) {
