@@ -153,7 +153,7 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 	case suspended:
 		// Whatever brings the VM up needs its image here first
 		// (machine_image.go).
-		if wait, ok := a.ensureImage(ctx, machine); !ok {
+		if wait, ok := a.ensureImage(ctx, machine, false); !ok {
 			return wait, nil
 		}
 		// Saved when the last agent stopped: bring the guest back rather
@@ -175,7 +175,8 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 		if wait := a.boots.wait(id, time.Now()); wait > 0 {
 			return wait, nil // backing off a transient start failure (boot.go)
 		}
-		if wait, ok := a.ensureImage(ctx, machine); !ok {
+		fresh := machine.Spec.RestoreFrom == nil && machine.Annotations[kaironv1.AnnotationRestoreFrom] == ""
+		if wait, ok := a.ensureImage(ctx, machine, fresh); !ok {
 			return wait, nil
 		}
 		a.boots.begin(id, time.Now())
@@ -344,7 +345,7 @@ func (a *Agent) vmSpec(ctx context.Context, machine *kaironv1.Machine, id string
 	if kaironv1.IsOCIImage(image) {
 		// Kairon's own kernel and initramfs (which brings the guest
 		// agent) boot the image as the root filesystem.
-		local, err := a.localImage(ctx, machine)
+		local, err := a.localImage(machine)
 		if err != nil {
 			return spec, err
 		}

@@ -33,6 +33,8 @@ type ImageStore interface {
 	// GC removes cached images, least recently used first, while the
 	// cache is over its disk budget; never one inUse reports.
 	GC(inUse func(digest string) bool) ([]string, error)
+	// Lookup is the cached image of digest, without the network.
+	Lookup(digest string) (imagepull.Image, bool)
 }
 
 // imagePollWait is how soon a Machine waiting for a pull looks again when
@@ -80,10 +82,15 @@ func (a *Agent) imageStatus(ctx context.Context, machine *kaironv1.Machine) (str
 // ensureImage is the step before a VM starts: true once machine's image
 // (if it has an OCI one) is on the node, with status.imageDigest set.
 // Otherwise it sets the Machine Pending or Failed and says how soon to
-// look again.
-func (a *Agent) ensureImage(ctx context.Context, machine *kaironv1.Machine) (time.Duration, bool) {
+// look again. A fresh boot (no saved guest to bring back) takes what
+// spec.image names now, as a new VM should: the digest of an earlier VM
+// of the Machine may belong to another spec.image.
+func (a *Agent) ensureImage(ctx context.Context, machine *kaironv1.Machine, fresh bool) (time.Duration, bool) {
 	if !kaironv1.IsOCIImage(machine.Spec.Image) {
 		return 0, true
+	}
+	if fresh {
+		machine.Status.ImageDigest = ""
 	}
 	ref, st := a.imageStatus(ctx, machine)
 	ready := meta.FindStatusCondition(machine.Status.Conditions, kaironv1.ConditionReady.String())
@@ -131,6 +138,7 @@ func (a *Agent) awaitImage(ctx context.Context, machine *kaironv1.Machine) error
 		ref, st := a.imageStatus(ctx, machine)
 		switch st.State {
 		case imagepull.Ready:
+			machine.Status.ImageDigest = st.Image.Digest
 			return nil
 		case imagepull.Failed:
 			return fmt.Errorf("image %s cannot be used on node %s: %w", ref, a.opts.NodeName, st.Err)
@@ -143,17 +151,19 @@ func (a *Agent) awaitImage(ctx context.Context, machine *kaironv1.Machine) error
 	}
 }
 
-// localImage is machine's image file on the node, which ensureImage or
-// awaitImage made sure of; an error if it is not here.
-func (a *Agent) localImage(ctx context.Context, machine *kaironv1.Machine) (imagepull.Image, error) {
-	ref, st := a.imageStatus(ctx, machine)
-	switch st.State {
-	case imagepull.Ready:
-		return st.Image, nil
-	case imagepull.Failed:
-		return imagepull.Image{}, fmt.Errorf("image %s: %w", ref, st.Err)
+// localImage is the file of the image machine runs (status.imageDigest),
+// which ensureImage or awaitImage made sure of; an error if it is not on
+// the node.
+func (a *Agent) localImage(machine *kaironv1.Machine) (imagepull.Image, error) {
+	digest := machine.Status.ImageDigest
+	if digest == "" || a.opts.Images == nil {
+		return imagepull.Image{}, transient(fmt.Errorf("image %s is not on node %s yet", machine.Spec.Image, a.opts.NodeName))
 	}
-	return imagepull.Image{}, transient(fmt.Errorf("image %s is not on node %s yet", ref, a.opts.NodeName))
+	img, ok := a.opts.Images.Lookup(digest)
+	if !ok {
+		return imagepull.Image{}, transient(fmt.Errorf("image %s (%s) is not on node %s", machine.Spec.Image, digest, a.opts.NodeName))
+	}
+	return img, nil
 }
 
 // pullCredentials reads the Machine's pull secrets when a pull starts,

@@ -3,6 +3,7 @@ package node_test
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -19,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
@@ -407,4 +409,41 @@ func TestImageGuestClonesOnANodeThatNeverPulledIt(t *testing.T) {
 	if !cachedOn(t, bImages, digest) {
 		t.Errorf("node %s, which restored the clone, did not pull %s", nodeB, digest)
 	}
+}
+
+// TestAFreshBootTakesTheImageTheSpecNamesNow stops a Machine of one tag,
+// points its spec.image at another, and starts it again: the new VM runs
+// the new tag's image, not the digest the Machine's last VM ran.
+func TestAFreshBootTakesTheImageTheSpecNamesNow(t *testing.T) {
+	host.SkipIfShort(t, "the control plane and a registry")
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	reg := testenv.StartRegistry(t, testenv.RegistryOptions{})
+	first := reg.Push(t, "team/app:1", testenv.BusyboxImage(t, v1.Config{Env: []string{"V=1"}}, nil))
+	second := reg.Push(t, "team/app:2", testenv.BusyboxImage(t, v1.Config{Env: []string{"V=2"}}, nil))
+	nodeName := ns + "-n"
+	runSimAgent(t, env, nodeName, t.TempDir(), nil, withImageStore(t, t.TempDir()))
+	m := waitPhase(t, env, client.ObjectKeyFromObject(imageMachine(t, env, ns, "vm", nodeName, reg.Ref("team/app:1"))), kaironv1.MachineRunning)
+	if m.Status.ImageDigest != first {
+		t.Fatalf("status.imageDigest %q, want %s", m.Status.ImageDigest, first)
+	}
+	patch := func(spec map[string]any) {
+		t.Helper()
+		body, _ := json.Marshal(map[string]any{"spec": spec})
+		if err := env.Client.Patch(ctx, m, client.RawPatch(types.MergePatchType, body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	patch(map[string]any{"powerState": "Stopped"})
+	waitPhase(t, env, client.ObjectKeyFromObject(m), kaironv1.MachineStopped)
+	patch(map[string]any{"powerState": "Running", "image": reg.Ref("team/app:2")})
+	testenv.Eventually(t, waitTimeout, "the Machine Running the second tag's image", func() (bool, string) {
+		got := &kaironv1.Machine{}
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), got); err != nil {
+			return false, err.Error()
+		}
+		return got.Status.Phase == kaironv1.MachineRunning && got.Status.ImageDigest == second,
+			fmt.Sprintf("%s, image digest %s (first %s, second %s)", got.Status.Phase, got.Status.ImageDigest, first, second)
+	})
 }

@@ -33,5 +33,14 @@ func (a *ImageStore) Ensure(ctx context.Context, ref string, dockerConfigs [][]b
 	return Image{Reference: img.Reference, Digest: img.Digest, Path: img.Path, Config: img.Config}, nil
 }
 
+// Lookup is the cached image of digest (images.Store.Lookup).
+func (a *ImageStore) Lookup(digest string) (Image, bool) {
+	img, ok := a.s.Lookup(digest)
+	if !ok {
+		return Image{}, false
+	}
+	return Image{Reference: img.Reference, Digest: img.Digest, Path: img.Path, Config: img.Config}, true
+}
+
 // GC collects unused images (images.Store.GC).
 func (a *ImageStore) GC(inUse func(digest string) bool) ([]string, error) { return a.s.GC(inUse) }
