@@ -57,23 +57,17 @@ func readPullSecrets(ctx context.Context, reader client.Reader, ns string, refs 
 	return keychain, missing, nil
 }
 
-// dockerConfigOf is the docker config a kubernetes.io/dockerconfigjson or
-// kubernetes.io/dockercfg Secret holds.
+// dockerConfigOf is the docker config a pull secret holds
+// (images.DockerConfigOf), or why it holds none.
 func dockerConfigOf(s *corev1.Secret) ([]byte, error) {
-	var key string
-	switch s.Type {
-	case corev1.SecretTypeDockerConfigJson:
-		key = corev1.DockerConfigJsonKey
-	case corev1.SecretTypeDockercfg:
-		key = corev1.DockerConfigKey
-	default:
+	config, key, ok := images.DockerConfigOf(s)
+	switch {
+	case key == "":
 		return nil, fmt.Errorf("its type is %q, not %s or %s", s.Type, corev1.SecretTypeDockerConfigJson, corev1.SecretTypeDockercfg)
-	}
-	data, ok := s.Data[key]
-	if !ok {
+	case !ok:
 		return nil, fmt.Errorf("it has no %s", key)
 	}
-	return data, nil
+	return config, nil
 }
 
 // registryText is s with control characters replaced by spaces, at most

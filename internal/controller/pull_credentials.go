@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/images"
 )
 
 // PullCredentialsPath is where the webhook server hands node agents the
@@ -178,12 +179,8 @@ func (h *PullCredentialsHandler) dockerConfig(ctx context.Context, namespace str
 		}
 		return nil, http.StatusServiceUnavailable, fmt.Errorf("%s: reading it: %w", field, err)
 	}
-	switch {
-	case secret.Type == corev1.SecretTypeDockerConfigJson && len(secret.Data[corev1.DockerConfigJsonKey]) > 0:
-		return secret.Data[corev1.DockerConfigJsonKey], 0, nil
-	case secret.Type == corev1.SecretTypeDockercfg && len(secret.Data[corev1.DockerConfigKey]) > 0:
-		return secret.Data[corev1.DockerConfigKey], 0, nil
+	if config, _, ok := images.DockerConfigOf(secret); ok {
+		return config, 0, nil
 	}
-	return nil, http.StatusUnprocessableEntity, fmt.Errorf("%s is of type %q; it must be %s (key %s) or %s (key %s)", field, secret.Type,
-		corev1.SecretTypeDockerConfigJson, corev1.DockerConfigJsonKey, corev1.SecretTypeDockercfg, corev1.DockerConfigKey)
+	return nil, http.StatusUnprocessableEntity, fmt.Errorf("%s is of type %q; it must be %s", field, secret.Type, images.PullSecretTypes)
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/authn"
+	corev1 "k8s.io/api/core/v1"
 )
 
 // maxDockerConfigBytes bounds one pull secret's config: a Secret holds at
@@ -186,4 +187,26 @@ func (c *credential) moreSpecific(o *credential) bool {
 		return !c.glob
 	}
 	return c.order < o.order
+}
+
+// PullSecretTypes names the Secrets DockerConfigOf reads, for messages.
+var PullSecretTypes = fmt.Sprintf("%s (key %s) or %s (key %s)",
+	corev1.SecretTypeDockerConfigJson, corev1.DockerConfigJsonKey, corev1.SecretTypeDockercfg, corev1.DockerConfigKey)
+
+// DockerConfigOf is the docker config a pull secret holds, as kubelet
+// reads one: the .dockerconfigjson of a kubernetes.io/dockerconfigjson
+// Secret, the .dockercfg of a kubernetes.io/dockercfg one. key is the
+// data key of the Secret's type ("" for any other type); ok says that it
+// holds something. KeychainFromDockerConfigs takes what it returns.
+func DockerConfigOf(s *corev1.Secret) (config []byte, key string, ok bool) {
+	switch s.Type {
+	case corev1.SecretTypeDockerConfigJson:
+		key = corev1.DockerConfigJsonKey
+	case corev1.SecretTypeDockercfg:
+		key = corev1.DockerConfigKey
+	default:
+		return nil, "", false
+	}
+	config = s.Data[key]
+	return config, key, len(config) > 0
 }

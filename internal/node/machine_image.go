@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	kaironv1 "github.com/zyvor/kairon/api/v1alpha1"
+	"github.com/zyvor/kairon/internal/images"
 	"github.com/zyvor/kairon/internal/node/imagepull"
 )
 
@@ -205,15 +206,11 @@ func (a *Agent) pullCredentials(machine *kaironv1.Machine) imagepull.Credentials
 				}
 				return nil, imagepull.TransientError{Err: err}
 			}
-			switch {
-			case secret.Type == corev1.SecretTypeDockerConfigJson && len(secret.Data[corev1.DockerConfigJsonKey]) > 0:
-				configs = append(configs, secret.Data[corev1.DockerConfigJsonKey])
-			case secret.Type == corev1.SecretTypeDockercfg && len(secret.Data[corev1.DockerConfigKey]) > 0:
-				configs = append(configs, secret.Data[corev1.DockerConfigKey])
-			default:
-				return nil, fmt.Errorf("spec.imagePullSecrets[%d] %q is of type %q; it must be %s (key %s) or %s (key %s)", i, name, secret.Type,
-					corev1.SecretTypeDockerConfigJson, corev1.DockerConfigJsonKey, corev1.SecretTypeDockercfg, corev1.DockerConfigKey)
+			config, _, ok := images.DockerConfigOf(secret)
+			if !ok {
+				return nil, fmt.Errorf("spec.imagePullSecrets[%d] %q is of type %q; it must be %s", i, name, secret.Type, images.PullSecretTypes)
 			}
+			configs = append(configs, config)
 		}
 		return configs, nil
 	}
