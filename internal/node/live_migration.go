@@ -357,7 +357,7 @@ func (a *Agent) prepareLiveTarget(ctx context.Context, mig *kaironv1.MachineMigr
 	if err := a.awaitImage(ctx, machine); err != nil {
 		return nil, backend.Spec{}, err
 	}
-	spec, err := a.attach(ctx, machine, id)
+	spec, err := a.attach(machine, id)
 	if err != nil {
 		_ = a.teardown(ctx, id)
 		return nil, backend.Spec{}, fmt.Errorf("attaching to the network of node %s: %w", a.opts.NodeName, err)

@@ -254,7 +254,7 @@ func (a *Agent) reconcileVM(ctx context.Context, machine *kaironv1.Machine, id s
 
 // start attaches the Machine to the node network and boots its VM.
 func (a *Agent) start(ctx context.Context, machine *kaironv1.Machine, id string) (backend.Instance, error) {
-	spec, err := a.attach(ctx, machine, id)
+	spec, err := a.attach(machine, id)
 	if err != nil {
 		return backend.Instance{}, err
 	}
@@ -265,8 +265,8 @@ func (a *Agent) start(ctx context.Context, machine *kaironv1.Machine, id string)
 // attach is the Machine's VM spec with its place on the node network. It
 // keeps the address the Machine reports if this node's range has it free:
 // a guest migrated here still has that address configured inside.
-func (a *Agent) attach(ctx context.Context, machine *kaironv1.Machine, id string) (backend.Spec, error) {
-	spec, err := a.vmSpec(ctx, machine, id)
+func (a *Agent) attach(machine *kaironv1.Machine, id string) (backend.Spec, error) {
+	spec, err := a.vmSpec(machine, id)
 	if err != nil {
 		return spec, err
 	}
@@ -324,7 +324,7 @@ func (a *Agent) ensureBaseline(namespace, id string) error {
 }
 
 // vmSpec turns a Machine's spec into what the backend boots.
-func (a *Agent) vmSpec(ctx context.Context, machine *kaironv1.Machine, id string) (backend.Spec, error) {
+func (a *Agent) vmSpec(machine *kaironv1.Machine, id string) (backend.Spec, error) {
 	image := machine.Spec.Image
 	if image == "" {
 		image = kaironv1.DefaultImage

@@ -332,7 +332,7 @@ func (a *Agent) restoreSnapshot(ctx context.Context, machine *kaironv1.Machine, 
 	} else if err != nil {
 		return backend.Instance{}, restoreRefusal{err}
 	}
-	spec, err := a.attach(ctx, machine, id)
+	spec, err := a.attach(machine, id)
 	if err != nil {
 		return backend.Instance{}, err
 	}

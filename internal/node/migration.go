@@ -319,7 +319,7 @@ func (a *Agent) restore(ctx context.Context, machine *kaironv1.Machine, id, path
 	if err := a.awaitImage(ctx, machine); err != nil {
 		return backend.Instance{}, err
 	}
-	spec, err := a.attach(ctx, machine, id)
+	spec, err := a.attach(machine, id)
 	if err != nil {
 		return backend.Instance{}, err
 	}

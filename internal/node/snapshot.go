@@ -213,7 +213,7 @@ func (a *Agent) restoreClone(ctx context.Context, machine *kaironv1.Machine, id 
 	if err != nil {
 		return backend.Instance{}, err
 	}
-	spec, err := a.attach(ctx, machine, id)
+	spec, err := a.attach(machine, id)
 	if err != nil {
 		return backend.Instance{}, err
 	}

@@ -30,7 +30,7 @@ func (a *ImageStore) Ensure(ctx context.Context, ref string, dockerConfigs [][]b
 	if err != nil {
 		return Image{}, err
 	}
-	return Image{Reference: img.Reference, Digest: img.Digest, Path: img.Path, Config: img.Config}, nil
+	return imageOf(img), nil
 }
 
 // Lookup is the cached image of digest (images.Store.Lookup).
@@ -39,7 +39,11 @@ func (a *ImageStore) Lookup(digest string) (Image, bool) {
 	if !ok {
 		return Image{}, false
 	}
-	return Image{Reference: img.Reference, Digest: img.Digest, Path: img.Path, Config: img.Config}, true
+	return imageOf(img), true
+}
+
+func imageOf(img *images.Image) Image {
+	return Image{Reference: img.Reference, Digest: img.Digest, Path: img.Path, Config: img.Config}
 }
 
 // GC collects unused images (images.Store.GC).
