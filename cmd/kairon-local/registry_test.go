@@ -19,7 +19,7 @@ import (
 // registry, with a warning, rather than no kairon-local.
 func TestCheckRegistry(t *testing.T) {
 	if _, err := exec.LookPath(registryBinary); err != nil {
-		t.Skipf("%s not installed (make deps installs it)", registryBinary)
+		t.Fatalf("%s not installed: run make deps (Debian package docker-registry)", registryBinary)
 	}
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
